@@ -1,0 +1,331 @@
+"""Built-in catalogs of GPU types and open model architectures.
+
+They live in the API layer because specs name their entries (`gpu.type`, `model.name`) and the
+CRD's CEL rules embed the facts that validation needs (GPUs per node, attention heads). The
+planner reads the same entries. Hardware figures are dense (no structured sparsity) datasheet
+values; every figure can be overridden with `GpuCatalog.with_overrides`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import StrEnum
+from typing import Any
+
+from pydantic import Field
+
+from inferfleet.api.common import CrossFieldRule, WireModel
+
+TERA = 1e12
+GIGA = 1e9
+MIB = 1024**2
+
+
+class GpuType(StrEnum):
+    A100_80GB = "A100-80GB"
+    H100_80GB = "H100-80GB"
+    H200_141GB = "H200-141GB"
+    B200_180GB = "B200-180GB"
+    L40S_48GB = "L40S-48GB"
+    L4_24GB = "L4-24GB"
+
+
+class GpuSpec(WireModel):
+    """Datasheet figures of one GPU type (per GPU, dense math)."""
+
+    bf16_flops: float = Field(gt=0, description="Dense BF16 tensor-core FLOP/s.")
+    fp8_flops: float | None = Field(
+        default=None, gt=0, description="Dense FP8 tensor-core FLOP/s; None where unsupported."
+    )
+    int8_ops: float = Field(gt=0, description="Dense INT8 tensor-core OP/s.")
+    memory_bandwidth: float = Field(gt=0, description="HBM/GDDR bandwidth in bytes/s.")
+    memory_bytes: int = Field(gt=0, description="Device memory in bytes, as the driver reports.")
+    interconnect_bandwidth: float = Field(
+        gt=0,
+        description="Per-direction GPU-to-GPU bandwidth in bytes/s (NVLink, else PCIe).",
+    )
+    gpus_per_node: int = Field(ge=1, le=64, description="GPUs in the largest common node.")
+    hourly_price_usd: float = Field(
+        ge=0, description="Default on-demand price per GPU-hour; override with your own."
+    )
+
+
+_GPU_CATALOG: dict[GpuType, GpuSpec] = {
+    # A100 SXM4 80GB: no FP8 tensor cores (FP8 weights run weight-only at BF16 rate).
+    GpuType.A100_80GB: GpuSpec(
+        bf16_flops=312 * TERA,
+        int8_ops=624 * TERA,
+        memory_bandwidth=2.039e12,
+        memory_bytes=81920 * MIB,
+        interconnect_bandwidth=300 * GIGA,
+        gpus_per_node=8,
+        hourly_price_usd=1.80,
+    ),
+    # H100 SXM5 80GB.
+    GpuType.H100_80GB: GpuSpec(
+        bf16_flops=989.4 * TERA,
+        fp8_flops=1978.9 * TERA,
+        int8_ops=1978.9 * TERA,
+        memory_bandwidth=3.35e12,
+        memory_bytes=81559 * MIB,
+        interconnect_bandwidth=450 * GIGA,
+        gpus_per_node=8,
+        hourly_price_usd=2.50,
+    ),
+    # H200 SXM 141GB: H100 compute, HBM3e.
+    GpuType.H200_141GB: GpuSpec(
+        bf16_flops=989.4 * TERA,
+        fp8_flops=1978.9 * TERA,
+        int8_ops=1978.9 * TERA,
+        memory_bandwidth=4.8e12,
+        memory_bytes=143771 * MIB,
+        interconnect_bandwidth=450 * GIGA,
+        gpus_per_node=8,
+        hourly_price_usd=3.50,
+    ),
+    # B200 (HGX, 1000 W): NVLink 5.
+    GpuType.B200_180GB: GpuSpec(
+        bf16_flops=2250 * TERA,
+        fp8_flops=4500 * TERA,
+        int8_ops=4500 * TERA,
+        memory_bandwidth=8.0e12,
+        memory_bytes=183359 * MIB,
+        interconnect_bandwidth=900 * GIGA,
+        gpus_per_node=8,
+        hourly_price_usd=5.50,
+    ),
+    # L40S 48GB GDDR6: PCIe Gen4 x16 between GPUs, no NVLink.
+    GpuType.L40S_48GB: GpuSpec(
+        bf16_flops=362.05 * TERA,
+        fp8_flops=733 * TERA,
+        int8_ops=733 * TERA,
+        memory_bandwidth=864 * GIGA,
+        memory_bytes=46068 * MIB,
+        interconnect_bandwidth=32 * GIGA,
+        gpus_per_node=8,
+        hourly_price_usd=1.20,
+    ),
+    # L4 24GB: PCIe Gen4 x16.
+    GpuType.L4_24GB: GpuSpec(
+        bf16_flops=121 * TERA,
+        fp8_flops=242.5 * TERA,
+        int8_ops=242.5 * TERA,
+        memory_bandwidth=300 * GIGA,
+        memory_bytes=23034 * MIB,
+        interconnect_bandwidth=32 * GIGA,
+        gpus_per_node=8,
+        hourly_price_usd=0.55,
+    ),
+}
+
+
+class GpuCatalog:
+    """GPU figures by type; the built-in defaults, optionally overridden field by field."""
+
+    def __init__(self, entries: Mapping[GpuType, GpuSpec]) -> None:
+        self._entries = dict(entries)
+
+    @classmethod
+    def builtin(cls) -> GpuCatalog:
+        return cls(_GPU_CATALOG)
+
+    def items(self) -> list[tuple[GpuType, GpuSpec]]:
+        return list(self._entries.items())
+
+    def __getitem__(self, gpu_type: GpuType) -> GpuSpec:
+        return self._entries[gpu_type]
+
+    def with_overrides(self, overrides: Mapping[str, Mapping[str, Any]]) -> GpuCatalog:
+        """Override figures of known types, e.g. `{"H100-80GB": {"hourlyPriceUsd": 2.1}}`.
+
+        Unknown types or fields raise `ValueError` naming them: a price sheet with a typo must
+        not silently keep the default.
+        """
+        entries = dict(self._entries)
+        for name, fields in overrides.items():
+            try:
+                gpu_type = GpuType(name)
+            except ValueError:
+                known = ", ".join(t.value for t in GpuType)
+                raise ValueError(f"unknown GPU type {name!r} in overrides (known: {known})") from None
+            merged = entries[gpu_type].to_wire() | dict(fields)
+            entries[gpu_type] = GpuSpec.model_validate(merged)
+        return GpuCatalog(entries)
+
+
+class ModelArchitecture(WireModel):
+    """The shape of a transformer, as its config.json gives it."""
+
+    parameter_count: int = Field(
+        ge=1_000_000, le=20_000_000_000_000, description="Total parameters, embeddings included."
+    )
+    active_parameter_count: int | None = Field(
+        default=None,
+        ge=1_000_000,
+        le=20_000_000_000_000,
+        description="Parameters used per token (MoE); defaults to parameterCount for dense models.",
+    )
+    layers: int = Field(ge=1, le=1024, description="Transformer layers (num_hidden_layers).")
+    hidden_size: int = Field(ge=64, le=131072, description="Model width (hidden_size).")
+    attention_heads: int = Field(ge=1, le=1024, description="Query heads (num_attention_heads).")
+    kv_heads: int = Field(
+        ge=1, le=1024, description="Key/value heads (num_key_value_heads); fewer than heads is GQA."
+    )
+    head_dim: int = Field(ge=16, le=1024, description="Dimension of one attention head.")
+    intermediate_size: int = Field(ge=64, le=1_048_576, description="MLP width per expert.")
+    vocab_size: int = Field(ge=256, le=4_194_304, description="Vocabulary size.")
+    max_context_length: int = Field(
+        ge=128, le=10_485_760, description="Longest context the model supports, in tokens."
+    )
+    experts: int = Field(default=1, ge=1, le=1024, description="MoE experts per layer (1: dense).")
+    experts_per_token: int = Field(
+        default=1, ge=1, le=1024, description="Experts each token is routed to (MoE top-k)."
+    )
+    tied_embeddings: bool = Field(
+        default=False, description="Whether the output head shares the input embedding matrix."
+    )
+
+    @property
+    def active_parameters(self) -> int:
+        return self.active_parameter_count or self.parameter_count
+
+    @property
+    def embedding_parameters(self) -> int:
+        """Input embedding plus output head (counted once when tied)."""
+        per_matrix = self.vocab_size * self.hidden_size
+        return per_matrix if self.tied_embeddings else 2 * per_matrix
+
+    @property
+    def output_head_parameters(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def is_moe(self) -> bool:
+        return self.experts > 1
+
+
+ARCHITECTURE_RULES: tuple[CrossFieldRule[ModelArchitecture], ...] = (
+    CrossFieldRule(
+        cel="self.kvHeads <= self.attentionHeads && self.attentionHeads % self.kvHeads == 0",
+        message="kvHeads must divide attentionHeads (grouped-query attention)",
+        holds=lambda a: a.kv_heads <= a.attention_heads and a.attention_heads % a.kv_heads == 0,
+        field_path=".kvHeads",
+    ),
+    CrossFieldRule(
+        cel="!has(self.activeParameterCount) || self.activeParameterCount <= self.parameterCount",
+        message="activeParameterCount cannot exceed parameterCount",
+        holds=lambda a: a.active_parameter_count is None
+        or a.active_parameter_count <= a.parameter_count,
+        field_path=".activeParameterCount",
+    ),
+    CrossFieldRule(
+        cel="self.expertsPerToken <= self.experts",
+        message="expertsPerToken cannot exceed experts",
+        holds=lambda a: a.experts_per_token <= a.experts,
+        field_path=".expertsPerToken",
+    ),
+    CrossFieldRule(
+        cel="self.experts == 1 || has(self.activeParameterCount)",
+        message="a mixture-of-experts model (experts > 1) needs activeParameterCount",
+        holds=lambda a: a.experts == 1 or a.active_parameter_count is not None,
+        field_path=".activeParameterCount",
+    ),
+)
+
+
+ModelArchitecture.cross_field_rules = ARCHITECTURE_RULES
+
+_MODEL_CATALOG: dict[str, ModelArchitecture] = {
+    # meta-llama/Llama-3.1-8B-Instruct config.json
+    "llama-3.1-8b": ModelArchitecture(
+        parameter_count=8_030_261_248,
+        layers=32,
+        hidden_size=4096,
+        attention_heads=32,
+        kv_heads=8,
+        head_dim=128,
+        intermediate_size=14336,
+        vocab_size=128256,
+        max_context_length=131072,
+    ),
+    # meta-llama/Llama-3.3-70B-Instruct
+    "llama-3.3-70b": ModelArchitecture(
+        parameter_count=70_553_706_496,
+        layers=80,
+        hidden_size=8192,
+        attention_heads=64,
+        kv_heads=8,
+        head_dim=128,
+        intermediate_size=28672,
+        vocab_size=128256,
+        max_context_length=131072,
+    ),
+    # meta-llama/Llama-3.1-405B-Instruct
+    "llama-3.1-405b": ModelArchitecture(
+        parameter_count=405_853_388_800,
+        layers=126,
+        hidden_size=16384,
+        attention_heads=128,
+        kv_heads=8,
+        head_dim=128,
+        intermediate_size=53248,
+        vocab_size=128256,
+        max_context_length=131072,
+    ),
+    # Qwen/Qwen2.5-7B-Instruct: GQA ratio 7 (28 query heads over 4 KV heads).
+    "qwen2.5-7b": ModelArchitecture(
+        parameter_count=7_615_616_512,
+        layers=28,
+        hidden_size=3584,
+        attention_heads=28,
+        kv_heads=4,
+        head_dim=128,
+        intermediate_size=18944,
+        vocab_size=152064,
+        max_context_length=32768,
+    ),
+    # Qwen/Qwen2.5-72B-Instruct
+    "qwen2.5-72b": ModelArchitecture(
+        parameter_count=72_706_203_648,
+        layers=80,
+        hidden_size=8192,
+        attention_heads=64,
+        kv_heads=8,
+        head_dim=128,
+        intermediate_size=29568,
+        vocab_size=152064,
+        max_context_length=32768,
+    ),
+    # mistralai/Mistral-7B-Instruct-v0.3
+    "mistral-7b": ModelArchitecture(
+        parameter_count=7_248_023_552,
+        layers=32,
+        hidden_size=4096,
+        attention_heads=32,
+        kv_heads=8,
+        head_dim=128,
+        intermediate_size=14336,
+        vocab_size=32768,
+        max_context_length=32768,
+    ),
+    # mistralai/Mixtral-8x7B-Instruct-v0.1: 8 experts, top-2 routing.
+    "mixtral-8x7b": ModelArchitecture(
+        parameter_count=46_702_792_704,
+        active_parameter_count=12_879_921_152,
+        layers=32,
+        hidden_size=4096,
+        attention_heads=32,
+        kv_heads=8,
+        head_dim=128,
+        intermediate_size=14336,
+        vocab_size=32000,
+        max_context_length=32768,
+        experts=8,
+        experts_per_token=2,
+    ),
+}
+
+
+def catalog_models() -> Mapping[str, ModelArchitecture]:
+    """The built-in model architectures, by the name a spec uses in `model.name`."""
+    return _MODEL_CATALOG

@@ -1,0 +1,214 @@
+"""InferenceService: the endpoint users call, its SLO and how it scales."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import Field
+
+from inferfleet.api.common import Condition, CrossFieldRule, StatusModel, WireModel
+from inferfleet.api.model_deployment import MODEL_NAME_PATTERN, Role
+
+KIND = "InferenceService"
+PLURAL = "inferenceservices"
+
+MAX_VARIANTS = 8
+
+
+class DeploymentRef(WireModel):
+    name: str = Field(
+        description="Name of a ModelDeployment in the same namespace (never another one).",
+        min_length=1,
+        max_length=253,
+        pattern=MODEL_NAME_PATTERN,
+    )
+    weight: int = Field(
+        default=100,
+        ge=0,
+        le=1000,
+        description="Relative share of traffic (canary, or heterogeneous GPU variants).",
+    )
+
+
+class SloSpec(WireModel):
+    ttft_p95_ms: float | None = Field(
+        default=None,
+        gt=0,
+        le=600_000,
+        description="Time to first token each request should meet, in ms (judged at p95).",
+    )
+    tpot_p95_ms: float | None = Field(
+        default=None,
+        gt=0,
+        le=60_000,
+        description="Time per output token after the first each request should meet, in ms "
+        "(judged at p95).",
+    )
+    attainment_target: float = Field(
+        default=0.99,
+        ge=0.5,
+        le=1.0,
+        description="Fraction of requests that must meet both targets; goodput counts them.",
+    )
+
+
+SLO_RULES: tuple[CrossFieldRule[SloSpec], ...] = (
+    CrossFieldRule(
+        cel="has(self.ttftP95Ms) || has(self.tpotP95Ms)",
+        message="an SLO needs ttftP95Ms, tpotP95Ms or both",
+        holds=lambda s: s.ttft_p95_ms is not None or s.tpot_p95_ms is not None,
+        reason="FieldValueRequired",
+    ),
+)
+SloSpec.cross_field_rules = SLO_RULES
+
+
+class LoadSpec(WireModel):
+    requests_per_second: float = Field(gt=0, le=1_000_000, description="Expected peak req/s.")
+    input_tokens: int = Field(ge=1, le=10_485_760, description="Typical prompt length (tokens).")
+    output_tokens: int = Field(ge=1, le=1_048_576, description="Typical output length (tokens).")
+
+
+class ReplicaBounds(WireModel):
+    min_replicas: int = Field(
+        default=1, ge=1, le=1000, description="Fewest replicas of the role (never zero)."
+    )
+    max_replicas: int = Field(default=10, ge=1, le=1000, description="Most replicas of the role.")
+
+
+BOUNDS_RULES: tuple[CrossFieldRule[ReplicaBounds], ...] = (
+    CrossFieldRule(
+        cel="self.minReplicas <= self.maxReplicas",
+        message="minReplicas cannot exceed maxReplicas",
+        holds=lambda b: b.min_replicas <= b.max_replicas,
+        field_path=".minReplicas",
+    ),
+)
+ReplicaBounds.cross_field_rules = BOUNDS_RULES
+
+
+class AutoscalingPolicy(StrEnum):
+    NONE = "none"
+    GOODPUT = "goodput"
+
+
+class AutoscalingSpec(WireModel):
+    policy: AutoscalingPolicy = Field(
+        default=AutoscalingPolicy.NONE,
+        description="none: replicas come from the ModelDeployments. goodput: hold the SLO with "
+        "the fewest GPUs.",
+    )
+    aggregated: ReplicaBounds | None = Field(
+        default=None, description="Bounds of aggregated replicas."
+    )
+    prefill: ReplicaBounds | None = Field(default=None, description="Bounds of the prefill pool.")
+    decode: ReplicaBounds | None = Field(default=None, description="Bounds of the decode pool.")
+    gpu_budget: int | None = Field(
+        default=None, ge=1, le=100_000, description="Most GPUs the service may hold at once."
+    )
+    scale_down_stabilization_seconds: int = Field(
+        default=300,
+        ge=0,
+        le=86_400,
+        description="How long demand must stay low before replicas are removed.",
+    )
+    cold_start_seconds: int = Field(
+        default=180,
+        ge=0,
+        le=86_400,
+        description="Expected time from a new replica to serving (image pull, weight load).",
+    )
+
+
+class InferenceServiceSpec(WireModel):
+    deployments: list[DeploymentRef] = Field(
+        min_length=1,
+        max_length=MAX_VARIANTS,
+        description="ModelDeployments that serve this endpoint, with traffic weights.",
+    )
+    slo: SloSpec = Field(description="The latency targets each request should meet.")
+    expected_load: LoadSpec | None = Field(
+        default=None, description="Expected peak load, for the initial capacity plan."
+    )
+    autoscaling: AutoscalingSpec = Field(
+        default_factory=AutoscalingSpec, description="How replicas follow demand."
+    )
+
+
+SERVICE_RULES: tuple[CrossFieldRule[InferenceServiceSpec], ...] = (
+    CrossFieldRule(
+        cel="self.deployments.all(d, self.deployments.filter(e, e.name == d.name).size() == 1)",
+        message="each ModelDeployment may be listed once",
+        holds=lambda s: len({d.name for d in s.deployments}) == len(s.deployments),
+        field_path=".deployments",
+        reason="FieldValueDuplicate",
+    ),
+    CrossFieldRule(
+        cel="self.deployments.exists(d, d.weight > 0)",
+        message="at least one deployment needs a weight above zero",
+        holds=lambda s: any(d.weight > 0 for d in s.deployments),
+        field_path=".deployments",
+    ),
+)
+InferenceServiceSpec.cross_field_rules = SERVICE_RULES
+
+
+class ObservedPerformance(StatusModel):
+    ttft_p95_ms: float | None = Field(default=None, description="Observed p95 TTFT, ms.")
+    tpot_p95_ms: float | None = Field(default=None, description="Observed p95 TPOT, ms.")
+    attainment: float | None = Field(
+        default=None, description="Fraction of requests that met both SLO targets."
+    )
+    goodput_rps: float | None = Field(
+        default=None, description="Requests per second that met the SLO."
+    )
+    output_tokens_per_second: float | None = Field(default=None, description="Output tokens/s.")
+    cost_per_million_output_tokens_usd: float | None = Field(
+        default=None, description="GPU cost per 1M output tokens at the current load."
+    )
+    mfu: float | None = Field(default=None, description="Model FLOPs utilisation (0-1).")
+    mbu: float | None = Field(default=None, description="Memory bandwidth utilisation (0-1).")
+
+
+class RoleReplicas(StatusModel):
+    role: Role = Field(description="aggregated, prefill or decode.")
+    replicas: int = Field(ge=0, description="Replicas.")
+
+
+class ScalingDecision(StatusModel):
+    time: datetime = Field(description="When the decision was taken.")
+    replicas: list[RoleReplicas] = Field(description="Replicas per role it chose.")
+    reason: str = Field(description="Why, with the inputs that led to it.")
+
+
+class InferenceServiceStatus(StatusModel):
+    observed_generation: int | None = Field(
+        default=None, description="metadata.generation this status was computed from."
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list, description="Ready, MetricsAvailable, SloMet."
+    )
+    url: str | None = Field(default=None, description="Where users call the endpoint.")
+    observed: ObservedPerformance | None = Field(
+        default=None, description="Live performance against the SLO."
+    )
+    replicas: list[RoleReplicas] = Field(default_factory=list, description="Replicas per role.")
+    last_decision: ScalingDecision | None = Field(
+        default=None, description="The last scaling decision and its reason."
+    )
+
+
+class InferenceService(WireModel):
+    """An InferenceService as stored by the API server."""
+
+    model_config = {"extra": "ignore"}
+
+    api_version: Literal["inferfleet.io/v1alpha1"] = Field(
+        default="inferfleet.io/v1alpha1", description="API version."
+    )
+    kind: Literal["InferenceService"] = Field(default="InferenceService", description="Kind.")
+    metadata: dict[str, object] = Field(default_factory=dict, description="Object metadata.")
+    spec: InferenceServiceSpec = Field(description="Desired state.")
+    status: InferenceServiceStatus | None = Field(default=None, description="Observed state.")

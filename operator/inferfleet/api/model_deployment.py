@@ -1,0 +1,514 @@
+"""ModelDeployment: how one model runs (engine, precision, parallelism, batching, GPUs, topology)."""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import Field
+
+from inferfleet.api.catalog import (
+    GpuCatalog,
+    GpuType,
+    ModelArchitecture,
+    catalog_models,
+)
+from inferfleet.api.common import (
+    Condition,
+    CrossFieldRule,
+    StatusModel,
+    WireModel,
+)
+
+KIND = "ModelDeployment"
+PLURAL = "modeldeployments"
+
+# Defaults of the engines' own CLIs, kept explicit so the plan and the engine agree.
+DEFAULT_MAX_SEQUENCES = 256
+DEFAULT_MAX_BATCHED_TOKENS = 8192
+DEFAULT_MEMORY_UTILIZATION = 0.9
+
+
+class EngineName(StrEnum):
+    VLLM = "vllm"
+    TENSORRT_LLM = "tensorrt-llm"
+    SIM = "sim"
+
+
+class WeightPrecision(StrEnum):
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP8 = "fp8"
+    INT8 = "int8"
+    INT4 = "int4"
+
+
+class QuantizationMethod(StrEnum):
+    AWQ = "awq"
+    GPTQ = "gptq"
+    SMOOTHQUANT = "smoothquant"
+    FP8 = "fp8"
+
+
+class KvCacheDtype(StrEnum):
+    AUTO = "auto"  # the activation dtype (16-bit)
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP8 = "fp8"
+
+
+class SpeculativeMethod(StrEnum):
+    NGRAM = "ngram"
+    EAGLE = "eagle"
+    EAGLE3 = "eagle3"
+    DRAFT_MODEL = "draft-model"
+    MTP = "mtp"
+
+
+class TopologyMode(StrEnum):
+    AGGREGATED = "aggregated"
+    DISAGGREGATED = "disaggregated"
+
+
+class Role(StrEnum):
+    """A pool of engine replicas with one job."""
+
+    AGGREGATED = "aggregated"
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+MODEL_NAME_PATTERN = r"^[a-z0-9]([a-z0-9.\-]*[a-z0-9])?$"
+
+
+class ModelSpec(WireModel):
+    name: str = Field(
+        description=(
+            "Model name. A built-in catalog name (llama-3.1-8b, llama-3.3-70b, llama-3.1-405b, "
+            "qwen2.5-7b, qwen2.5-72b, mistral-7b, mixtral-8x7b) brings its architecture; any "
+            "other name needs `architecture`."
+        ),
+        min_length=1,
+        max_length=63,
+        pattern=MODEL_NAME_PATTERN,
+    )
+    source: str = Field(
+        description="Where the weights come from: hf://org/repo, pvc://claim/path, s3://bucket/"
+        "prefix or oci://registry/repo:tag.",
+        max_length=512,
+        pattern=r"^(hf|pvc|s3|oci)://[^\s]+$",
+    )
+    architecture: ModelArchitecture | None = Field(
+        default=None,
+        description="The model's shape, given in full; overrides the catalog entry of `name`.",
+    )
+
+
+MODEL_RULES: tuple[CrossFieldRule[ModelSpec], ...] = (
+    CrossFieldRule(
+        cel="has(self.architecture) || self.name in " + json.dumps(sorted(catalog_models())),
+        message="model.name is not in the built-in catalog; give model.architecture in full",
+        holds=lambda m: m.architecture is not None or m.name in catalog_models(),
+        field_path=".name",
+        reason="FieldValueNotSupported",
+    ),
+)
+ModelSpec.cross_field_rules = MODEL_RULES
+
+
+class EngineSpec(WireModel):
+    name: EngineName = Field(
+        description="Serving engine: vllm, tensorrt-llm, or sim (the CPU emulator for tests)."
+    )
+    image: str | None = Field(
+        default=None,
+        max_length=512,
+        description="Container image; defaults to the operator's pinned image for the engine.",
+    )
+    version: str | None = Field(
+        default=None,
+        max_length=64,
+        pattern=r"^[0-9A-Za-z][0-9A-Za-z.+\-]*$",
+        description="Engine version, used to pick the default image and its flag set.",
+    )
+    extra_args: list[str] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Extra engine CLI arguments, appended verbatim. The escape hatch: the "
+        "planner does not model their effect.",
+    )
+
+
+class PrecisionSpec(WireModel):
+    weights: WeightPrecision = Field(
+        default=WeightPrecision.BF16, description="Weight precision: bf16, fp16, fp8, int8, int4."
+    )
+    method: QuantizationMethod | None = Field(
+        default=None,
+        description="Quantization method: awq or gptq (int4, int8 weight-only), smoothquant "
+        "(int8 weights and activations), fp8.",
+    )
+    kv_cache: KvCacheDtype = Field(
+        default=KvCacheDtype.AUTO,
+        description="KV-cache dtype: auto (the activation dtype), bf16, fp16 or fp8.",
+    )
+
+
+PRECISION_RULES: tuple[CrossFieldRule[PrecisionSpec], ...] = (
+    CrossFieldRule(
+        cel="self.weights != 'int4' || (has(self.method) && self.method in ['awq', 'gptq'])",
+        message="int4 weights need method awq or gptq",
+        holds=lambda p: p.weights != WeightPrecision.INT4
+        or p.method in (QuantizationMethod.AWQ, QuantizationMethod.GPTQ),
+        field_path=".method",
+        reason="FieldValueRequired",
+    ),
+    CrossFieldRule(
+        cel="self.weights != 'int8' || (has(self.method) && self.method in ['smoothquant', 'gptq'])",
+        message="int8 weights need method smoothquant or gptq",
+        holds=lambda p: p.weights != WeightPrecision.INT8
+        or p.method in (QuantizationMethod.SMOOTHQUANT, QuantizationMethod.GPTQ),
+        field_path=".method",
+        reason="FieldValueRequired",
+    ),
+    CrossFieldRule(
+        cel="self.weights != 'fp8' || !has(self.method) || self.method == 'fp8'",
+        message="fp8 weights take method fp8 or none",
+        holds=lambda p: p.weights != WeightPrecision.FP8
+        or p.method in (None, QuantizationMethod.FP8),
+        field_path=".method",
+    ),
+    CrossFieldRule(
+        cel="!(self.weights in ['bf16', 'fp16']) || !has(self.method)",
+        message="16-bit weights take no quantization method",
+        holds=lambda p: p.weights not in (WeightPrecision.BF16, WeightPrecision.FP16)
+        or p.method is None,
+        field_path=".method",
+    ),
+)
+PrecisionSpec.cross_field_rules = PRECISION_RULES
+
+
+class ParallelismSpec(WireModel):
+    tensor: int = Field(default=1, ge=1, le=64, description="Tensor-parallel size.")
+    pipeline: int = Field(default=1, ge=1, le=64, description="Pipeline-parallel size.")
+
+    @property
+    def gpus_per_replica(self) -> int:
+        return self.tensor * self.pipeline
+
+
+class BatchingSpec(WireModel):
+    max_sequences: int = Field(
+        default=DEFAULT_MAX_SEQUENCES,
+        ge=1,
+        le=65536,
+        description="Most sequences in one continuous batch (vLLM --max-num-seqs).",
+    )
+    max_batched_tokens: int = Field(
+        default=DEFAULT_MAX_BATCHED_TOKENS,
+        ge=16,
+        le=1_048_576,
+        description="Token budget of one engine step (vLLM --max-num-batched-tokens).",
+    )
+    chunked_prefill: bool = Field(
+        default=True, description="Split long prompts across steps so decodes keep flowing."
+    )
+    max_model_length: int | None = Field(
+        default=None,
+        ge=16,
+        le=10_485_760,
+        description="Longest prompt plus output, in tokens; defaults to the model's context.",
+    )
+
+
+BATCHING_RULES: tuple[CrossFieldRule[BatchingSpec], ...] = (
+    CrossFieldRule(
+        cel="self.maxBatchedTokens >= self.maxSequences",
+        message="maxBatchedTokens must be at least maxSequences (each sequence needs a token "
+        "of the step budget)",
+        holds=lambda b: b.max_batched_tokens >= b.max_sequences,
+        field_path=".maxBatchedTokens",
+    ),
+)
+BatchingSpec.cross_field_rules = BATCHING_RULES
+
+
+class SpeculativeDecodingSpec(WireModel):
+    method: SpeculativeMethod = Field(
+        description="ngram (prompt lookup), eagle, eagle3, draft-model or mtp."
+    )
+    draft_model: str | None = Field(
+        default=None,
+        max_length=512,
+        pattern=r"^(hf|pvc|s3|oci)://[^\s]+$",
+        description="Source URI of the draft model or EAGLE head (eagle, eagle3, draft-model).",
+    )
+    num_tokens: int = Field(
+        default=3, ge=1, le=16, description="Tokens proposed per step (num_speculative_tokens)."
+    )
+
+
+SPECULATIVE_RULES: tuple[CrossFieldRule[SpeculativeDecodingSpec], ...] = (
+    CrossFieldRule(
+        cel="!(self.method in ['eagle', 'eagle3', 'draft-model']) || has(self.draftModel)",
+        message="speculative methods eagle, eagle3 and draft-model need draftModel",
+        holds=lambda s: s.method
+        not in (SpeculativeMethod.EAGLE, SpeculativeMethod.EAGLE3, SpeculativeMethod.DRAFT_MODEL)
+        or s.draft_model is not None,
+        field_path=".draftModel",
+        reason="FieldValueRequired",
+    ),
+    CrossFieldRule(
+        cel="!(self.method in ['ngram', 'mtp']) || !has(self.draftModel)",
+        message="speculative methods ngram and mtp take no draftModel",
+        holds=lambda s: s.method not in (SpeculativeMethod.NGRAM, SpeculativeMethod.MTP)
+        or s.draft_model is None,
+        field_path=".draftModel",
+        reason="FieldValueForbidden",
+    ),
+)
+SpeculativeDecodingSpec.cross_field_rules = SPECULATIVE_RULES
+
+
+class GpuSpecRequest(WireModel):
+    type: GpuType = Field(description="GPU type from the catalog; pods land on nodes of it.")
+    memory_utilization: float = Field(
+        default=DEFAULT_MEMORY_UTILIZATION,
+        ge=0.1,
+        le=0.99,
+        description="Fraction of each GPU's memory the engine may use (weights, activations, "
+        "KV cache).",
+    )
+
+
+class PrefillPoolSpec(WireModel):
+    replicas: int = Field(
+        default=1,
+        ge=0,
+        le=1000,
+        description="Prefill replicas. The autoscaler and pins override this in the workloads, "
+        "never here.",
+    )
+
+
+class TopologySpec(WireModel):
+    mode: TopologyMode = Field(
+        default=TopologyMode.AGGREGATED,
+        description="aggregated: each replica prefills and decodes. disaggregated: a prefill "
+        "pool hands KV caches to the decode pool (spec.replicas).",
+    )
+    prefill: PrefillPoolSpec | None = Field(
+        default=None, description="The prefill pool; required when disaggregated."
+    )
+
+
+TOPOLOGY_RULES: tuple[CrossFieldRule[TopologySpec], ...] = (
+    CrossFieldRule(
+        cel="self.mode != 'disaggregated' || has(self.prefill)",
+        message="disaggregated topology needs a prefill pool (topology.prefill); the decode "
+        "pool is spec.replicas",
+        holds=lambda t: t.mode != TopologyMode.DISAGGREGATED or t.prefill is not None,
+        field_path=".prefill",
+        reason="FieldValueRequired",
+    ),
+    CrossFieldRule(
+        cel="self.mode != 'aggregated' || !has(self.prefill)",
+        message="aggregated topology has no prefill pool; set mode: disaggregated to use one",
+        holds=lambda t: t.mode != TopologyMode.AGGREGATED or t.prefill is None,
+        field_path=".prefill",
+        reason="FieldValueForbidden",
+    ),
+)
+TopologySpec.cross_field_rules = TOPOLOGY_RULES
+
+
+def _gpus_per_node_cel() -> str:
+    per_node = {t.value: spec.gpus_per_node for t, spec in GpuCatalog.builtin().items()}
+    return json.dumps(per_node, sort_keys=True)
+
+
+def _architecture_cel(field: str) -> str:
+    """CEL for one architecture field: given in full, else looked up in the catalog (0 for an
+    unknown name, which MODEL_RULES already refuses)."""
+    table = json.dumps(
+        {name: arch.to_wire()[field] for name, arch in sorted(catalog_models().items())},
+        sort_keys=True,
+    )
+    return (
+        f"(has(self.model.architecture) ? self.model.architecture.{field} : "
+        f"(self.model.name in {table} ? {table}[self.model.name] : 0))"
+    )
+
+
+class ModelDeploymentSpec(WireModel):
+    model: ModelSpec = Field(description="The model to serve.")
+    engine: EngineSpec = Field(description="The serving engine.")
+    precision: PrecisionSpec = Field(
+        default_factory=PrecisionSpec, description="Weight and KV-cache precision."
+    )
+    parallelism: ParallelismSpec = Field(
+        default_factory=ParallelismSpec,
+        description="Tensor and pipeline parallelism; GPUs per replica = tensor x pipeline.",
+    )
+    batching: BatchingSpec = Field(
+        default_factory=BatchingSpec, description="Continuous-batching limits."
+    )
+    prefix_caching: bool = Field(
+        default=True, description="Reuse KV blocks of shared prompt prefixes across requests."
+    )
+    speculative_decoding: SpeculativeDecodingSpec | None = Field(
+        default=None, description="Speculative decoding; off when absent."
+    )
+    gpu: GpuSpecRequest = Field(description="GPU type and memory budget.")
+    topology: TopologySpec = Field(
+        default_factory=TopologySpec, description="Aggregated, or prefill/decode disaggregated."
+    )
+    replicas: int = Field(
+        default=1,
+        ge=0,
+        le=1000,
+        description="Serving replicas: aggregated engines, or the decode pool when "
+        "disaggregated. The scale subresource (kubectl scale) sets it.",
+    )
+
+    def architecture(self) -> ModelArchitecture:
+        """The model's architecture: given in full, else from the catalog."""
+        if self.model.architecture is not None:
+            return self.model.architecture
+        return catalog_models()[self.model.name]
+
+    def max_model_length(self) -> int:
+        return self.batching.max_model_length or self.architecture().max_context_length
+
+
+def _gpus_fit_node(s: ModelDeploymentSpec) -> bool:
+    per_node = GpuCatalog.builtin()[s.gpu.type].gpus_per_node
+    return s.parallelism.gpus_per_replica <= per_node
+
+
+_MAX_LEN_CEL = (
+    "(has(self.batching.maxModelLength) ? self.batching.maxModelLength : "
+    + _architecture_cel("maxContextLength")
+    + ")"
+)
+
+DEPLOYMENT_RULES: tuple[CrossFieldRule[ModelDeploymentSpec], ...] = (
+    CrossFieldRule(
+        cel="self.parallelism.tensor * self.parallelism.pipeline <= "
+        + _gpus_per_node_cel()
+        + "[self.gpu.type]",
+        message="GPUs per replica (parallelism.tensor x parallelism.pipeline) must fit on one "
+        "node of the GPU type (8 GPUs); multi-node replicas are not supported yet",
+        holds=_gpus_fit_node,
+        field_path=".parallelism",
+    ),
+    CrossFieldRule(
+        cel=_architecture_cel("attentionHeads") + " % self.parallelism.tensor == 0",
+        message="parallelism.tensor must divide the model's attention heads",
+        holds=lambda s: s.architecture().attention_heads % s.parallelism.tensor == 0,
+        field_path=".parallelism.tensor",
+    ),
+    CrossFieldRule(
+        cel=f"{_architecture_cel('kvHeads')} % self.parallelism.tensor == 0 || "
+        f"self.parallelism.tensor % {_architecture_cel('kvHeads')} == 0",
+        message="parallelism.tensor must divide the model's KV heads, or be a multiple of them "
+        "(KV heads are then replicated)",
+        holds=lambda s: s.architecture().kv_heads % s.parallelism.tensor == 0
+        or s.parallelism.tensor % s.architecture().kv_heads == 0,
+        field_path=".parallelism.tensor",
+    ),
+    CrossFieldRule(
+        cel="self.parallelism.pipeline <= " + _architecture_cel("layers"),
+        message="parallelism.pipeline cannot exceed the model's layers",
+        holds=lambda s: s.parallelism.pipeline <= s.architecture().layers,
+        field_path=".parallelism.pipeline",
+    ),
+    CrossFieldRule(
+        cel="!has(self.batching.maxModelLength) || self.batching.maxModelLength <= "
+        + _architecture_cel("maxContextLength"),
+        message="batching.maxModelLength cannot exceed the model's maxContextLength",
+        holds=lambda s: s.batching.max_model_length is None
+        or s.batching.max_model_length <= s.architecture().max_context_length,
+        field_path=".batching.maxModelLength",
+    ),
+    CrossFieldRule(
+        cel="self.batching.chunkedPrefill || self.batching.maxBatchedTokens >= " + _MAX_LEN_CEL,
+        message="without chunked prefill, batching.maxBatchedTokens must hold a whole prompt "
+        "(at least the max model length)",
+        holds=lambda s: s.batching.chunked_prefill
+        or s.batching.max_batched_tokens >= s.max_model_length(),
+        field_path=".batching.maxBatchedTokens",
+    ),
+)
+ModelDeploymentSpec.cross_field_rules = DEPLOYMENT_RULES
+
+
+class MemoryBreakdown(StatusModel):
+    """Per-GPU memory, in GiB, as the planner accounts for it."""
+
+    total_gib: float = Field(description="Device memory of one GPU.")
+    usable_gib: float = Field(description="What the engine may use (total x memoryUtilization).")
+    weights_gib: float = Field(description="This GPU's shard of the weights.")
+    activation_gib: float = Field(description="Peak activations of one full step.")
+    runtime_gib: float = Field(description="CUDA context, graphs, communication buffers.")
+    kv_cache_gib: float = Field(description="What is left for the KV cache (negative: no fit).")
+
+
+class CapacityPlanStatus(StatusModel):
+    """The planner's verdict for one replica of this spec."""
+
+    fits: bool = Field(description="Whether weights, reserves and one full sequence fit.")
+    gpus_per_replica: int = Field(description="tensor x pipeline.")
+    memory_per_gpu: MemoryBreakdown = Field(description="Memory accounting of one GPU.")
+    kv_capacity_tokens: int = Field(description="KV-cache capacity of one replica, in tokens.")
+    max_concurrency: int = Field(
+        description="Sequences of max model length one replica holds at once."
+    )
+    predicted_ttft_ms: float | None = Field(
+        default=None, description="Predicted TTFT of one max-length prompt on an idle replica."
+    )
+    predicted_tpot_ms: float | None = Field(
+        default=None, description="Predicted TPOT at a batch of one on an idle replica."
+    )
+    message: str = Field(default="", description="The verdict in words, with numbers.")
+
+
+class RoleStatus(StatusModel):
+    role: Role = Field(description="aggregated, prefill or decode.")
+    desired: int = Field(ge=0, description="Replicas the operator wants for the role.")
+    ready: int = Field(default=0, ge=0, description="Replicas ready to serve.")
+    pinned: bool = Field(default=False, description="Whether an SRE pin fixes the count.")
+
+
+class ModelDeploymentStatus(StatusModel):
+    observed_generation: int | None = Field(
+        default=None, description="metadata.generation this status was computed from."
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list, description="Ready, Fits, Progressing, Degraded."
+    )
+    replicas: int = Field(
+        default=0, ge=0, description="Serving replicas that exist (scale subresource)."
+    )
+    ready_replicas: int = Field(default=0, ge=0, description="Serving replicas that are ready.")
+    selector: str | None = Field(
+        default=None, description="Label selector of the serving pods (scale subresource)."
+    )
+    roles: list[RoleStatus] = Field(default_factory=list, description="Replicas per role.")
+    plan: CapacityPlanStatus | None = Field(default=None, description="The capacity plan.")
+
+
+class ModelDeployment(WireModel):
+    """A ModelDeployment as stored by the API server."""
+
+    model_config = {"extra": "ignore"}
+
+    api_version: Literal["inferfleet.io/v1alpha1"] = Field(
+        default="inferfleet.io/v1alpha1", description="API version."
+    )
+    kind: Literal["ModelDeployment"] = Field(default="ModelDeployment", description="Kind.")
+    metadata: dict[str, object] = Field(default_factory=dict, description="Object metadata.")
+    spec: ModelDeploymentSpec = Field(description="Desired state.")
+    status: ModelDeploymentStatus | None = Field(default=None, description="Observed state.")
