@@ -1,0 +1,43 @@
+# One entry point for people and CI. `make demo` runs the main job, `make test` the tests;
+# both create the virtual environment on first use.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test lint typecheck unit crds calibration clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip==25.3
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	@# Exit status 3 means "planned, and it does not fit or misses the SLO": expected for one example.
+	@for f in examples/*.yaml; do \
+	  echo "== inferfleet plan -f $$f"; \
+	  $(BIN)/inferfleet plan -f $$f; rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 3 ] || exit $$rc; echo; \
+	done
+
+test: lint typecheck unit
+
+lint: $(STAMP)
+	$(BIN)/ruff check operator tests
+	$(BIN)/ruff format --check operator tests
+	$(BIN)/lint-imports
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+unit: $(STAMP)
+	$(BIN)/pytest
+
+crds: $(STAMP)
+	$(BIN)/inferfleet crds
+
+calibration: $(STAMP)
+	$(BIN)/inferfleet calibrate
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

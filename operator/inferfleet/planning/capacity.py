@@ -1,0 +1,335 @@
+"""Capacity plans: does a spec fit, how fast is it, and how many replicas per role a load needs.
+
+Aggregated: the fewest replicas whose per-replica operating point meets the SLO. Disaggregated:
+the prefill pool is sized on TTFT (prefill service, queueing for the pool, and the KV transfer
+to the decode pool), the decode pool on TPOT, the batch limit and the KV cache.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from inferfleet.api.catalog import GpuCatalog
+from inferfleet.api.model_deployment import ModelDeploymentSpec, Role, TopologyMode
+from inferfleet.planning.load import OperatingPoint, operating_point
+from inferfleet.planning.memory import MemoryPlan, kv_bytes_per_token, plan_memory
+from inferfleet.planning.performance import (
+    DEFAULT_EFFICIENCY,
+    EfficiencyTerms,
+    decode_step_seconds,
+    max_throughput,
+    prefill_seconds,
+)
+from inferfleet.planning.replica import ReplicaConfig
+
+# A replica pool larger than this is a planning error, not a plan.
+MAX_REPLICAS_PER_ROLE = 10_000
+# Per-GPU RDMA bandwidth between prefill and decode nodes (one 400 Gb/s NIC per GPU).
+KV_TRANSFER_BYTES_PER_S = 50e9
+SECONDS_PER_HOUR = 3600
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A steady load: request rate and typical prompt and output lengths."""
+
+    requests_per_second: float
+    input_tokens: int
+    output_tokens: int
+
+    def __post_init__(self) -> None:
+        if not (self.requests_per_second >= 0 and math.isfinite(self.requests_per_second)):
+            raise ValueError(f"requests_per_second must be >= 0 (got {self.requests_per_second})")
+        if self.input_tokens < 1 or self.output_tokens < 1:
+            raise ValueError(
+                f"input and output tokens must be >= 1 (got {self.input_tokens}, "
+                f"{self.output_tokens})"
+            )
+
+
+# The request shape for latency predictions when no workload is given.
+REFERENCE_REQUEST = Workload(requests_per_second=0.0, input_tokens=1000, output_tokens=200)
+
+
+@dataclass(frozen=True)
+class Slo:
+    ttft_p95_s: float | None = None
+    tpot_p95_s: float | None = None
+
+
+@dataclass(frozen=True)
+class RolePlan:
+    role: Role
+    replicas: int
+    gpus: int
+    point: OperatingPoint | None
+    """The per-replica operating point at the planned load; None without a load."""
+
+
+@dataclass(frozen=True)
+class CapacityPlan:
+    config: ReplicaConfig
+    memory: MemoryPlan
+    request: Workload
+    idle_ttft_s: float
+    idle_tpot_s: float
+    saturated_output_tokens_per_s: float
+    roles: tuple[RolePlan, ...]
+    meets_slo: bool | None
+    """None: no load to judge against."""
+    reason: str
+    workload: Workload | None
+    slo: Slo
+
+    @property
+    def gpus(self) -> int:
+        return sum(role.gpus for role in self.roles)
+
+    @property
+    def output_tokens_per_s(self) -> float:
+        """At the planned load, or every replica saturated without one."""
+        if self.workload is not None:
+            return self.workload.requests_per_second * self.workload.output_tokens
+        return self.saturated_output_tokens_per_s * sum(
+            r.replicas for r in self.roles if r.role != Role.PREFILL
+        )
+
+    @property
+    def cost_per_million_output_tokens_usd(self) -> float | None:
+        tokens_per_hour = self.output_tokens_per_s * SECONDS_PER_HOUR
+        if not self.memory.fits or tokens_per_hour <= 0:
+            return None
+        cost = self.gpus * self.config.gpu.hourly_price_usd / tokens_per_hour * 1e6
+        # A vanishing load has no meaningful cost per token.
+        return cost if math.isfinite(cost) else None
+
+
+def _meets(point: OperatingPoint, slo: Slo, extra_ttft_s: float = 0.0) -> bool:
+    if not point.stable:
+        return False
+    if slo.ttft_p95_s is not None and point.ttft_p95_s + extra_ttft_s > slo.ttft_p95_s:
+        return False
+    return slo.tpot_p95_s is None or point.tpot_s <= slo.tpot_p95_s
+
+
+def _fewest_replicas(meets_with: Callable[[int], bool]) -> int | None:
+    """Smallest replica count that meets the SLO (more replicas never hurt), by bisection."""
+    if not meets_with(MAX_REPLICAS_PER_ROLE):
+        return None
+    low, high = 0, MAX_REPLICAS_PER_ROLE
+    while high - low > 1:
+        middle = (low + high) // 2
+        if meets_with(middle):
+            high = middle
+        else:
+            low = middle
+    return high
+
+
+def _infeasible(role: Role, config: ReplicaConfig, request: Workload, slo: Slo) -> str:
+    ttft = prefill_seconds(config, request.input_tokens)
+    tpot = decode_step_seconds(config, 1, request.input_tokens + request.output_tokens / 2)
+    return (
+        f"no number of {role.value} replicas meets the SLO: an idle replica already needs "
+        f"TTFT {ttft * 1e3:.0f} ms (target {_ms(slo.ttft_p95_s)}) and TPOT {tpot * 1e3:.1f} ms "
+        f"(target {_ms(slo.tpot_p95_s)}) for {request.input_tokens}/{request.output_tokens} tokens"
+    )
+
+
+def _ms(seconds: float | None) -> str:
+    return "none" if seconds is None else f"{seconds * 1e3:.0f} ms"
+
+
+def plan(
+    spec: ModelDeploymentSpec,
+    gpus: GpuCatalog | None = None,
+    workload: Workload | None = None,
+    slo: Slo | None = None,
+    efficiency: EfficiencyTerms = DEFAULT_EFFICIENCY,
+) -> CapacityPlan:
+    config = ReplicaConfig.from_spec(spec, gpus or GpuCatalog.builtin())
+    return plan_replica(
+        config,
+        disaggregated=spec.topology.mode == TopologyMode.DISAGGREGATED,
+        replicas=spec.replicas,
+        prefill_replicas=spec.topology.prefill.replicas if spec.topology.prefill else 0,
+        workload=workload,
+        slo=slo or Slo(),
+        efficiency=efficiency,
+    )
+
+
+def plan_replica(
+    config: ReplicaConfig,
+    disaggregated: bool,
+    replicas: int,
+    prefill_replicas: int,
+    workload: Workload | None,
+    slo: Slo,
+    efficiency: EfficiencyTerms = DEFAULT_EFFICIENCY,
+) -> CapacityPlan:
+    memory = plan_memory(config)
+    request = workload or REFERENCE_REQUEST
+    context = request.input_tokens + request.output_tokens
+    idle_ttft = prefill_seconds(config, request.input_tokens, efficiency)
+    idle_tpot = decode_step_seconds(config, 1, request.input_tokens + request.output_tokens / 2)
+    saturated = (
+        max_throughput(
+            config, request.input_tokens, request.output_tokens, memory.kv_capacity_tokens,
+            efficiency,
+        ).output_tokens_per_s
+        if memory.fits
+        else 0.0
+    )  # fmt: skip
+
+    def result(roles: tuple[RolePlan, ...], meets: bool | None, reason: str) -> CapacityPlan:
+        return CapacityPlan(
+            config=config,
+            memory=memory,
+            request=request,
+            idle_ttft_s=idle_ttft,
+            idle_tpot_s=idle_tpot,
+            saturated_output_tokens_per_s=saturated,
+            roles=roles,
+            meets_slo=meets,
+            reason=reason,
+            workload=workload,
+            slo=slo,
+        )
+
+    def fixed(role: Role, count: int) -> RolePlan:
+        return RolePlan(role, count, count * config.gpus, None)
+
+    declared = (
+        (fixed(Role.PREFILL, prefill_replicas), fixed(Role.DECODE, replicas))
+        if disaggregated
+        else (fixed(Role.AGGREGATED, replicas),)
+    )
+    if not memory.fits:
+        return result(declared, False if workload else None, memory.verdict())
+    if context > config.context_limit:
+        return result(
+            declared,
+            False if workload else None,
+            f"requests of {context} tokens exceed max model length {config.context_limit}",
+        )
+    if workload is None:
+        return result(declared, None, memory.verdict())
+
+    rate = workload.requests_per_second
+    inp, out = workload.input_tokens, workload.output_tokens
+    if not disaggregated:
+
+        def aggregated_point(count: int) -> OperatingPoint:
+            return operating_point(config, rate / max(count, 1), inp, out, efficiency)
+
+        count = _fewest_replicas(lambda n: _meets(aggregated_point(n), slo))
+        if count is None:
+            return result(declared, False, _infeasible(Role.AGGREGATED, config, request, slo))
+        role = RolePlan(Role.AGGREGATED, count, count * config.gpus, aggregated_point(count))
+        return result((role,), True, f"{count} aggregated replicas meet the SLO at {rate:g} req/s")
+
+    transfer_s = inp * kv_bytes_per_token(config) / KV_TRANSFER_BYTES_PER_S
+
+    def prefill_point(count: int) -> OperatingPoint:
+        return operating_point(
+            config, rate / max(count, 1), inp, out, efficiency, prefill=True, decode=False
+        )
+
+    def decode_point(count: int) -> OperatingPoint:
+        return operating_point(
+            config, rate / max(count, 1), inp, out, efficiency, prefill=False, decode=True
+        )
+
+    prefill_count = _fewest_replicas(lambda n: _meets(prefill_point(n), slo, transfer_s))
+    decode_count = _fewest_replicas(lambda n: _meets(decode_point(n), slo))
+    if prefill_count is None or decode_count is None:
+        role = Role.PREFILL if prefill_count is None else Role.DECODE
+        return result(declared, False, _infeasible(role, config, request, slo))
+    roles = (
+        RolePlan(Role.PREFILL, prefill_count, prefill_count * config.gpus,
+                 prefill_point(prefill_count)),
+        RolePlan(Role.DECODE, decode_count, decode_count * config.gpus,
+                 decode_point(decode_count)),
+    )  # fmt: skip
+    return result(
+        roles,
+        True,
+        f"{prefill_count} prefill and {decode_count} decode replicas meet the SLO at "
+        f"{rate:g} req/s (KV transfer adds {transfer_s * 1e3:.1f} ms to TTFT)",
+    )
+
+
+def _point_report(point: OperatingPoint | None) -> dict[str, float] | None:
+    if point is None:
+        return None
+    return {
+        "requestsPerSecond": point.rate,
+        "ttftP95Ms": point.ttft_p95_s * 1e3,
+        "tpotMs": point.tpot_s * 1e3,
+        "batch": point.batch,
+        "prefillUtilisation": point.prefill_utilisation,
+        "mfu": point.mfu,
+        "mbu": point.mbu,
+    }
+
+
+def report(capacity: CapacityPlan) -> dict[str, object]:
+    """The plan as plain data (camelCase), for `-o json` and for status."""
+    memory = capacity.memory
+    context = capacity.request.input_tokens + capacity.request.output_tokens
+    gib = 1024**3
+    return {
+        "fits": memory.fits,
+        "verdict": memory.verdict(),
+        "gpuType": capacity.config.gpu_type.value,
+        "gpusPerReplica": capacity.config.gpus,
+        "memoryPerGpuGiB": {
+            "total": memory.total / gib,
+            "usable": memory.usable / gib,
+            "weights": memory.weights / gib,
+            "activations": memory.activations / gib,
+            "runtime": memory.runtime / gib,
+            "kvCache": memory.kv_cache / gib,
+        },
+        "kvBytesPerTokenPerGpu": memory.kv_bytes_per_token,
+        "kvCapacityTokens": memory.kv_capacity_tokens,
+        "maxModelLength": memory.context_limit,
+        "maxConcurrency": {
+            "atMaxModelLength": memory.max_concurrency(memory.context_limit),
+            "atRequestLength": memory.max_concurrency(context),
+        },
+        "request": {
+            "inputTokens": capacity.request.input_tokens,
+            "outputTokens": capacity.request.output_tokens,
+        },
+        "idle": {"ttftMs": capacity.idle_ttft_s * 1e3, "tpotMs": capacity.idle_tpot_s * 1e3},
+        "saturatedOutputTokensPerSecondPerReplica": capacity.saturated_output_tokens_per_s,
+        "workload": None
+        if capacity.workload is None
+        else {
+            "requestsPerSecond": capacity.workload.requests_per_second,
+            "inputTokens": capacity.workload.input_tokens,
+            "outputTokens": capacity.workload.output_tokens,
+        },
+        "slo": {
+            "ttftP95Ms": None if capacity.slo.ttft_p95_s is None else capacity.slo.ttft_p95_s * 1e3,
+            "tpotP95Ms": None if capacity.slo.tpot_p95_s is None else capacity.slo.tpot_p95_s * 1e3,
+        },
+        "meetsSlo": capacity.meets_slo,
+        "reason": capacity.reason,
+        "roles": [
+            {
+                "role": role.role.value,
+                "replicas": role.replicas,
+                "gpus": role.gpus,
+                "perReplica": _point_report(role.point),
+            }
+            for role in capacity.roles
+        ],
+        "gpus": capacity.gpus,
+        "hourlyCostUsd": capacity.gpus * capacity.config.gpu.hourly_price_usd,
+        "costPerMillionOutputTokensUsd": capacity.cost_per_million_output_tokens_usd,
+    }

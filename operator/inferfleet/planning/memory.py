@@ -1,0 +1,152 @@
+"""Memory per GPU: weights, activations, runtime reserve and what is left for the KV cache.
+
+KV cache bytes per token = 2 (K and V) x layers x kv_heads x head_dim x bytes. Under tensor
+parallelism each GPU holds kv_heads / tensor heads (at least one: when tensor exceeds kv_heads,
+heads are replicated); under pipeline parallelism each GPU holds layers / pipeline layers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from inferfleet.planning.replica import ACTIVATION_BYTES, ReplicaConfig
+
+GIB = 1024**3
+# Paged KV caches allocate in blocks of 16 tokens (vLLM's default block size).
+KV_BLOCK_TOKENS = 16
+# CUDA context, cuBLAS workspaces and captured CUDA graphs: what an engine holds beside tensors.
+RUNTIME_RESERVE_BYTES = int(1.5 * GIB)
+# NCCL buffers when the replica spans several GPUs.
+COLLECTIVES_RESERVE_BYTES = int(0.5 * GIB)
+# Logits and probabilities of the sampler are fp32, one row per running sequence.
+_SAMPLER_BYTES_PER_VOCAB_ENTRY = 8
+
+
+def linear_parameters(config: ReplicaConfig) -> int:
+    """Parameters in the transformer blocks' matrices (what quantisation shrinks)."""
+    return config.model.parameter_count - config.model.embedding_parameters
+
+
+def attention_parameters(config: ReplicaConfig) -> int:
+    """Q, K, V and output projections of all layers (never routed, even in MoE models)."""
+    m = config.model
+    q_and_o = 2 * m.hidden_size * m.attention_heads * m.head_dim
+    k_and_v = 2 * m.hidden_size * m.kv_heads * m.head_dim
+    return m.layers * (q_and_o + k_and_v)
+
+
+def weight_bytes_per_gpu(config: ReplicaConfig) -> float:
+    """This GPU's shard of the weights (shards are taken as even across TP and PP)."""
+    quantised = linear_parameters(config) * config.weight_bytes_per_param
+    embeddings = config.model.embedding_parameters * ACTIVATION_BYTES
+    return (quantised + embeddings) / config.gpus
+
+
+def kv_heads_per_gpu(config: ReplicaConfig) -> int:
+    return max(1, config.model.kv_heads // config.tensor)
+
+
+def kv_bytes_per_token(config: ReplicaConfig) -> int:
+    """KV bytes one token occupies on one GPU of the replica."""
+    m = config.model
+    layers_per_gpu = math.ceil(m.layers / config.pipeline)
+    return 2 * layers_per_gpu * kv_heads_per_gpu(config) * m.head_dim * config.kv_bytes_per_element
+
+
+def kv_bytes_per_token_replica(config: ReplicaConfig) -> int:
+    """KV bytes one token occupies across the whole replica (what a KV transfer moves)."""
+    return kv_bytes_per_token(config) * config.gpus
+
+
+def activation_bytes_per_gpu(config: ReplicaConfig) -> float:
+    """Peak activations of a step at the full token budget, as engines profile at start-up:
+    the residual stream, the QKV output and the MLP's gate/up output, plus sampler buffers."""
+    m = config.model
+    tokens = config.max_batched_tokens
+    qkv_width = (m.attention_heads + 2 * m.kv_heads) * m.head_dim / config.tensor
+    mlp_width = 2 * m.intermediate_size * m.experts_per_token / config.tensor
+    per_token = (2 * m.hidden_size + qkv_width + mlp_width) * ACTIVATION_BYTES
+    sampler = config.max_sequences * m.vocab_size * _SAMPLER_BYTES_PER_VOCAB_ENTRY
+    return tokens * per_token + sampler
+
+
+def runtime_bytes_per_gpu(config: ReplicaConfig) -> int:
+    return RUNTIME_RESERVE_BYTES + (COLLECTIVES_RESERVE_BYTES if config.gpus > 1 else 0)
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Memory of one GPU of the replica, in bytes, and the KV capacity that follows."""
+
+    total: int
+    usable: float
+    weights: float
+    activations: float
+    runtime: int
+    kv_bytes_per_token: int
+    context_limit: int
+    max_sequences: int
+
+    @property
+    def kv_cache(self) -> float:
+        return self.usable - self.weights - self.activations - self.runtime
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """Tokens the replica's KV cache holds, in whole blocks."""
+        if self.kv_cache <= 0:
+            return 0
+        blocks = int(self.kv_cache // (self.kv_bytes_per_token * KV_BLOCK_TOKENS))
+        return blocks * KV_BLOCK_TOKENS
+
+    def max_concurrency(self, context_tokens: int) -> int:
+        """Sequences of `context_tokens` (prompt + output) held at once, capped by the batch."""
+        if context_tokens <= 0:
+            raise ValueError(f"context_tokens must be positive (got {context_tokens})")
+        blocks_per_sequence = math.ceil(context_tokens / KV_BLOCK_TOKENS)
+        by_memory = self.kv_capacity_tokens // (blocks_per_sequence * KV_BLOCK_TOKENS)
+        return min(self.max_sequences, by_memory)
+
+    @property
+    def fits(self) -> bool:
+        """The engine starts: weights and reserves fit, and one full-length sequence fits."""
+        return self.kv_capacity_tokens >= self.context_limit
+
+    def verdict(self) -> str:
+        """The fit decision in words, with the numbers behind it."""
+        weights = self.weights / GIB
+        reserve = (self.activations + self.runtime) / GIB
+        usable = self.usable / GIB
+        if self.kv_cache <= 0:
+            return (
+                f"does not fit: weights {weights:.1f} GiB + activations and runtime "
+                f"{reserve:.1f} GiB per GPU exceed the usable {usable:.1f} GiB "
+                f"(short by {-self.kv_cache / GIB:.1f} GiB)"
+            )
+        if not self.fits:
+            return (
+                f"does not fit: {self.kv_cache / GIB:.1f} GiB left for KV cache holds "
+                f"{self.kv_capacity_tokens} tokens, fewer than one sequence of max model length "
+                f"{self.context_limit}"
+            )
+        return (
+            f"fits: weights {weights:.1f} GiB + reserve {reserve:.1f} GiB of usable "
+            f"{usable:.1f} GiB per GPU leave {self.kv_cache / GIB:.1f} GiB of KV cache "
+            f"({self.kv_capacity_tokens} tokens, {self.max_concurrency(self.context_limit)} "
+            f"sequences of {self.context_limit} tokens)"
+        )
+
+
+def plan_memory(config: ReplicaConfig) -> MemoryPlan:
+    total = config.gpu.memory_bytes
+    return MemoryPlan(
+        total=total,
+        usable=total * config.memory_utilization,
+        weights=weight_bytes_per_gpu(config),
+        activations=activation_bytes_per_gpu(config),
+        runtime=runtime_bytes_per_gpu(config),
+        kv_bytes_per_token=kv_bytes_per_token(config),
+        context_limit=config.context_limit,
+        max_sequences=config.max_sequences,
+    )

@@ -1,0 +1,250 @@
+"""Roofline step-time model of one engine replica, with fitted efficiency terms.
+
+An engine step runs the batch's tokens through every layer. Its time is the sum of parts that
+run one after another on the GPU:
+
+* linear layers (GEMMs): max(FLOPs / (peak x compute efficiency),
+  weight bytes / (bandwidth x bandwidth efficiency)). Prefill tokens make them compute-bound;
+  a decode-only batch is bound by reading the weights once per step;
+* attention: decode reads every cached K/V byte of its sequences (bandwidth-bound); prefill
+  attention is compute-bound;
+* tensor-parallel all-reduces (two per layer) and pipeline hops;
+* a fixed per-step overhead (scheduling, sampling, kernel launches).
+
+Pipeline stages are taken as sequential for one step (latency of the whole model); the
+throughput gain of filling the pipeline with micro-batches is not modelled, so PP plans are
+conservative. The efficiency terms are fitted to published measurements (see `calibration`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from inferfleet.planning.memory import (
+    attention_parameters,
+    kv_bytes_per_token,
+    linear_parameters,
+    weight_bytes_per_gpu,
+)
+from inferfleet.planning.replica import ACTIVATION_BYTES, ReplicaConfig
+
+
+@dataclass(frozen=True)
+class EfficiencyTerms:
+    """Fractions of datasheet peaks that real kernels reach, and fixed costs.
+
+    Defaults are fitted to the published points in `calibration.PUBLISHED_POINTS`.
+    """
+
+    compute: float = 0.53
+    bandwidth: float = 0.90
+    step_overhead_s: float = 0.0025
+    allreduce_latency_s: float = 30e-6
+
+
+DEFAULT_EFFICIENCY = EfficiencyTerms()
+
+
+@dataclass(frozen=True)
+class StepLoad:
+    """The work in one engine step."""
+
+    decode_sequences: int = 0
+    """Sequences producing one token each."""
+    decode_context_tokens: int = 0
+    """Sum of the decode sequences' context lengths (the KV bytes their attention reads)."""
+    prefill_tokens: int = 0
+    """Prompt tokens processed in the step (a chunk, or several prompts)."""
+    prefill_attention_pairs: float = 0.0
+    """Sum over prefill tokens of the positions each attends to (causal)."""
+
+    @property
+    def tokens(self) -> int:
+        return self.decode_sequences + self.prefill_tokens
+
+    @classmethod
+    def prefill_chunk(cls, chunk_tokens: int, start_position: int = 0) -> StepLoad:
+        return cls(
+            prefill_tokens=chunk_tokens,
+            prefill_attention_pairs=chunk_tokens * (start_position + chunk_tokens / 2),
+        )
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Seconds of one step, by part, with the work done (for MFU and MBU)."""
+
+    linear_s: float
+    attention_s: float
+    communication_s: float
+    overhead_s: float
+    flops_per_gpu: float
+    bytes_per_gpu: float
+
+    @property
+    def total_s(self) -> float:
+        return self.linear_s + self.attention_s + self.communication_s + self.overhead_s
+
+
+def _moe_weight_fraction(config: ReplicaConfig, tokens: int) -> float:
+    """Fraction of the linear weights a step reads: dense models read all of them; an MoE step
+    reads the attention weights and the experts its tokens were routed to (uniform routing)."""
+    m = config.model
+    if not m.is_moe:
+        return 1.0
+    linear = linear_parameters(config)
+    attention = attention_parameters(config)
+    experts = linear - attention
+    untouched = (1 - m.experts_per_token / m.experts) ** max(tokens, 1)
+    return (attention + experts * (1 - untouched)) / linear
+
+
+def step_time(
+    config: ReplicaConfig, load: StepLoad, efficiency: EfficiencyTerms = DEFAULT_EFFICIENCY
+) -> StepTime:
+    m = config.model
+    gpu = config.gpu
+    tokens = load.tokens
+
+    # Linear layers: active parameters per token; the output head only for decode tokens.
+    active_linear = m.active_parameters - m.embedding_parameters
+    head = m.output_head_parameters
+    linear_flops = (2 * active_linear * tokens + 2 * head * load.decode_sequences) / config.gpus
+    head_bytes = head * ACTIVATION_BYTES / config.gpus
+    quantised_bytes = weight_bytes_per_gpu(config) - m.embedding_parameters * (
+        ACTIVATION_BYTES / config.gpus
+    )
+    weight_bytes = quantised_bytes * _moe_weight_fraction(config, tokens) + head_bytes
+    linear_s = max(
+        linear_flops / (config.linear_flops_rate * efficiency.compute),
+        weight_bytes / (gpu.memory_bandwidth * efficiency.bandwidth),
+    )
+
+    # Attention: decode reads the cache; prefill computes QK^T and PV (2 x 2 FLOPs per pair).
+    heads_per_gpu = m.attention_heads / config.tensor
+    attention_flops = (
+        4
+        * m.layers
+        * heads_per_gpu
+        * m.head_dim
+        * (load.decode_context_tokens + load.prefill_attention_pairs)
+        / config.pipeline
+    )
+    kv_read = load.decode_context_tokens * kv_bytes_per_token(config)
+    attention_s = kv_read / (gpu.memory_bandwidth * efficiency.bandwidth) + attention_flops / (
+        gpu.bf16_flops * efficiency.compute
+    )
+
+    # Two ring all-reduces per layer over the activations; one hop per pipeline boundary.
+    communication_s = 0.0
+    activation_bytes = tokens * m.hidden_size * ACTIVATION_BYTES
+    if config.tensor > 1:
+        ring_bytes = 2 * (config.tensor - 1) / config.tensor * activation_bytes
+        per_allreduce = efficiency.allreduce_latency_s + ring_bytes / gpu.interconnect_bandwidth
+        communication_s += 2 * m.layers * per_allreduce
+    if config.pipeline > 1:
+        per_hop = efficiency.allreduce_latency_s + activation_bytes / gpu.interconnect_bandwidth
+        communication_s += (config.pipeline - 1) * per_hop
+
+    return StepTime(
+        linear_s=linear_s,
+        attention_s=attention_s,
+        communication_s=communication_s,
+        overhead_s=efficiency.step_overhead_s,
+        flops_per_gpu=linear_flops + attention_flops,
+        bytes_per_gpu=weight_bytes + kv_read,
+    )
+
+
+def prefill_seconds(
+    config: ReplicaConfig,
+    prompt_tokens: int,
+    efficiency: EfficiencyTerms = DEFAULT_EFFICIENCY,
+    chunk_tokens: int | None = None,
+    decode_sequences: int = 0,
+    decode_context_tokens: int = 0,
+) -> float:
+    """Time to prefill one prompt, in chunks of the step budget left after `decode_sequences`
+    ride along in each step (chunked prefill), or in one step when chunking is off."""
+    if prompt_tokens <= 0:
+        return 0.0
+    if config.chunked_prefill:
+        budget = chunk_tokens or config.max_batched_tokens
+        chunk = max(1, budget - decode_sequences)
+    else:
+        chunk = prompt_tokens
+    total = 0.0
+    done = 0
+    while done < prompt_tokens:
+        size = min(chunk, prompt_tokens - done)
+        step = StepLoad(
+            decode_sequences=decode_sequences,
+            decode_context_tokens=decode_context_tokens,
+            prefill_tokens=size,
+            prefill_attention_pairs=size * (done + size / 2),
+        )
+        total += step_time(config, step, efficiency).total_s
+        done += size
+    return total
+
+
+def decode_step_seconds(
+    config: ReplicaConfig,
+    batch: int,
+    mean_context_tokens: float,
+    efficiency: EfficiencyTerms = DEFAULT_EFFICIENCY,
+) -> float:
+    """One decode step of `batch` sequences (the TPOT of a decode-only batch)."""
+    load = StepLoad(
+        decode_sequences=batch, decode_context_tokens=math.ceil(batch * mean_context_tokens)
+    )
+    return step_time(config, load, efficiency).total_s
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """Saturated throughput of one replica for fixed input/output lengths."""
+
+    batch: int
+    step_s: float
+    output_tokens_per_s: float
+    mfu: float
+    mbu: float
+
+
+def max_throughput(
+    config: ReplicaConfig,
+    input_tokens: int,
+    output_tokens: int,
+    kv_capacity_tokens: int,
+    efficiency: EfficiencyTerms = DEFAULT_EFFICIENCY,
+) -> Throughput:
+    """Throughput with the batch as full as memory and `max_sequences` allow.
+
+    In steady state each step decodes `batch` tokens and prefills the prompts of the requests
+    that replace finished ones: batch x input / output prompt tokens per step. Each sequence
+    reserves its whole context (input + output) in the KV cache, as a no-eviction scheduler does.
+    """
+    context = input_tokens + output_tokens
+    batch = max(1, min(config.max_sequences, kv_capacity_tokens // context))
+    prefill_per_step = batch * input_tokens / output_tokens
+    load = StepLoad(
+        decode_sequences=batch,
+        decode_context_tokens=math.ceil(batch * (input_tokens + output_tokens / 2)),
+        prefill_tokens=math.ceil(prefill_per_step),
+        prefill_attention_pairs=prefill_per_step * input_tokens / 2,
+    )
+    step = step_time(config, load, efficiency)
+    return Throughput(
+        batch=batch,
+        step_s=step.total_s,
+        output_tokens_per_s=batch / step.total_s,
+        mfu=utilisation(step.flops_per_gpu, step.total_s, config.linear_flops_rate),
+        mbu=utilisation(step.bytes_per_gpu, step.total_s, config.gpu.memory_bandwidth),
+    )
+
+
+def utilisation(work_per_gpu: float, seconds: float, peak_per_second: float) -> float:
+    """Achieved rate over peak (MFU for FLOPs, MBU for bytes)."""
+    return work_per_gpu / seconds / peak_per_second

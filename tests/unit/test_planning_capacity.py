@@ -1,0 +1,114 @@
+"""Capacity plans: replicas per role for a load under an SLO, and what they cost."""
+
+from __future__ import annotations
+
+import pytest
+
+from inferfleet.api.model_deployment import ModelDeploymentSpec, Role
+from inferfleet.planning.capacity import Slo, Workload, plan
+from inferfleet.planning.load import closed_loop_point, operating_point
+from tests.unit.planning_fixtures import fp8, replica
+
+
+def spec(**overrides: object) -> ModelDeploymentSpec:
+    document: dict[str, object] = {
+        "model": {"name": "llama-3.1-8b", "source": "hf://meta-llama/Llama-3.1-8B-Instruct"},
+        "engine": {"name": "vllm"},
+        "gpu": {"type": "H100-80GB"},
+        "batching": {"maxModelLength": 16384},
+    }
+    document.update(overrides)
+    return ModelDeploymentSpec.model_validate(document)
+
+
+DISAGGREGATED = {"topology": {"mode": "disaggregated", "prefill": {"replicas": 1}}}
+SLO = Slo(ttft_p95_s=0.5, tpot_p95_s=0.05)
+
+
+def test_more_load_needs_more_replicas_and_each_replica_meets_the_slo() -> None:
+    counts = []
+    for rate in (5, 50, 200):
+        capacity = plan(spec(), workload=Workload(rate, 1000, 200), slo=SLO)
+        assert capacity.meets_slo is True
+        (role,) = capacity.roles
+        assert role.role == Role.AGGREGATED
+        assert role.point is not None
+        assert role.point.ttft_p95_s <= 0.5
+        assert role.point.tpot_s <= 0.05
+        counts.append(role.replicas)
+    assert counts[0] <= counts[1] < counts[2]
+
+
+def test_the_plan_is_the_fewest_replicas() -> None:
+    capacity = plan(spec(), workload=Workload(200, 1000, 200), slo=SLO)
+    (role,) = capacity.roles
+    one_fewer = operating_point(capacity.config, 200 / (role.replicas - 1), 1000, 200)
+    assert not (
+        one_fewer.stable and one_fewer.ttft_p95_s <= 0.5 and one_fewer.tpot_s <= 0.05
+    )
+
+
+def test_a_tighter_slo_needs_more_replicas() -> None:
+    load = Workload(100, 2000, 300)
+    loose = plan(spec(), workload=load, slo=Slo(ttft_p95_s=2.0, tpot_p95_s=0.1))
+    tight = plan(spec(), workload=load, slo=Slo(ttft_p95_s=0.3, tpot_p95_s=0.02))
+    assert tight.gpus > loose.gpus
+
+
+def test_an_unreachable_slo_says_why_in_numbers() -> None:
+    capacity = plan(spec(), workload=Workload(1, 8000, 100), slo=Slo(ttft_p95_s=0.01))
+    assert capacity.meets_slo is False
+    assert "an idle replica already needs TTFT" in capacity.reason
+    assert "target 10 ms" in capacity.reason
+
+
+def test_longer_prompts_shift_disaggregated_capacity_to_prefill() -> None:
+    rate = 10
+    short = plan(spec(**DISAGGREGATED), workload=Workload(rate, 500, 400), slo=SLO)
+    long = plan(spec(**DISAGGREGATED), workload=Workload(rate, 6000, 400), slo=SLO)
+    assert short.meets_slo and long.meets_slo
+    replicas = {c: {r.role: r.replicas for r in c.roles} for c in (short, long)}
+    assert replicas[long][Role.PREFILL] > replicas[short][Role.PREFILL]
+    ratio_short = replicas[short][Role.PREFILL] / replicas[short][Role.DECODE]
+    ratio_long = replicas[long][Role.PREFILL] / replicas[long][Role.DECODE]
+    assert ratio_long > ratio_short
+
+
+def test_cost_per_million_output_tokens() -> None:
+    load = Workload(50, 1000, 200)
+    capacity = plan(spec(), workload=load, slo=SLO)
+    cost = capacity.cost_per_million_output_tokens_usd
+    tokens_per_hour = 50 * 200 * 3600
+    assert cost == pytest.approx(capacity.gpus * 2.50 / tokens_per_hour * 1e6)
+
+
+def test_without_a_load_the_declared_replicas_stand() -> None:
+    capacity = plan(spec(replicas=3))
+    assert capacity.meets_slo is None
+    assert [(r.role, r.replicas, r.gpus) for r in capacity.roles] == [(Role.AGGREGATED, 3, 3)]
+    assert capacity.cost_per_million_output_tokens_usd is not None
+
+
+def test_a_spec_that_does_not_fit_plans_nothing_and_costs_nothing() -> None:
+    capacity = plan(
+        spec(model={"name": "llama-3.1-405b", "source": "hf://x/y"}, gpu={"type": "L40S-48GB"}),
+        workload=Workload(1, 1000, 100),
+        slo=SLO,
+    )
+    assert capacity.meets_slo is False
+    assert capacity.reason.startswith("does not fit")
+    assert capacity.cost_per_million_output_tokens_usd is None
+
+
+def test_overload_is_reported_not_extrapolated() -> None:
+    config = replica(max_sequences=64)
+    point = operating_point(config, 1000, 1000, 1000)
+    assert not point.stable
+    assert point.limit
+
+
+def test_closed_loop_holds_its_concurrency() -> None:
+    config = fp8(replica("llama-3.3-70b", tensor=2, max_model_length=8192))
+    point = closed_loop_point(config, 32, 2000, 200)
+    in_flight = point.rate * (point.ttft_mean_s + 200 * point.tpot_s)
+    assert in_flight == pytest.approx(32, rel=0.02)

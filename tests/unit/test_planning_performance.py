@@ -1,0 +1,98 @@
+"""The roofline step-time model: regimes, scaling laws and bounds."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from inferfleet.api.catalog import GpuType
+from inferfleet.planning.memory import plan_memory
+from inferfleet.planning.performance import (
+    DEFAULT_EFFICIENCY,
+    StepLoad,
+    decode_step_seconds,
+    max_throughput,
+    prefill_seconds,
+    step_time,
+)
+from tests.unit.planning_fixtures import fp8, replica
+
+
+def test_small_decode_batches_are_bandwidth_bound() -> None:
+    config = replica()
+    step = step_time(config, StepLoad(decode_sequences=1, decode_context_tokens=1000))
+    weights_s = step.bytes_per_gpu / (config.gpu.memory_bandwidth * DEFAULT_EFFICIENCY.bandwidth)
+    assert step.linear_s + step.attention_s == pytest.approx(weights_s, rel=0.02)
+
+
+def test_long_prefill_is_compute_bound_and_scales_linearly() -> None:
+    config = replica()
+    four_k = step_time(config, StepLoad.prefill_chunk(4096)).linear_s
+    eight_k = step_time(config, StepLoad.prefill_chunk(8192)).linear_s
+    assert eight_k == pytest.approx(2 * four_k, rel=0.01)
+
+
+def test_fp8_halves_bandwidth_bound_decode_and_speeds_prefill() -> None:
+    bf16, quantised = replica(), fp8(replica())
+    overhead = DEFAULT_EFFICIENCY.step_overhead_s
+    ratio = (decode_step_seconds(bf16, 1, 1000) - overhead) / (
+        decode_step_seconds(quantised, 1, 1000) - overhead
+    )
+    # Weights halve; the 16-bit output head does not, so a little under 2x.
+    assert 1.7 < ratio < 2.0
+    assert prefill_seconds(quantised, 8000) < 0.6 * prefill_seconds(bf16, 8000)
+
+
+def test_h200_decodes_faster_than_h100_by_its_bandwidth() -> None:
+    h100 = replica()
+    h200 = replica(gpu=GpuType.H200_141GB)
+    overhead = DEFAULT_EFFICIENCY.step_overhead_s
+    ratio = (decode_step_seconds(h100, 8, 2000) - overhead) / (
+        decode_step_seconds(h200, 8, 2000) - overhead
+    )
+    assert ratio == pytest.approx(4.8 / 3.35, rel=0.02)
+
+
+def test_tensor_parallelism_cuts_decode_latency_but_pays_for_all_reduce() -> None:
+    one = replica("llama-3.3-70b", weights=fp8(replica()).weights)
+    two = replace(one, tensor=2)
+    load = StepLoad(decode_sequences=16, decode_context_tokens=16 * 2000)
+    single, split = step_time(one, load), step_time(two, load)
+    assert split.communication_s > 0 == single.communication_s
+    assert split.total_s < single.total_s
+    # Slower PCIe links make the same all-reduce cost more.
+    l40s = replace(two, gpu_type=GpuType.L40S_48GB, gpu=replica(gpu=GpuType.L40S_48GB).gpu)
+    assert step_time(l40s, load).communication_s > split.communication_s
+
+
+def test_decode_step_grows_with_batch_and_context() -> None:
+    config = replica()
+    assert decode_step_seconds(config, 64, 1000) > decode_step_seconds(config, 8, 1000)
+    assert decode_step_seconds(config, 64, 8000) > decode_step_seconds(config, 64, 1000)
+
+
+def test_chunked_prefill_costs_about_the_same_as_one_shot() -> None:
+    chunked = replica(max_batched_tokens=2048)
+    whole = replica(chunked_prefill=False, max_batched_tokens=32768)
+    assert prefill_seconds(chunked, 16000) == pytest.approx(prefill_seconds(whole, 16000), rel=0.1)
+    assert prefill_seconds(chunked, 16000) > prefill_seconds(whole, 16000)
+
+
+def test_moe_reads_only_routed_experts_when_the_batch_is_small() -> None:
+    mixtral = replica("mixtral-8x7b")
+    small = step_time(mixtral, StepLoad(decode_sequences=1, decode_context_tokens=100))
+    large = step_time(mixtral, StepLoad(decode_sequences=256, decode_context_tokens=256 * 100))
+    # Top-2 of 8 experts: one token touches about a third of the weights; 256 touch them all.
+    assert small.bytes_per_gpu < 0.45 * large.bytes_per_gpu
+
+
+def test_max_throughput_is_efficient_but_below_peak() -> None:
+    config = fp8(replica(max_sequences=2048))
+    capacity = plan_memory(config).kv_capacity_tokens
+    result = max_throughput(config, 1000, 1000, capacity)
+    assert 0 < result.mfu < 1
+    assert 0 < result.mbu < 1
+    assert result.batch == capacity // 2000
+    shorter = max_throughput(config, 128, 128, capacity)
+    assert shorter.output_tokens_per_s > result.output_tokens_per_s
