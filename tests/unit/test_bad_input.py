@@ -9,6 +9,7 @@ import math
 import re
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
@@ -107,8 +108,10 @@ def assert_names_the_field(error: ValidationError) -> None:
         if item["loc"]:
             continue
         message = item["msg"]
-        assert _FIELD_FIRST.match(message) or any(r in message for r in _WHOLE_OBJECT_RULES) or (
-            item["type"] in ("model_type", "model_attributes_type", "dict_type")
+        assert (
+            _FIELD_FIRST.match(message)
+            or any(r in message for r in _WHOLE_OBJECT_RULES)
+            or (item["type"] in ("model_type", "model_attributes_type", "dict_type"))
         ), f"error names no field: {item}"
 
 
@@ -162,7 +165,9 @@ def test_service_specs_are_accepted_or_refused_by_field(document: Any) -> None:
 def test_workloads_are_refused_with_a_clear_message(
     rate: float, input_tokens: int, output_tokens: int
 ) -> None:
-    try:
+    valid = rate >= 0 and math.isfinite(rate) and input_tokens >= 1 and output_tokens >= 1
+    if valid:
         Workload(rate, input_tokens, output_tokens)
-    except ValueError as error:
-        assert "must be" in str(error)
+    else:
+        with pytest.raises(ValueError, match="must be"):
+            Workload(rate, input_tokens, output_tokens)

@@ -43,9 +43,7 @@ def test_the_plan_is_the_fewest_replicas() -> None:
     capacity = plan(spec(), workload=Workload(200, 1000, 200), slo=SLO)
     (role,) = capacity.roles
     one_fewer = operating_point(capacity.config, 200 / (role.replicas - 1), 1000, 200)
-    assert not (
-        one_fewer.stable and one_fewer.ttft_p95_s <= 0.5 and one_fewer.tpot_s <= 0.05
-    )
+    assert not (one_fewer.stable and one_fewer.ttft_p95_s <= 0.5 and one_fewer.tpot_s <= 0.05)
 
 
 def test_a_tighter_slo_needs_more_replicas() -> None:
@@ -66,7 +64,8 @@ def test_longer_prompts_shift_disaggregated_capacity_to_prefill() -> None:
     rate = 10
     short = plan(spec(**DISAGGREGATED), workload=Workload(rate, 500, 400), slo=SLO)
     long = plan(spec(**DISAGGREGATED), workload=Workload(rate, 6000, 400), slo=SLO)
-    assert short.meets_slo and long.meets_slo
+    assert short.meets_slo
+    assert long.meets_slo
     replicas = {c: {r.role: r.replicas for r in c.roles} for c in (short, long)}
     assert replicas[long][Role.PREFILL] > replicas[short][Role.PREFILL]
     ratio_short = replicas[short][Role.PREFILL] / replicas[short][Role.DECODE]

@@ -147,7 +147,8 @@ class GpuCatalog:
                 gpu_type = GpuType(name)
             except ValueError:
                 known = ", ".join(t.value for t in GpuType)
-                raise ValueError(f"unknown GPU type {name!r} in overrides (known: {known})") from None
+                message = f"unknown GPU type {name!r} in overrides (known: {known})"
+                raise ValueError(message) from None
             merged = entries[gpu_type].to_wire() | dict(fields)
             entries[gpu_type] = GpuSpec.model_validate(merged)
         return GpuCatalog(entries)
@@ -214,8 +215,9 @@ ARCHITECTURE_RULES: tuple[CrossFieldRule[ModelArchitecture], ...] = (
     CrossFieldRule(
         cel="!has(self.activeParameterCount) || self.activeParameterCount <= self.parameterCount",
         message="activeParameterCount cannot exceed parameterCount",
-        holds=lambda a: a.active_parameter_count is None
-        or a.active_parameter_count <= a.parameter_count,
+        holds=lambda a: (
+            a.active_parameter_count is None or a.active_parameter_count <= a.parameter_count
+        ),
         field_path=".activeParameterCount",
     ),
     CrossFieldRule(

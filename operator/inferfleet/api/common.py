@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, ClassVar, Generic, Self, TypeVar
+from typing import Any, ClassVar, Generic, Literal, Self, TypeVar
 
 from pydantic import AliasGenerator, BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel, to_snake
@@ -22,6 +22,11 @@ API_VERSION = "v1alpha1"
 CEL_RULES_KEY = "x-kubernetes-validations"
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
+
+# The only reasons the API server accepts on a validation rule.
+RuleReason = Literal[
+    "FieldValueInvalid", "FieldValueForbidden", "FieldValueRequired", "FieldValueDuplicate"
+]
 
 
 @dataclass(frozen=True)
@@ -37,7 +42,7 @@ class CrossFieldRule(Generic[ModelT]):
     message: str
     holds: Callable[[ModelT], bool]
     field_path: str | None = None
-    reason: str = "FieldValueInvalid"
+    reason: RuleReason = "FieldValueInvalid"
 
     def explain(self, model: ModelT) -> str:
         """The error for `model`: the field, the rule, and the value found there."""
@@ -74,6 +79,8 @@ class WireModel(BaseModel):
     """Base of every API object: camelCase on the wire, snake_case in Python, unknown fields
     refused (a typo in a spec is an error, not a silently ignored setting).
 
+    Types are strict, as the API server's are: "2" is not an integer, "true" not a boolean.
+    Enum fields opt out (`strict=False`) so that their wire strings validate from a dict.
     A subclass lists its `cross_field_rules`; they are checked here and emitted as CEL.
     """
 
@@ -82,11 +89,20 @@ class WireModel(BaseModel):
         populate_by_name=True,
         extra="forbid",
         frozen=True,
+        strict=True,
         validate_default=True,
         json_schema_extra=_emit_cel_rules,
     )
 
     cross_field_rules: ClassVar[Sequence[CrossFieldRule[Any]]] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _prune_nulls(cls, data: Any) -> Any:
+        # The API server prunes nulls of non-nullable fields and then defaults them; so do we.
+        if isinstance(data, dict):
+            return {key: value for key, value in data.items() if value is not None}
+        return data
 
     @model_validator(mode="after")
     def _check_cross_field_rules(self) -> Self:
@@ -101,9 +117,10 @@ class WireModel(BaseModel):
 
 
 class StatusModel(WireModel):
-    """Status is written by the operator; unknown fields from newer operators are tolerated."""
+    """Status is written by the operator; unknown fields from newer operators are tolerated,
+    and timestamps arrive as RFC 3339 strings."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=False)
 
 
 class ConditionStatus(StrEnum):

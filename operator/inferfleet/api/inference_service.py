@@ -6,7 +6,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from inferfleet.api.common import Condition, CrossFieldRule, StatusModel, WireModel
 from inferfleet.api.model_deployment import MODEL_NAME_PATTERN, Role
@@ -96,6 +96,7 @@ class AutoscalingPolicy(StrEnum):
 
 class AutoscalingSpec(WireModel):
     policy: AutoscalingPolicy = Field(
+        strict=False,
         default=AutoscalingPolicy.NONE,
         description="none: replicas come from the ModelDeployments. goodput: hold the SLO with "
         "the fewest GPUs.",
@@ -203,7 +204,7 @@ class InferenceServiceStatus(StatusModel):
 class InferenceService(WireModel):
     """An InferenceService as stored by the API server."""
 
-    model_config = {"extra": "ignore"}
+    model_config = ConfigDict(extra="ignore")
 
     api_version: Literal["inferfleet.io/v1alpha1"] = Field(
         default="inferfleet.io/v1alpha1", description="API version."

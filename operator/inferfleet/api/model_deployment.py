@@ -1,12 +1,12 @@
-"""ModelDeployment: how one model runs (engine, precision, parallelism, batching, GPUs, topology)."""
+"""ModelDeployment: how one model runs: engine, precision, parallelism, batching, GPUs, topology."""
 
 from __future__ import annotations
 
 import json
 from enum import StrEnum
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field, StringConstraints
 
 from inferfleet.api.catalog import (
     GpuCatalog,
@@ -111,7 +111,6 @@ MODEL_RULES: tuple[CrossFieldRule[ModelSpec], ...] = (
         message="model.name is not in the built-in catalog; give model.architecture in full",
         holds=lambda m: m.architecture is not None or m.name in catalog_models(),
         field_path=".name",
-        reason="FieldValueNotSupported",
     ),
 )
 ModelSpec.cross_field_rules = MODEL_RULES
@@ -119,7 +118,8 @@ ModelSpec.cross_field_rules = MODEL_RULES
 
 class EngineSpec(WireModel):
     name: EngineName = Field(
-        description="Serving engine: vllm, tensorrt-llm, or sim (the CPU emulator for tests)."
+        strict=False,
+        description="Serving engine: vllm, tensorrt-llm, or sim (the CPU emulator for tests).",
     )
     image: str | None = Field(
         default=None,
@@ -132,7 +132,7 @@ class EngineSpec(WireModel):
         pattern=r"^[0-9A-Za-z][0-9A-Za-z.+\-]*$",
         description="Engine version, used to pick the default image and its flag set.",
     )
-    extra_args: list[str] = Field(
+    extra_args: list[Annotated[str, StringConstraints(max_length=1024)]] = Field(
         default_factory=list,
         max_length=64,
         description="Extra engine CLI arguments, appended verbatim. The escape hatch: the "
@@ -142,14 +142,18 @@ class EngineSpec(WireModel):
 
 class PrecisionSpec(WireModel):
     weights: WeightPrecision = Field(
-        default=WeightPrecision.BF16, description="Weight precision: bf16, fp16, fp8, int8, int4."
+        strict=False,
+        default=WeightPrecision.BF16,
+        description="Weight precision: bf16, fp16, fp8, int8, int4.",
     )
     method: QuantizationMethod | None = Field(
+        strict=False,
         default=None,
         description="Quantization method: awq or gptq (int4, int8 weight-only), smoothquant "
         "(int8 weights and activations), fp8.",
     )
     kv_cache: KvCacheDtype = Field(
+        strict=False,
         default=KvCacheDtype.AUTO,
         description="KV-cache dtype: auto (the activation dtype), bf16, fp16 or fp8.",
     )
@@ -159,31 +163,38 @@ PRECISION_RULES: tuple[CrossFieldRule[PrecisionSpec], ...] = (
     CrossFieldRule(
         cel="self.weights != 'int4' || (has(self.method) && self.method in ['awq', 'gptq'])",
         message="int4 weights need method awq or gptq",
-        holds=lambda p: p.weights != WeightPrecision.INT4
-        or p.method in (QuantizationMethod.AWQ, QuantizationMethod.GPTQ),
+        holds=lambda p: (
+            p.weights != WeightPrecision.INT4
+            or p.method in (QuantizationMethod.AWQ, QuantizationMethod.GPTQ)
+        ),
         field_path=".method",
         reason="FieldValueRequired",
     ),
     CrossFieldRule(
-        cel="self.weights != 'int8' || (has(self.method) && self.method in ['smoothquant', 'gptq'])",
+        cel="self.weights != 'int8' || "
+        "(has(self.method) && self.method in ['smoothquant', 'gptq'])",
         message="int8 weights need method smoothquant or gptq",
-        holds=lambda p: p.weights != WeightPrecision.INT8
-        or p.method in (QuantizationMethod.SMOOTHQUANT, QuantizationMethod.GPTQ),
+        holds=lambda p: (
+            p.weights != WeightPrecision.INT8
+            or p.method in (QuantizationMethod.SMOOTHQUANT, QuantizationMethod.GPTQ)
+        ),
         field_path=".method",
         reason="FieldValueRequired",
     ),
     CrossFieldRule(
         cel="self.weights != 'fp8' || !has(self.method) || self.method == 'fp8'",
         message="fp8 weights take method fp8 or none",
-        holds=lambda p: p.weights != WeightPrecision.FP8
-        or p.method in (None, QuantizationMethod.FP8),
+        holds=lambda p: (
+            p.weights != WeightPrecision.FP8 or p.method in (None, QuantizationMethod.FP8)
+        ),
         field_path=".method",
     ),
     CrossFieldRule(
         cel="!(self.weights in ['bf16', 'fp16']) || !has(self.method)",
         message="16-bit weights take no quantization method",
-        holds=lambda p: p.weights not in (WeightPrecision.BF16, WeightPrecision.FP16)
-        or p.method is None,
+        holds=lambda p: (
+            p.weights not in (WeightPrecision.BF16, WeightPrecision.FP16) or p.method is None
+        ),
         field_path=".method",
     ),
 )
@@ -237,7 +248,7 @@ BatchingSpec.cross_field_rules = BATCHING_RULES
 
 class SpeculativeDecodingSpec(WireModel):
     method: SpeculativeMethod = Field(
-        description="ngram (prompt lookup), eagle, eagle3, draft-model or mtp."
+        strict=False, description="ngram (prompt lookup), eagle, eagle3, draft-model or mtp."
     )
     draft_model: str | None = Field(
         default=None,
@@ -254,17 +265,25 @@ SPECULATIVE_RULES: tuple[CrossFieldRule[SpeculativeDecodingSpec], ...] = (
     CrossFieldRule(
         cel="!(self.method in ['eagle', 'eagle3', 'draft-model']) || has(self.draftModel)",
         message="speculative methods eagle, eagle3 and draft-model need draftModel",
-        holds=lambda s: s.method
-        not in (SpeculativeMethod.EAGLE, SpeculativeMethod.EAGLE3, SpeculativeMethod.DRAFT_MODEL)
-        or s.draft_model is not None,
+        holds=lambda s: (
+            s.method
+            not in (
+                SpeculativeMethod.EAGLE,
+                SpeculativeMethod.EAGLE3,
+                SpeculativeMethod.DRAFT_MODEL,
+            )
+            or s.draft_model is not None
+        ),
         field_path=".draftModel",
         reason="FieldValueRequired",
     ),
     CrossFieldRule(
         cel="!(self.method in ['ngram', 'mtp']) || !has(self.draftModel)",
         message="speculative methods ngram and mtp take no draftModel",
-        holds=lambda s: s.method not in (SpeculativeMethod.NGRAM, SpeculativeMethod.MTP)
-        or s.draft_model is None,
+        holds=lambda s: (
+            s.method not in (SpeculativeMethod.NGRAM, SpeculativeMethod.MTP)
+            or s.draft_model is None
+        ),
         field_path=".draftModel",
         reason="FieldValueForbidden",
     ),
@@ -273,7 +292,9 @@ SpeculativeDecodingSpec.cross_field_rules = SPECULATIVE_RULES
 
 
 class GpuSpecRequest(WireModel):
-    type: GpuType = Field(description="GPU type from the catalog; pods land on nodes of it.")
+    type: GpuType = Field(
+        strict=False, description="GPU type from the catalog; pods land on nodes of it."
+    )
     memory_utilization: float = Field(
         default=DEFAULT_MEMORY_UTILIZATION,
         ge=0.1,
@@ -295,6 +316,7 @@ class PrefillPoolSpec(WireModel):
 
 class TopologySpec(WireModel):
     mode: TopologyMode = Field(
+        strict=False,
         default=TopologyMode.AGGREGATED,
         description="aggregated: each replica prefills and decodes. disaggregated: a prefill "
         "pool hands KV caches to the decode pool (spec.replicas).",
@@ -329,9 +351,20 @@ def _gpus_per_node_cel() -> str:
     return json.dumps(per_node, sort_keys=True)
 
 
+_MODEL_KNOWN_CEL = "has(self.model.architecture) || self.model.name in " + json.dumps(
+    sorted(catalog_models())
+)
+
+
+def _if_model_known(rule: str) -> str:
+    """A rule about the architecture holds vacuously for an unknown model: MODEL_RULES refuses
+    that one, and a second error about made-up layer counts would only mislead."""
+    return f"!({_MODEL_KNOWN_CEL}) || ({rule})"
+
+
 def _architecture_cel(field: str) -> str:
     """CEL for one architecture field: given in full, else looked up in the catalog (0 for an
-    unknown name, which MODEL_RULES already refuses)."""
+    unknown name; rules using it are wrapped in `_if_model_known`)."""
     table = json.dumps(
         {name: arch.to_wire()[field] for name, arch in sorted(catalog_models().items())},
         sort_keys=True,
@@ -405,40 +438,53 @@ DEPLOYMENT_RULES: tuple[CrossFieldRule[ModelDeploymentSpec], ...] = (
         field_path=".parallelism",
     ),
     CrossFieldRule(
-        cel=_architecture_cel("attentionHeads") + " % self.parallelism.tensor == 0",
+        cel=_if_model_known(
+            _architecture_cel("attentionHeads") + " % self.parallelism.tensor == 0"
+        ),
         message="parallelism.tensor must divide the model's attention heads",
         holds=lambda s: s.architecture().attention_heads % s.parallelism.tensor == 0,
         field_path=".parallelism.tensor",
     ),
     CrossFieldRule(
-        cel=f"{_architecture_cel('kvHeads')} % self.parallelism.tensor == 0 || "
-        f"self.parallelism.tensor % {_architecture_cel('kvHeads')} == 0",
+        cel=_if_model_known(
+            f"{_architecture_cel('kvHeads')} % self.parallelism.tensor == 0 || "
+            f"self.parallelism.tensor % {_architecture_cel('kvHeads')} == 0"
+        ),
         message="parallelism.tensor must divide the model's KV heads, or be a multiple of them "
         "(KV heads are then replicated)",
-        holds=lambda s: s.architecture().kv_heads % s.parallelism.tensor == 0
-        or s.parallelism.tensor % s.architecture().kv_heads == 0,
+        holds=lambda s: (
+            s.architecture().kv_heads % s.parallelism.tensor == 0
+            or s.parallelism.tensor % s.architecture().kv_heads == 0
+        ),
         field_path=".parallelism.tensor",
     ),
     CrossFieldRule(
-        cel="self.parallelism.pipeline <= " + _architecture_cel("layers"),
+        cel=_if_model_known("self.parallelism.pipeline <= " + _architecture_cel("layers")),
         message="parallelism.pipeline cannot exceed the model's layers",
         holds=lambda s: s.parallelism.pipeline <= s.architecture().layers,
         field_path=".parallelism.pipeline",
     ),
     CrossFieldRule(
-        cel="!has(self.batching.maxModelLength) || self.batching.maxModelLength <= "
-        + _architecture_cel("maxContextLength"),
+        cel=_if_model_known(
+            "!has(self.batching.maxModelLength) || self.batching.maxModelLength <= "
+            + _architecture_cel("maxContextLength")
+        ),
         message="batching.maxModelLength cannot exceed the model's maxContextLength",
-        holds=lambda s: s.batching.max_model_length is None
-        or s.batching.max_model_length <= s.architecture().max_context_length,
+        holds=lambda s: (
+            s.batching.max_model_length is None
+            or s.batching.max_model_length <= s.architecture().max_context_length
+        ),
         field_path=".batching.maxModelLength",
     ),
     CrossFieldRule(
-        cel="self.batching.chunkedPrefill || self.batching.maxBatchedTokens >= " + _MAX_LEN_CEL,
+        cel=_if_model_known(
+            "self.batching.chunkedPrefill || self.batching.maxBatchedTokens >= " + _MAX_LEN_CEL
+        ),
         message="without chunked prefill, batching.maxBatchedTokens must hold a whole prompt "
         "(at least the max model length)",
-        holds=lambda s: s.batching.chunked_prefill
-        or s.batching.max_batched_tokens >= s.max_model_length(),
+        holds=lambda s: (
+            s.batching.chunked_prefill or s.batching.max_batched_tokens >= s.max_model_length()
+        ),
         field_path=".batching.maxBatchedTokens",
     ),
 )
@@ -503,7 +549,7 @@ class ModelDeploymentStatus(StatusModel):
 class ModelDeployment(WireModel):
     """A ModelDeployment as stored by the API server."""
 
-    model_config = {"extra": "ignore"}
+    model_config = ConfigDict(extra="ignore")
 
     api_version: Literal["inferfleet.io/v1alpha1"] = Field(
         default="inferfleet.io/v1alpha1", description="API version."

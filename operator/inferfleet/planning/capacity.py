@@ -163,6 +163,7 @@ def plan(
 
 def plan_replica(
     config: ReplicaConfig,
+    *,
     disaggregated: bool,
     replicas: int,
     prefill_replicas: int,
@@ -223,7 +224,7 @@ def plan_replica(
     if not disaggregated:
 
         def aggregated_point(count: int) -> OperatingPoint:
-            return operating_point(config, rate / max(count, 1), inp, out, efficiency)
+            return operating_point(config, rate / max(count, 1), inp, out, efficiency=efficiency)
 
         count = _fewest_replicas(lambda n: _meets(aggregated_point(n), slo))
         if count is None:
@@ -235,19 +236,19 @@ def plan_replica(
 
     def prefill_point(count: int) -> OperatingPoint:
         return operating_point(
-            config, rate / max(count, 1), inp, out, efficiency, prefill=True, decode=False
+            config, rate / max(count, 1), inp, out, efficiency=efficiency, decode=False
         )
 
     def decode_point(count: int) -> OperatingPoint:
         return operating_point(
-            config, rate / max(count, 1), inp, out, efficiency, prefill=False, decode=True
+            config, rate / max(count, 1), inp, out, efficiency=efficiency, prefill=False
         )
 
     prefill_count = _fewest_replicas(lambda n: _meets(prefill_point(n), slo, transfer_s))
     decode_count = _fewest_replicas(lambda n: _meets(decode_point(n), slo))
     if prefill_count is None or decode_count is None:
-        role = Role.PREFILL if prefill_count is None else Role.DECODE
-        return result(declared, False, _infeasible(role, config, request, slo))
+        short = Role.PREFILL if prefill_count is None else Role.DECODE
+        return result(declared, False, _infeasible(short, config, request, slo))
     roles = (
         RolePlan(Role.PREFILL, prefill_count, prefill_count * config.gpus,
                  prefill_point(prefill_count)),

@@ -83,6 +83,7 @@ def operating_point(
     rate: float,
     input_tokens: int,
     output_tokens: int,
+    *,
     efficiency: EfficiencyTerms = DEFAULT_EFFICIENCY,
     prefill: bool = True,
     decode: bool = True,
@@ -133,7 +134,11 @@ def operating_point(
     if prefill:
         riders = math.ceil(batch) if decode else 0
         service = prefill_seconds(
-            config, input_tokens, efficiency, None, riders, math.ceil(batch * mean_context)
+            config,
+            input_tokens,
+            efficiency,
+            decode_sequences=riders,
+            decode_context_tokens=math.ceil(batch * mean_context),
         )
         chunk = max(1, budget - riders) if config.chunked_prefill else input_tokens
         full_step = step_time(
@@ -185,16 +190,18 @@ def closed_loop_point(
         return point.rate * (point.ttft_mean_s + output_tokens * point.tpot_s)
 
     low, high = 0.0, 1.0
-    while operating_point(config, high, input_tokens, output_tokens, efficiency).stable and (
-        in_flight(operating_point(config, high, input_tokens, output_tokens, efficiency))
+    while operating_point(
+        config, high, input_tokens, output_tokens, efficiency=efficiency
+    ).stable and (
+        in_flight(operating_point(config, high, input_tokens, output_tokens, efficiency=efficiency))
         < concurrency
     ):
         low, high = high, high * 2
     for _ in range(60):
         middle = (low + high) / 2
-        point = operating_point(config, middle, input_tokens, output_tokens, efficiency)
+        point = operating_point(config, middle, input_tokens, output_tokens, efficiency=efficiency)
         if point.stable and in_flight(point) < concurrency:
             low = middle
         else:
             high = middle
-    return operating_point(config, low, input_tokens, output_tokens, efficiency)
+    return operating_point(config, low, input_tokens, output_tokens, efficiency=efficiency)

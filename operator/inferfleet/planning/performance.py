@@ -161,6 +161,7 @@ def prefill_seconds(
     config: ReplicaConfig,
     prompt_tokens: int,
     efficiency: EfficiencyTerms = DEFAULT_EFFICIENCY,
+    *,
     chunk_tokens: int | None = None,
     decode_sequences: int = 0,
     decode_context_tokens: int = 0,

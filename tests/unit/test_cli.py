@@ -1,0 +1,119 @@
+"""`inferfleet plan` on the examples and on bad input, through the real command line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from inferfleet.cli import EXIT_INVALID, EXIT_NO_FIT, app
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+runner = CliRunner()
+
+
+def plan_json(*args: str) -> list[dict[str, object]]:
+    result = runner.invoke(app, ["plan", *args, "-o", "json"])
+    assert result.exit_code in (0, EXIT_NO_FIT), result.output
+    plans: list[dict[str, object]] = json.loads(result.stdout)
+    return plans
+
+
+def test_aggregated_example_fits_and_meets_its_slo() -> None:
+    (plan,) = plan_json("-f", str(EXAMPLES / "llama-3.1-8b-aggregated-vllm.yaml"))
+    assert plan["fits"] is True
+    assert plan["meetsSlo"] is True
+    assert plan["slo"] == {"ttftP95Ms": 500.0, "tpotP95Ms": 50.0}
+    assert plan["workload"] == {"requestsPerSecond": 20.0, "inputTokens": 1000, "outputTokens": 200}
+    assert plan["kvBytesPerTokenPerGpu"] == 131072
+
+
+def test_disaggregated_example_plans_both_pools() -> None:
+    (plan,) = plan_json("-f", str(EXAMPLES / "llama-3.3-70b-fp8-disaggregated-trtllm.yaml"))
+    roles = {role["role"]: role for role in plan["roles"]}  # type: ignore[attr-defined]
+    assert set(roles) == {"prefill", "decode"}
+    assert plan["gpusPerReplica"] == 2
+    assert plan["gpus"] == 2 * (roles["prefill"]["replicas"] + roles["decode"]["replicas"])
+    assert plan["meetsSlo"] is True
+
+
+def test_the_example_that_cannot_fit_says_why_in_numbers() -> None:
+    path = EXAMPLES / "llama-3.1-405b-bf16-l40s-does-not-fit.yaml"
+    result = runner.invoke(app, ["plan", "-f", str(path)])
+    assert result.exit_code == EXIT_NO_FIT
+    assert "does not fit: weights 756.0 GiB" in result.stdout
+    assert "exceed the usable 40.5 GiB (short by 719.6 GiB)" in result.stdout
+
+
+def test_command_line_load_overrides_the_service() -> None:
+    path = str(EXAMPLES / "llama-3.1-8b-aggregated-vllm.yaml")
+    (light,) = plan_json("-f", path, "--rps", "1", "--input-tokens", "500", "--output-tokens", "50")
+    (heavy,) = plan_json("-f", path, "--rps", "400")
+    assert light["workload"] == {"requestsPerSecond": 1.0, "inputTokens": 500, "outputTokens": 50}
+    assert heavy["gpus"] > light["gpus"]  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(
+    ("document", "expected"),
+    [
+        ("kind: ModelDeployment\nmetadata: {name: x}\nspec:\n  model: {name: llama-3.1-8b, "
+         "source: 'hf://a/b'}\n  engine: {name: vllm}\n  gpu: {type: H100-80GB}\n"
+         "  parallelism: {tensor: 3}\n",
+         "spec.parallelism.tensor: parallelism.tensor must divide the model's attention heads "
+         "(got 3)"),
+        ("kind: ModelDeployment\nmetadata: {name: x}\nspec:\n  model: {name: gpt-17, "
+         "source: 'hf://a/b'}\n  engine: {name: vllm}\n  gpu: {type: H100-80GB}\n",
+         "spec.model.name: model.name is not in the built-in catalog; give model.architecture "
+         "in full (got 'gpt-17')"),
+        ("kind: ModelDeployment\nmetadata: {name: x}\nspec:\n  model: {name: llama-3.1-8b, "
+         "source: 'hf://a/b'}\n  engine: {name: vllm}\n  gpu: {type: H100-81GB}\n",
+         "spec.gpu.type: Input should be"),
+        ("kind: ModelDeployment\nmetadata: {name: x}\nspec: [1, 2]\n", "spec: required mapping"),
+        ("kind: ModelDeployment\nspec: {model: [\n", "not valid YAML"),
+    ],
+)  # fmt: skip
+def test_invalid_specs_name_the_field_and_the_rule(
+    tmp_path: Path, document: str, expected: str
+) -> None:
+    path = tmp_path / "spec.yaml"
+    path.write_text(document)
+    result = runner.invoke(app, ["plan", "-f", str(path)])
+    assert result.exit_code == EXIT_INVALID
+    assert expected in result.stderr
+
+
+def test_a_partial_load_is_refused() -> None:
+    path = str(EXAMPLES / "llama-3.1-405b-bf16-l40s-does-not-fit.yaml")
+    result = runner.invoke(app, ["plan", "-f", path, "--rps", "3"])
+    assert result.exit_code == EXIT_INVALID
+    assert "--rps, --input-tokens and --output-tokens together" in result.stderr
+
+
+def test_gpu_price_overrides_change_the_cost(tmp_path: Path) -> None:
+    path = str(EXAMPLES / "llama-3.1-8b-aggregated-vllm.yaml")
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("H100-80GB: {hourlyPriceUsd: 5.0}\n")
+    (default,) = plan_json("-f", path)
+    (doubled,) = plan_json("-f", path, "--gpu-catalog", str(prices))
+    assert doubled["costPerMillionOutputTokensUsd"] == pytest.approx(
+        2 * default["costPerMillionOutputTokensUsd"]  # type: ignore[operator]
+    )
+    prices.write_text("H100-90GB: {hourlyPriceUsd: 5.0}\n")
+    result = runner.invoke(app, ["plan", "-f", path, "--gpu-catalog", str(prices)])
+    assert result.exit_code == EXIT_INVALID
+    assert "unknown GPU type 'H100-90GB'" in result.stderr
+
+
+def test_installed_entry_point_runs() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "inferfleet.cli", "plan", "-f",
+         str(EXAMPLES / "llama-3.1-8b-aggregated-vllm.yaml")],
+        capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "Cost per 1M output tokens: $" in result.stdout
