@@ -513,10 +513,13 @@ class CapacityPlanStatus(StatusModel):
         description="Sequences of max model length one replica holds at once."
     )
     predicted_ttft_ms: float | None = Field(
-        default=None, description="Predicted TTFT of one max-length prompt on an idle replica."
+        default=None,
+        description="Predicted TTFT on an idle replica, for the planned request shape (the "
+        "InferenceService's expectedLoad, else 1000 prompt and 200 output tokens).",
     )
     predicted_tpot_ms: float | None = Field(
-        default=None, description="Predicted TPOT at a batch of one on an idle replica."
+        default=None,
+        description="Predicted TPOT at a batch of one, for the planned request shape.",
     )
     message: str = Field(default="", description="The verdict in words, with numbers.")
 
