@@ -163,7 +163,8 @@ def render_text(name: str, capacity: CapacityPlan) -> str:
             f"{load.input_tokens}/{load.output_tokens} tokens; SLO p95 TTFT "
             f"{_ms(capacity.slo.ttft_p95_s)}, TPOT {_ms(capacity.slo.tpot_p95_s)}"
         )
-    lines.append(f"  Plan:              {capacity.reason}")
+    if capacity.reason != memory.verdict():
+        lines.append(f"  Plan:              {capacity.reason}")
     for role in capacity.roles:
         line = f"    {role.role.value:<12} {role.replicas:>4} replicas  {role.gpus:>5} GPUs"
         if role.point is not None:

@@ -138,6 +138,10 @@ def _infeasible(role: Role, config: ReplicaConfig, request: Workload, slo: Slo) 
     )
 
 
+def _replicas(count: int, role: str) -> str:
+    return f"{count} {role} replica" + ("" if count == 1 else "s")
+
+
 def _ms(seconds: float | None) -> str:
     return "none" if seconds is None else f"{seconds * 1e3:.0f} ms"
 
@@ -230,7 +234,9 @@ def plan_replica(
         if count is None:
             return result(declared, False, _infeasible(Role.AGGREGATED, config, request, slo))
         role = RolePlan(Role.AGGREGATED, count, count * config.gpus, aggregated_point(count))
-        return result((role,), True, f"{count} aggregated replicas meet the SLO at {rate:g} req/s")
+        return result(
+            (role,), True, f"{_replicas(count, 'aggregated')} meet the SLO at {rate:g} req/s"
+        )
 
     transfer_s = inp * kv_bytes_per_token(config) / KV_TRANSFER_BYTES_PER_S
 
@@ -258,7 +264,8 @@ def plan_replica(
     return result(
         roles,
         True,
-        f"{prefill_count} prefill and {decode_count} decode replicas meet the SLO at "
+        f"{_replicas(prefill_count, 'prefill')} and {_replicas(decode_count, 'decode')} meet the "
+        "SLO at "
         f"{rate:g} req/s (KV transfer adds {transfer_s * 1e3:.1f} ms to TTFT)",
     )
 
