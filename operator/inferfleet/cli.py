@@ -15,7 +15,7 @@ import yaml
 from pydantic import ValidationError
 
 from inferfleet.api.catalog import GpuCatalog
-from inferfleet.api.crd import write_crds
+from inferfleet.api.crd import crd_files
 from inferfleet.api.inference_service import InferenceServiceSpec
 from inferfleet.api.model_deployment import ModelDeploymentSpec
 from inferfleet.planning import calibration
@@ -291,7 +291,10 @@ def crds_command(
     directory: Annotated[Path, typer.Option("--dir", help="Where to write.")] = DEFAULT_CRD_DIR,
 ) -> None:
     """Regenerate the CustomResourceDefinitions from the API models."""
-    for path in write_crds(directory):
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, text in crd_files().items():
+        path = directory / name
+        path.write_text(text, encoding="utf-8")
         typer.echo(f"wrote {path}")
 
 

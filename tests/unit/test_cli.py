@@ -117,3 +117,10 @@ def test_installed_entry_point_runs() -> None:
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "Cost per 1M output tokens: $" in result.stdout
+
+
+def test_crds_command_writes_what_is_committed(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["crds", "--dir", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    for committed in (ROOT / "crds").glob("*.yaml"):
+        assert (tmp_path / "out" / committed.name).read_text() == committed.read_text()

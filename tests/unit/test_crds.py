@@ -13,7 +13,7 @@ from jsonschema import Draft4Validator
 from kubernetes.client import ApiClient
 
 from inferfleet.api.common import API_GROUP, API_VERSION, CEL_RULES_KEY
-from inferfleet.api.crd import custom_resource_definitions, write_crds
+from inferfleet.api.crd import crd_files, custom_resource_definitions
 from tests.unit.apiserver_emulation import admit, compile_rule, schema_at
 from tests.unit.validation_cases import all_cross_field_rules
 
@@ -64,18 +64,17 @@ def rules_with_nodes() -> Iterator[tuple[str, NodePath, Schema, dict[str, str]]]
                 yield kind, path, node, rule
 
 
-def test_committed_crds_are_up_to_date(tmp_path: Path) -> None:
-    written = write_crds(tmp_path)
-    fresh = {path.name: path.read_bytes() for path in written}
-    committed = {path.name: path.read_bytes() for path in COMMITTED_CRDS.glob("*.yaml")}
+def test_committed_crds_are_up_to_date() -> None:
+    fresh = crd_files()
+    committed = {path.name: path.read_text("utf-8") for path in COMMITTED_CRDS.glob("*.yaml")}
     hint = "crds/ is out of date with the models in operator/inferfleet/api: run `inferfleet crds`"
     assert sorted(committed) == sorted(fresh), hint
     for name, content in fresh.items():
         assert committed[name] == content, f"{name}: {hint}"
 
 
-def test_file_names_follow_group_and_plural(tmp_path: Path) -> None:
-    names = sorted(path.name for path in write_crds(tmp_path))
+def test_file_names_follow_group_and_plural() -> None:
+    names = sorted(crd_files())
     assert names == ["inferfleet.io_inferenceservices.yaml", "inferfleet.io_modeldeployments.yaml"]
 
 

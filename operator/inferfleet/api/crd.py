@@ -7,7 +7,7 @@ numeric exclusive bounds in the OpenAPI v3.0 boolean form. The cross-field rules
 `x-kubernetes-validations`, and a nested model built by a default factory gets `default: {}` so
 that the API server fills in its fields exactly as pydantic does.
 
-`write_crds` writes the YAML that `kubectl apply --server-side -f crds/` installs; a unit test
+`crd_files` renders the YAML that `kubectl apply --server-side -f crds/` installs; a unit test
 fails when the committed files drift from the models.
 """
 
@@ -16,7 +16,6 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Final, cast
 
 import yaml
@@ -29,7 +28,6 @@ from inferfleet.api.common import API_GROUP, API_VERSION, CEL_RULES_KEY
 
 JsonSchema = dict[str, Any]
 
-DEFAULT_CRD_DIRECTORY: Final = Path("crds")
 CATEGORIES: Final = ("inferfleet",)
 
 FILE_HEADER: Final = (
@@ -387,12 +385,6 @@ def render_crd(crd: Mapping[str, Any]) -> str:
     return FILE_HEADER + body
 
 
-def write_crds(directory: Path) -> list[Path]:
-    """Write every CRD to `directory/<group>_<plural>.yaml`; returns the paths written."""
-    directory.mkdir(parents=True, exist_ok=True)
-    written = []
-    for crd in custom_resource_definitions():
-        path = directory / crd_file_name(crd)
-        path.write_text(render_crd(crd), encoding="utf-8")
-        written.append(path)
-    return written
+def crd_files() -> dict[str, str]:
+    """Every CRD as its file name and YAML text: what `inferfleet crds` writes into crds/."""
+    return {crd_file_name(crd): render_crd(crd) for crd in custom_resource_definitions()}
