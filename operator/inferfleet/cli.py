@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -18,6 +20,9 @@ from inferfleet.api.catalog import GpuCatalog
 from inferfleet.api.crd import crd_files
 from inferfleet.api.inference_service import InferenceServiceSpec
 from inferfleet.api.model_deployment import ModelDeploymentSpec
+from inferfleet.devcluster.binaries import BinariesUnavailableError, ensure_binaries
+from inferfleet.devcluster.cluster import DevCluster, DevClusterError
+from inferfleet.devcluster.nodes import NodePool
 from inferfleet.planning import calibration
 from inferfleet.planning.capacity import CapacityPlan, Slo, Workload, plan, report
 from inferfleet.planning.performance import DEFAULT_EFFICIENCY
@@ -314,6 +319,91 @@ def calibrate_command(
     table = calibration.render_markdown(terms, rows, held_out)
     doc.write_text(calibration.replace_table(doc.read_text(), table))
     typer.echo(table)
+
+
+dev_cluster = typer.Typer(
+    help="A real Kubernetes control plane on loopback with fake GPU nodes (kwok).",
+    no_args_is_help=True,
+)
+app.add_typer(dev_cluster, name="dev-cluster")
+
+DEFAULT_DEV_CLUSTER_DIR = (
+    Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+    / "inferfleet"
+    / "dev-cluster"
+)
+DEFAULT_NODE_POOLS = "H100-80GB=2,H200-141GB=1,L40S-48GB=1"
+StateDir = Annotated[Path, typer.Option("--dir", help="State directory of the cluster.")]
+
+
+@dev_cluster.command("up")
+def dev_cluster_up(
+    directory: StateDir = DEFAULT_DEV_CLUSTER_DIR,
+    nodes: Annotated[
+        str, typer.Option(help="Fake GPU node pools, GPU type=count, comma-separated.")
+    ] = DEFAULT_NODE_POOLS,
+    crds: Annotated[bool, typer.Option(help="Install the inferfleet CRDs.")] = True,
+    timeout: Annotated[float, typer.Option(help="Seconds each component may take.")] = 120.0,
+) -> None:
+    """Build (first time only) and start the control plane; print how to reach it."""
+    try:
+        pools = NodePool.parse(nodes)
+    except ValueError as error:
+        typer.echo(f"error: --nodes: {error}", err=True)
+        raise typer.Exit(EXIT_INVALID) from None
+    cluster = DevCluster(directory)
+    started = time.monotonic()
+    try:
+        bin_dir = ensure_binaries()
+        cluster.up(bin_dir, pools, timeout_s=timeout)
+        if crds:
+            cluster.install_crds()
+    except (DevClusterError, BinariesUnavailableError) as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(
+        f"dev cluster up in {time.monotonic() - started:.1f} s: {', '.join(nodes.split(','))}"
+    )
+    typer.echo(f"export KUBECONFIG={cluster.kubeconfig_path}")
+    typer.echo("inferfleet dev-cluster kubectl get nodes")
+
+
+@dev_cluster.command("down")
+def dev_cluster_down(directory: StateDir = DEFAULT_DEV_CLUSTER_DIR) -> None:
+    """Stop every component of the cluster (its state directory stays for inspection)."""
+    killed = DevCluster(directory).down()
+    typer.echo("stopped" + (f" ({', '.join(killed)} needed SIGKILL)" if killed else ""))
+
+
+@dev_cluster.command("status")
+def dev_cluster_status(directory: StateDir = DEFAULT_DEV_CLUSTER_DIR) -> None:
+    """Each component: running or stopped, healthy or not."""
+    report = DevCluster(directory).status()
+    for component, state in report.items():
+        typer.echo(f"{component:<24} {state}")
+    if any(not s.startswith("running") or "not healthy" in s for s in report.values()):
+        raise typer.Exit(1)
+
+
+@dev_cluster.command("kubeconfig")
+def dev_cluster_kubeconfig(directory: StateDir = DEFAULT_DEV_CLUSTER_DIR) -> None:
+    """Print the admin kubeconfig's path: export KUBECONFIG=$(inferfleet dev-cluster kubeconfig)."""
+    typer.echo(DevCluster(directory).kubeconfig_path)
+
+
+@dev_cluster.command(
+    "kubectl", context_settings={"allow_extra_args": True, "ignore_unknown_options": True}
+)
+def dev_cluster_kubectl(ctx: typer.Context, directory: StateDir = DEFAULT_DEV_CLUSTER_DIR) -> None:
+    """Run the bundled kubectl against the cluster: inferfleet dev-cluster kubectl get nodes."""
+    try:
+        bin_dir = ensure_binaries()
+    except BinariesUnavailableError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(1) from None
+    kubeconfig = DevCluster(directory).kubeconfig_path
+    argv = [str(bin_dir / "kube"), "kubectl", f"--kubeconfig={kubeconfig}", *ctx.args]
+    os.execv(argv[0], argv)
 
 
 def main() -> None:

@@ -124,3 +124,19 @@ def test_crds_command_writes_what_is_committed(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     for committed in (ROOT / "crds").glob("*.yaml"):
         assert (tmp_path / "out" / committed.name).read_text() == committed.read_text()
+
+
+def test_dev_cluster_refuses_bad_node_pools_before_building_anything(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["dev-cluster", "up", "--dir", str(tmp_path), "--nodes", "A99=2"])
+    assert result.exit_code == EXIT_INVALID
+    assert "--nodes: unknown GPU type 'A99'" in result.stderr
+    assert not any(tmp_path.iterdir())
+
+
+def test_dev_cluster_status_of_a_cluster_never_started(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["dev-cluster", "status", "--dir", str(tmp_path)])
+    assert result.exit_code == 1
+    assert "kube-apiserver" in result.stdout
+    assert "never started" in result.stdout
+    down = runner.invoke(app, ["dev-cluster", "down", "--dir", str(tmp_path)])
+    assert down.exit_code == 0

@@ -48,6 +48,11 @@ class GpuSpec(WireModel):
     hourly_price_usd: float = Field(
         ge=0, description="Default on-demand price per GPU-hour; override with your own."
     )
+    node_product_label: str = Field(
+        description="Value of the nvidia.com/gpu.product node label (GPU feature discovery).",
+        min_length=1,
+        max_length=63,
+    )
 
 
 _GPU_CATALOG: dict[GpuType, GpuSpec] = {
@@ -60,6 +65,7 @@ _GPU_CATALOG: dict[GpuType, GpuSpec] = {
         interconnect_bandwidth=300 * GIGA,
         gpus_per_node=8,
         hourly_price_usd=1.80,
+        node_product_label="NVIDIA-A100-SXM4-80GB",
     ),
     # H100 SXM5 80GB.
     GpuType.H100_80GB: GpuSpec(
@@ -71,6 +77,7 @@ _GPU_CATALOG: dict[GpuType, GpuSpec] = {
         interconnect_bandwidth=450 * GIGA,
         gpus_per_node=8,
         hourly_price_usd=2.50,
+        node_product_label="NVIDIA-H100-80GB-HBM3",
     ),
     # H200 SXM 141GB: H100 compute, HBM3e.
     GpuType.H200_141GB: GpuSpec(
@@ -82,6 +89,7 @@ _GPU_CATALOG: dict[GpuType, GpuSpec] = {
         interconnect_bandwidth=450 * GIGA,
         gpus_per_node=8,
         hourly_price_usd=3.50,
+        node_product_label="NVIDIA-H200",
     ),
     # B200 (HGX, 1000 W): NVLink 5.
     GpuType.B200_180GB: GpuSpec(
@@ -93,6 +101,7 @@ _GPU_CATALOG: dict[GpuType, GpuSpec] = {
         interconnect_bandwidth=900 * GIGA,
         gpus_per_node=8,
         hourly_price_usd=5.50,
+        node_product_label="NVIDIA-B200",
     ),
     # L40S 48GB GDDR6: PCIe Gen4 x16 between GPUs, no NVLink.
     GpuType.L40S_48GB: GpuSpec(
@@ -104,6 +113,7 @@ _GPU_CATALOG: dict[GpuType, GpuSpec] = {
         interconnect_bandwidth=32 * GIGA,
         gpus_per_node=8,
         hourly_price_usd=1.20,
+        node_product_label="NVIDIA-L40S",
     ),
     # L4 24GB: PCIe Gen4 x16.
     GpuType.L4_24GB: GpuSpec(
@@ -115,6 +125,7 @@ _GPU_CATALOG: dict[GpuType, GpuSpec] = {
         interconnect_bandwidth=32 * GIGA,
         gpus_per_node=8,
         hourly_price_usd=0.55,
+        node_product_label="NVIDIA-L4",
     ),
 }
 

@@ -1,0 +1,435 @@
+"""A real Kubernetes control plane on loopback: etcd, kube-apiserver, kube-controller-manager,
+kube-scheduler, and kwok playing the kubelets of fake GPU nodes.
+
+`DevCluster` is what `inferfleet dev-cluster up|down|status|kubeconfig` and the e2e fixture
+both use. Everything lives in one state directory: certificates, kubeconfigs, etcd's data, logs
+and `state.json` (ports and pids), so `down` and `status` work from another process.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from inferfleet.api.catalog import GpuCatalog
+from inferfleet.api.crd import custom_resource_definitions
+from inferfleet.devcluster import pki, processes
+from inferfleet.devcluster.nodes import NodePool, gpu_nodes
+from inferfleet.devcluster.processes import ProcessSpec
+from inferfleet.kube import Kube
+
+SERVICE_CIDR = "10.96.0.0/16"
+# Pods on fake nodes get loopback addresses, so a process bound to a pod's IP is reachable.
+POD_CIDR = "127.1.0.0/16"
+STATE_FILE = "state.json"
+# Components start in this order and stop in the reverse one.
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+# Controllers an inference fleet needs; node IPAM and cloud controllers are pointless here.
+CONTROLLERS = (
+    "garbage-collector-controller",
+    "deployment-controller",
+    "replicaset-controller",
+    "endpointslice-controller",
+    "endpointslice-mirroring-controller",
+    "endpoints-controller",
+    "namespace-controller",
+    "serviceaccount-controller",
+    "serviceaccount-token-controller",
+    "resourcequota-controller",
+    "disruption-controller",
+    "node-lifecycle-controller",
+    "taint-eviction-controller",
+    "pod-garbage-collector-controller",
+    "job-controller",
+    "statefulset-controller",
+    "daemonset-controller",
+    "clusterrole-aggregation-controller",
+    "root-ca-certificate-publisher-controller",
+)
+
+# Write requests, with who made them: what the e2e tier counts to prove an idle operator idles.
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [
+        {"level": "None", "verbs": ["get", "list", "watch"]},
+        {"level": "None", "resources": [{"group": "coordination.k8s.io", "resources": ["leases"]}]},
+        {"level": "Metadata"},
+    ],
+}
+
+
+class DevClusterError(RuntimeError):
+    """The cluster could not be brought up or reached; the message says which component."""
+
+
+@dataclass(frozen=True)
+class Ports:
+    etcd_client: int
+    etcd_peer: int
+    apiserver: int
+    controller_manager: int
+    scheduler: int
+    kwok: int
+
+    @classmethod
+    def pick(cls) -> Ports:
+        return cls(*(processes.free_port() for _ in range(6)))
+
+
+@dataclass
+class State:
+    bin_dir: str
+    ports: Ports
+    pids: dict[str, int] = field(default_factory=dict)
+    node_pools: list[str] = field(default_factory=list)
+    started_at: float = 0.0
+
+    @classmethod
+    def load(cls, path: Path) -> State:
+        data = json.loads(path.read_text())
+        return cls(
+            bin_dir=data["bin_dir"],
+            ports=Ports(**data["ports"]),
+            pids=data["pids"],
+            node_pools=data["node_pools"],
+            started_at=data["started_at"],
+        )
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(asdict(self), indent=2))
+
+
+def kubeconfig(
+    server: str, ca: Path, user: pki.Pair, name: str = "inferfleet-dev"
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": name, "cluster": {"server": server, "certificate-authority": str(ca)}}
+        ],
+        "users": [
+            {
+                "name": name,
+                "user": {"client-certificate": str(user.cert), "client-key": str(user.key)},
+            }
+        ],
+        "contexts": [{"name": name, "context": {"cluster": name, "user": name}}],
+        "current-context": name,
+    }
+
+
+def component_specs(
+    bin_dir: Path, state_dir: Path, ports: Ports, certs: pki.ClusterPki
+) -> list[ProcessSpec]:
+    """The command line of every component (pure: what `up` starts)."""
+    kube = str(bin_dir / "kube")
+    kubeconfigs = state_dir / "kubeconfigs"
+    serving = [
+        f"--tls-cert-file={certs.apiserver.cert}",
+        f"--tls-private-key-file={certs.apiserver.key}",
+    ]
+    etcd_client = f"http://127.0.0.1:{ports.etcd_client}"
+    etcd_peer = f"http://127.0.0.1:{ports.etcd_peer}"
+    return [
+        ProcessSpec(
+            "etcd",
+            (
+                str(bin_dir / "etcd"),
+                "--name=dev",
+                f"--data-dir={state_dir / 'etcd'}",
+                f"--listen-client-urls={etcd_client}",
+                f"--advertise-client-urls={etcd_client}",
+                f"--listen-peer-urls={etcd_peer}",
+                f"--initial-advertise-peer-urls={etcd_peer}",
+                f"--initial-cluster=dev={etcd_peer}",
+                # A throwaway cluster: durability on power loss is not worth the fsync latency.
+                "--unsafe-no-fsync",
+                "--log-level=warn",
+            ),
+        ),
+        ProcessSpec(
+            "kube-apiserver",
+            (
+                kube,
+                "kube-apiserver",
+                f"--etcd-servers={etcd_client}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={ports.apiserver}",
+                *serving,
+                f"--client-ca-file={certs.ca.cert}",
+                "--service-account-issuer=https://kubernetes.default.svc",
+                f"--service-account-key-file={certs.service_account_public}",
+                f"--service-account-signing-key-file={certs.service_account_key}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--authorization-mode=Node,RBAC",
+                "--enable-admission-plugins=NamespaceLifecycle,LimitRanger,ServiceAccount,"
+                "DefaultTolerationSeconds,Priority,ResourceQuota,ValidatingAdmissionPolicy,"
+                "MutatingAdmissionWebhook,ValidatingAdmissionWebhook",
+                "--allow-privileged=true",
+                f"--audit-policy-file={state_dir / 'audit-policy.yaml'}",
+                f"--audit-log-path={state_dir / 'logs' / 'audit.log'}",
+                "--audit-log-maxsize=100",
+                "--profiling=false",
+            ),
+        ),
+        ProcessSpec(
+            "kube-controller-manager",
+            (
+                kube,
+                "kube-controller-manager",
+                f"--kubeconfig={kubeconfigs / 'controller-manager.yaml'}",
+                f"--authentication-kubeconfig={kubeconfigs / 'controller-manager.yaml'}",
+                f"--authorization-kubeconfig={kubeconfigs / 'controller-manager.yaml'}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={ports.controller_manager}",
+                *serving,
+                "--controllers=" + ",".join(CONTROLLERS),
+                "--use-service-account-credentials=true",
+                f"--service-account-private-key-file={certs.service_account_key}",
+                f"--root-ca-file={certs.ca.cert}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--leader-elect=false",
+                # Fake nodes never die; evict quickly when a test stops kwok on purpose.
+                "--node-monitor-grace-period=20s",
+            ),
+        ),
+        ProcessSpec(
+            "kube-scheduler",
+            (
+                kube,
+                "kube-scheduler",
+                f"--kubeconfig={kubeconfigs / 'scheduler.yaml'}",
+                f"--authentication-kubeconfig={kubeconfigs / 'scheduler.yaml'}",
+                f"--authorization-kubeconfig={kubeconfigs / 'scheduler.yaml'}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={ports.scheduler}",
+                *serving,
+                "--leader-elect=false",
+            ),
+        ),
+        ProcessSpec(
+            "kwok",
+            (
+                str(bin_dir / "kwok"),
+                f"--kubeconfig={kubeconfigs / 'kwok.yaml'}",
+                "--manage-all-nodes=false",
+                "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+                f"--server-address=127.0.0.1:{ports.kwok}",
+                f"--cidr={POD_CIDR}",
+                "--node-ip=127.0.0.1",
+            ),
+        ),
+    ]
+
+
+class DevCluster:
+    def __init__(self, state_dir: Path) -> None:
+        self.state_dir = state_dir.resolve()
+
+    @property
+    def kubeconfig_path(self) -> Path:
+        return self.state_dir / "kubeconfigs" / "admin.yaml"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.state_dir / "logs"
+
+    @property
+    def _state_path(self) -> Path:
+        return self.state_dir / STATE_FILE
+
+    def state(self) -> State | None:
+        return State.load(self._state_path) if self._state_path.exists() else None
+
+    def up(
+        self,
+        bin_dir: Path,
+        pools: tuple[NodePool, ...],
+        *,
+        bound_to_parent: bool = False,
+        timeout_s: float = 120.0,
+    ) -> State:
+        """Start every component, wait until each is healthy and every node Ready."""
+        existing = self.state()
+        if existing and any(processes.alive(pid) for pid in existing.pids.values()):
+            raise DevClusterError(
+                f"a dev cluster already runs from {self.state_dir}; `inferfleet dev-cluster down`"
+            )
+        for sub in ("kubeconfigs", "logs", "etcd"):
+            (self.state_dir / sub).mkdir(parents=True, exist_ok=True)
+        certs = pki.generate(self.state_dir / "pki")
+        ports = Ports.pick()
+        server = f"https://127.0.0.1:{ports.apiserver}"
+        identities = {
+            "admin": certs.admin,
+            "controller-manager": certs.controller_manager,
+            "scheduler": certs.scheduler,
+            "kwok": certs.kwok,
+        }
+        for name, pair in identities.items():
+            path = self.state_dir / "kubeconfigs" / f"{name}.yaml"
+            path.write_text(yaml.safe_dump(kubeconfig(server, certs.ca.cert, pair)))
+            path.chmod(0o600)
+        (self.state_dir / "audit-policy.yaml").write_text(yaml.safe_dump(AUDIT_POLICY))
+
+        state = State(
+            bin_dir=str(bin_dir),
+            ports=ports,
+            node_pools=[f"{p.gpu_type.value}={p.count}" for p in pools],
+            started_at=time.time(),
+        )
+        try:
+            for spec in component_specs(bin_dir, self.state_dir, ports, certs):
+                state.pids[spec.name] = processes.start(
+                    spec, self.log_dir, bound_to_parent=bound_to_parent
+                )
+                state.save(self._state_path)
+                self._wait_healthy(spec.name, state, certs, timeout_s)
+            self._register_nodes(pools, timeout_s)
+        except BaseException:
+            self.down()
+            raise
+        return state
+
+    def down(self) -> list[str]:
+        """Stop every component (kwok first, etcd last); returns those that needed SIGKILL."""
+        state = self.state()
+        if state is None:
+            return []
+        order = [c for c in reversed(COMPONENTS) if c in state.pids]
+        killed = processes.stop([state.pids[c] for c in order])
+        state.pids = {}
+        state.save(self._state_path)
+        return [c for c in order if state.pids.get(c) in killed]
+
+    def status(self) -> dict[str, str]:
+        """Each component: running (with pid) or stopped, and whether it answers health checks."""
+        state = self.state()
+        if state is None:
+            return dict.fromkeys(COMPONENTS, "never started")
+        report = {}
+        for component in COMPONENTS:
+            pid = state.pids.get(component)
+            if pid is None or not processes.alive(pid):
+                report[component] = "stopped"
+                continue
+            healthy = self._healthy(component, state, self._pki_paths())
+            report[component] = f"running (pid {pid}){'' if healthy else ', not healthy'}"
+        return report
+
+    def _pki_paths(self) -> pki.ClusterPki:
+        directory = self.state_dir / "pki"
+
+        def pair(name: str) -> pki.Pair:
+            return pki.Pair(directory / f"{name}.crt", directory / f"{name}.key")
+
+        return pki.ClusterPki(
+            ca=pair("ca"),
+            apiserver=pair("apiserver"),
+            admin=pair("admin"),
+            controller_manager=pair("controller-manager"),
+            scheduler=pair("scheduler"),
+            kwok=pair("kwok"),
+            service_account_key=directory / "service-account.key",
+            service_account_public=directory / "service-account.pub",
+        )
+
+    def _health_url(self, component: str, ports: Ports) -> str:
+        return {
+            "etcd": f"http://127.0.0.1:{ports.etcd_client}/health",
+            "kube-apiserver": f"https://127.0.0.1:{ports.apiserver}/readyz",
+            "kube-controller-manager": f"https://127.0.0.1:{ports.controller_manager}/healthz",
+            "kube-scheduler": f"https://127.0.0.1:{ports.scheduler}/healthz",
+            "kwok": f"http://127.0.0.1:{ports.kwok}/healthz",
+        }[component]
+
+    def _healthy(self, component: str, state: State, certs: pki.ClusterPki) -> bool:
+        url = self._health_url(component, state.ports)
+        try:
+            with httpx.Client(
+                verify=str(certs.ca.cert),
+                cert=(str(certs.admin.cert), str(certs.admin.key)),
+                timeout=2.0,
+            ) as client:
+                return client.get(url).status_code == httpx.codes.OK
+        except httpx.HTTPError:
+            return False
+
+    def _wait_healthy(
+        self, component: str, state: State, certs: pki.ClusterPki, timeout_s: float
+    ) -> None:
+        pid = state.pids[component]
+
+        def ready() -> bool:
+            if not processes.alive(pid):
+                raise DevClusterError(
+                    f"{component} exited during start-up; its log ends:\n"
+                    + processes.log_tail(self.log_dir, component)
+                )
+            return self._healthy(component, state, certs)
+
+        if not processes.wait_until(ready, timeout_s, interval_s=0.2):
+            raise DevClusterError(
+                f"{component} not healthy after {timeout_s:.0f} s; its log ends:\n"
+                + processes.log_tail(self.log_dir, component)
+            )
+
+    def install_crds(self, timeout_s: float = 60.0) -> list[str]:
+        """Apply the generated CRDs and wait until the API server serves them."""
+        kube = Kube.from_kubeconfig(self.kubeconfig_path)
+        names = []
+        for crd in custom_resource_definitions():
+            kube.apply(crd)
+            names.append(crd["metadata"]["name"])
+
+        def established() -> bool:
+            for name in names:
+                crd = kube.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", name)
+                conditions = (crd or {}).get("status", {}).get("conditions") or []
+                if not any(
+                    c["type"] == "Established" and c["status"] == "True" for c in conditions
+                ):
+                    return False
+            return True
+
+        if not processes.wait_until(established, timeout_s, 0.2):
+            raise DevClusterError(f"CRDs {names} not established after {timeout_s:.0f} s")
+        return names
+
+    def _register_nodes(self, pools: tuple[NodePool, ...], timeout_s: float) -> None:
+        kube = Kube.from_kubeconfig(self.kubeconfig_path)
+        nodes = gpu_nodes(pools, GpuCatalog.builtin())
+        for node in nodes:
+            kube.create_node(node)
+        names = {n["metadata"]["name"] for n in nodes}
+        if not processes.wait_until(lambda: names <= kube.ready_node_names(), timeout_s, 0.5):
+            raise DevClusterError(
+                f"fake nodes not Ready after {timeout_s:.0f} s (missing: "
+                f"{sorted(names - kube.ready_node_names())}); kwok's log ends:\n"
+                + processes.log_tail(self.log_dir, "kwok")
+            )
+
+
+@contextmanager
+def running(
+    state_dir: Path, bin_dir: Path, pools: tuple[NodePool, ...], timeout_s: float = 120.0
+) -> Iterator[DevCluster]:
+    """A cluster for the duration of a block, stopped however the block ends."""
+    cluster = DevCluster(state_dir)
+    cluster.up(bin_dir, pools, bound_to_parent=True, timeout_s=timeout_s)
+    try:
+        yield cluster
+    finally:
+        cluster.down()

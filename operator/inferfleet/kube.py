@@ -1,0 +1,88 @@
+"""The one module that talks to the Kubernetes API (through the official client)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.dynamic import DynamicClient
+
+FIELD_MANAGER = "inferfleet"
+
+
+class Kube:
+    """Objects go in and come out as plain dicts (the wire form), through the dynamic client."""
+
+    def __init__(self, api_client: client.ApiClient) -> None:
+        self.api_client = api_client
+        self._dynamic: DynamicClient | None = None
+
+    @classmethod
+    def from_kubeconfig(cls, path: Path) -> Kube:
+        api_client: client.ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]
+            config_file=str(path)
+        )
+        return cls(api_client)
+
+    @property
+    def dynamic(self) -> DynamicClient:
+        # Discovery costs a round of requests: only when a generic call needs it.
+        if self._dynamic is None:
+            self._dynamic = DynamicClient(self.api_client)  # type: ignore[no-untyped-call]
+        return self._dynamic
+
+    def _resource(self, api_version: str, kind: str) -> Any:
+        return self.dynamic.resources.get(api_version=api_version, kind=kind)
+
+    def create_node(self, node: dict[str, Any]) -> None:
+        """Register a node as a kubelet does: the object, then its status (capacity)."""
+        nodes = self._resource("v1", "Node")
+        try:
+            nodes.create(body=node)
+        except ApiException as error:
+            if error.status != 409:
+                raise
+        nodes.status.patch(
+            body={"status": node["status"]},
+            name=node["metadata"]["name"],
+            content_type="application/merge-patch+json",
+        )
+
+    def list(
+        self, api_version: str, kind: str, namespace: str | None = None, **selectors: str
+    ) -> list[dict[str, Any]]:
+        found = self._resource(api_version, kind).get(namespace=namespace, **selectors)
+        items: list[dict[str, Any]] = found.to_dict()["items"]
+        return items
+
+    def get(
+        self, api_version: str, kind: str, name: str, namespace: str | None = None
+    ) -> dict[str, Any] | None:
+        try:
+            found = self._resource(api_version, kind).get(name=name, namespace=namespace)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        obj: dict[str, Any] = found.to_dict()
+        return obj
+
+    def ready_node_names(self) -> set[str]:
+        ready = set()
+        for node in self.list("v1", "Node"):
+            conditions = node.get("status", {}).get("conditions") or []
+            if any(c["type"] == "Ready" and c["status"] == "True" for c in conditions):
+                ready.add(str(node["metadata"]["name"]))
+        return ready
+
+    def apply(self, obj: dict[str, Any], field_manager: str = FIELD_MANAGER) -> dict[str, Any]:
+        """Server-side apply of one object; returns what the API server stored."""
+        resource = self._resource(obj["apiVersion"], obj["kind"])
+        namespace = obj["metadata"].get("namespace") if resource.namespaced else None
+        applied = resource.server_side_apply(
+            body=obj, field_manager=field_manager, namespace=namespace
+        )
+        result: dict[str, Any] = applied.to_dict()
+        return result
