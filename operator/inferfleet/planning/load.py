@@ -1,15 +1,22 @@
 """Latency of one replica under a steady load: the operating point of continuous batching.
 
-At an arrival rate of `rate` requests/s with fixed prompt and output lengths, each step of
-length t decodes B = rate x output x t sequences (Little's law) and prefills the
-rate x input x t prompt tokens that arrived meanwhile. The step time depends on that load, so
-t is the smallest fixed point of t = step_time(load(t)); none exists when the replica is
-overloaded (the batch, the KV cache or the step's token budget would have to grow without bound).
+At an arrival rate of `rate` requests/s with fixed prompt and output lengths, a mean step of
+length t decodes B = rate x output x t sequences (Little's law) and must absorb the
+rate x input x t prompt tokens that arrived meanwhile. Engines prefill a prompt in as few steps
+as the token budget allows, so the prompt tokens are not spread thinly over every step: a share
+of steps carries a whole prompt (or chunk) and is compute-bound, the rest only decode and are
+bandwidth-bound. The mean step t is the smallest fixed point of that mix; none exists when the
+replica is overloaded (the batch, the KV cache or the token budget would have to grow without
+bound).
 
-TTFT is the prefill service time (chunks sharing steps with the running decodes) plus a queueing
-wait for the prefill budget, taken as M/D/1: mean W = rho x S / (2 (1 - rho)), and the wait is
-approximated as exponential beyond its atom at zero for percentiles. TPOT is the step time; a
-request's TPOT averages over many steps, so its p95 sits close to the mean and is taken equal.
+TTFT is the rest of the step running when the request arrives, the prefill service time
+(chunks sharing steps with the running decodes) and a queueing wait for the prefill budget,
+taken as M/D/1: mean W = rho x S / (2 (1 - rho)), with the wait approximated as exponential
+beyond its atom at zero for percentiles. TPOT is the mean step time; a request's TPOT averages
+over many steps, so its p95 sits close to the mean and is taken equal. Against the emulated
+engine scheduler (`inferfleet.sim.scheduler`) under Poisson arrivals, TPOT agrees within 7% and
+mean TTFT within 14% up to 80% of saturation for 1000/200 and 200/500 requests; prefill-heavy
+2000/100 requests at 80% are underestimated by about 20%.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from inferfleet.planning.performance import (
     DEFAULT_EFFICIENCY,
     EfficiencyTerms,
     StepLoad,
+    StepTime,
     prefill_seconds,
     step_time,
     utilisation,
@@ -52,6 +60,32 @@ class OperatingPoint:
     @property
     def output_tokens_per_s(self) -> float:
         return self.batch / self.step_s if self.step_s > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class _StepMix:
+    """Steps that decode only, and steps that also carry a prompt (a `prefill_share` of them)."""
+
+    batch: float
+    arriving_prefill_tokens: float
+    prefill_share: float
+    decode_only: StepTime
+    mixed: StepTime
+
+    def _mean(self, decode_only: float, mixed: float) -> float:
+        return (1 - self.prefill_share) * decode_only + self.prefill_share * mixed
+
+    @property
+    def mean_s(self) -> float:
+        return self._mean(self.decode_only.total_s, self.mixed.total_s)
+
+    @property
+    def flops_per_gpu(self) -> float:
+        return self._mean(self.decode_only.flops_per_gpu, self.mixed.flops_per_gpu)
+
+    @property
+    def bytes_per_gpu(self) -> float:
+        return self._mean(self.decode_only.bytes_per_gpu, self.mixed.bytes_per_gpu)
 
 
 def _wait_percentile(mean_wait: float, rho: float, quantile: float) -> float:
@@ -97,30 +131,43 @@ def operating_point(
     mean_context = input_tokens + output_tokens / 2
     budget = config.max_batched_tokens
 
-    def load_at(step_s: float) -> tuple[StepLoad, float]:
-        batch = rate * output_tokens * step_s if decode else 0.0
-        prompt = rate * input_tokens * step_s if prefill else 0.0
-        return (
-            StepLoad(
-                decode_sequences=math.ceil(batch),
-                decode_context_tokens=math.ceil(batch * mean_context),
-                prefill_tokens=math.ceil(prompt),
-                prefill_attention_pairs=prompt * input_tokens / 2,
-            ),
-            batch,
+    def steps_at(mean_step_s: float) -> _StepMix:
+        """The mix of steps when the mean step lasts `mean_step_s`: a prompt is prefilled in
+        as few steps as the budget allows (as engines schedule it), so a fraction of steps
+        carries prefill work and the rest only decode."""
+        batch = rate * output_tokens * mean_step_s if decode else 0.0
+        riders = math.ceil(batch)
+        arriving = rate * input_tokens * mean_step_s if prefill else 0.0
+        room = max(1, budget - riders) if config.chunked_prefill else input_tokens
+        per_prefill_step = min(room, max(float(min(input_tokens, room)), arriving))
+        share = min(1.0, arriving / per_prefill_step) if arriving > 0 else 0.0
+        decode_only = StepLoad(
+            decode_sequences=riders, decode_context_tokens=math.ceil(batch * mean_context)
+        )
+        mixed = StepLoad(
+            decode_sequences=riders,
+            decode_context_tokens=decode_only.decode_context_tokens,
+            prefill_tokens=math.ceil(per_prefill_step),
+            prefill_attention_pairs=per_prefill_step * input_tokens / 2,
+        )
+        return _StepMix(
+            batch=batch,
+            arriving_prefill_tokens=arriving,
+            prefill_share=share,
+            decode_only=step_time(config, decode_only, efficiency),
+            mixed=step_time(config, mixed, efficiency),
         )
 
     step_s = step_time(config, StepLoad(), efficiency).total_s
-    batch = 0.0
     for _ in range(_MAX_ITERATIONS):
-        load, batch = load_at(step_s)
-        if batch > config.max_sequences:
+        mix = steps_at(step_s)
+        if mix.batch > config.max_sequences:
             return _unstable(rate, f"batch above maxSequences {config.max_sequences}")
-        if batch * context > capacity:
+        if mix.batch * context > capacity:
             return _unstable(rate, f"KV cache of {capacity} tokens full")
-        if load.tokens > budget and config.chunked_prefill:
+        if config.chunked_prefill and mix.arriving_prefill_tokens + mix.batch > budget:
             return _unstable(rate, f"step token budget {budget} exhausted")
-        following = step_time(config, load, efficiency).total_s
+        following = mix.mean_s
         converged = abs(following - step_s) <= _TOLERANCE * following
         step_s = following
         if converged:
@@ -128,8 +175,8 @@ def operating_point(
     else:
         return _unstable(rate, "no steady state: load grows faster than steps")
 
-    load, batch = load_at(step_s)
-    step = step_time(config, load, efficiency)
+    mix = steps_at(step_s)
+    batch = mix.batch
     ttft_mean = ttft_p95 = rho = 0.0
     if prefill:
         riders = math.ceil(batch) if decode else 0
@@ -155,8 +202,10 @@ def operating_point(
         if rho >= 1:
             return _unstable(rate, "prefill demand exceeds prefill capacity")
         mean_wait = rho * service / (2 * (1 - rho))
-        ttft_mean = service + mean_wait
-        ttft_p95 = service + _wait_percentile(mean_wait, rho, 0.95)
+        # An arrival also waits out the step already running (half of one, on average).
+        residual = min(1.0, batch) * step_s / 2
+        ttft_mean = residual + service + mean_wait
+        ttft_p95 = step_s * min(1.0, batch) + service + _wait_percentile(mean_wait, rho, 0.95)
     return OperatingPoint(
         rate=rate,
         stable=True,
@@ -167,8 +216,8 @@ def operating_point(
         ttft_p95_s=ttft_p95,
         tpot_s=step_s if decode else 0.0,
         prefill_utilisation=rho,
-        mfu=utilisation(step.flops_per_gpu, step.total_s, config.linear_flops_rate),
-        mbu=utilisation(step.bytes_per_gpu, step.total_s, config.gpu.memory_bandwidth),
+        mfu=utilisation(mix.flops_per_gpu, mix.mean_s, config.linear_flops_rate),
+        mbu=utilisation(mix.bytes_per_gpu, mix.mean_s, config.gpu.memory_bandwidth),
     )
 
 
