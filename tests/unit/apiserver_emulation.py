@@ -1,7 +1,7 @@
 """What the API server does with a custom resource's spec, emulated offline against a CRD schema.
 
 The steps follow the API server's order for a create with strict field validation (kubectl's
-default): drop nulls of non-nullable fields, refuse unknown fields, apply structural defaults,
+default): drop nulls where a default applies, refuse unknown fields, apply structural defaults,
 validate the OpenAPI schema, and only then evaluate the `x-kubernetes-validations` CEL rules,
 each at the node that carries it. Paths are relative to the validated root and written as
 Kubernetes writes them (`deployments[0].name`).
@@ -71,13 +71,13 @@ def _child_schema(schema: Mapping[str, Any], key: str | int) -> Mapping[str, Any
 
 
 def _prune_nulls(value: Any, schema: Mapping[str, Any] | None) -> Any:
-    """Nulls of fields not marked nullable are dropped before defaulting (so a default, if any,
-    applies in their place)."""
+    """A null where the schema has a default is dropped, so that the default applies in its
+    place; any other null stays and fails type validation (as the real API server does)."""
     if isinstance(value, dict):
         pruned = {}
         for key, item in value.items():
             sub = _child_schema(schema, key) if schema is not None else None
-            if item is None and not (sub or {}).get("nullable", False):
+            if item is None and "default" in (sub or {}) and not (sub or {}).get("nullable"):
                 continue
             pruned[key] = _prune_nulls(item, sub)
         return pruned

@@ -14,7 +14,7 @@ from kubernetes.client import ApiClient
 
 from inferfleet.api.common import API_GROUP, API_VERSION, CEL_RULES_KEY
 from inferfleet.api.crd import crd_files, custom_resource_definitions
-from tests.unit.apiserver_emulation import admit, compile_rule, schema_at
+from tests.unit.apiserver_emulation import admit, compile_rule, rule_holds, schema_at
 from tests.unit.validation_cases import all_cross_field_rules
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -171,6 +171,19 @@ def test_defaults_pass_their_own_validation(kind: str) -> None:
         if "default" in node:
             admission = admit(node["default"], node)
             assert admission.admitted, f"{'.'.join(path)}: {admission.errors}"
+
+
+@by_kind
+def test_object_defaults_satisfy_their_rules_as_written(kind: str) -> None:
+    """The API server evaluates a node's CEL rules on its default exactly as written, without
+    first filling in the nested defaults: a rule reading a field the default omits fails the
+    whole CRD ("no such key"), so object defaults must spell every field out."""
+    for path, node in walk(schema_of(kind)):
+        default = node.get("default")
+        if not isinstance(default, dict):
+            continue
+        for rule in node.get(CEL_RULES_KEY, ()):
+            assert rule_holds(rule["rule"], default, node), f"{'.'.join(path)}: {rule['rule']}"
 
 
 def test_scale_subresource_points_at_schema_fields() -> None:

@@ -72,6 +72,15 @@ def _emit_cel_rules(schema: dict[str, Any], model: type[BaseModel]) -> None:
         schema[CEL_RULES_KEY] = [rule.to_crd() for rule in rules]
 
 
+class _Null:
+    """An explicit null on the wire: no field type accepts it, so the error lands on the field."""
+
+    def __repr__(self) -> str:
+        return "null"
+
+
+NULL = _Null()
+
 _WIRE_ALIASES = AliasGenerator(alias=to_camel)
 
 
@@ -98,11 +107,25 @@ class WireModel(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _prune_nulls(cls, data: Any) -> Any:
-        # The API server prunes nulls of non-nullable fields and then defaults them; so do we.
-        if isinstance(data, dict):
-            return {key: value for key, value in data.items() if value is not None}
-        return data
+    def _nulls_as_the_api_server_treats_them(cls, data: Any) -> Any:
+        """A null where a default exists is dropped, so the default applies; any other null of a
+        known field is refused at that field, as the API server refuses it ("must be of type")."""
+        if not isinstance(data, dict) or None not in data.values():
+            return data
+        fields = {
+            name: info
+            for field_name, info in cls.model_fields.items()
+            for name in (field_name, info.alias)
+        }
+        cleaned = {}
+        for key, value in data.items():
+            info = fields.get(key)
+            if value is None and info is not None:
+                if info.default_factory is None and info.default is None:
+                    cleaned[key] = NULL
+                continue
+            cleaned[key] = value
+        return cleaned
 
     @model_validator(mode="after")
     def _check_cross_field_rules(self) -> Self:

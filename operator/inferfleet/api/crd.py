@@ -72,11 +72,13 @@ _NULL: Final[Mapping[str, str]] = {"type": "null"}
 
 
 class _CrdSchemaGenerator(GenerateJsonSchema):
-    """Pydantic's generator, with `default: {}` for a nested model made by a default factory.
+    """Pydantic's generator, with the factory's model, in wire form, as the default of a nested
+    model made by a default factory.
 
-    Kubernetes applies defaults recursively: an absent `precision` becomes `{}`, whose own
-    property defaults are then filled in. That matches `default_factory=PrecisionSpec` only when
-    the factory's model equals the one built from `{}`, which is checked here.
+    The default is the whole defaulted object, not `{}`: the API server validates a default
+    against the CRD's rules as written, without first applying the nested defaults, so `{}`
+    would break every rule that reads a defaulted field. The factory's model must equal the one
+    built from `{}`, so that `default: {}` and this default mean the same thing.
     """
 
     def get_default_value(self, schema: core_schema.WithDefaultSchema) -> Any:
@@ -92,7 +94,7 @@ class _CrdSchemaGenerator(GenerateJsonSchema):
                 f"default factory of {type(value).__name__} differs from its field defaults; "
                 "the API server could not reproduce it from `default: {}`"
             )
-        return {}
+        return value.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
 def _flatten(node: Mapping[str, Any], defs: Mapping[str, Any]) -> JsonSchema:
