@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit crds calibration clean
+.PHONY: demo test lint typecheck unit e2e control-plane crds calibration clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +20,7 @@ demo: $(STAMP)
 	  $(BIN)/inferfleet plan -f $$f; rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 3 ] || exit $$rc; echo; \
 	done
 
-test: lint typecheck unit
+test: lint typecheck unit e2e
 
 lint: $(STAMP)
 	$(BIN)/ruff check operator tests
@@ -32,6 +32,14 @@ typecheck: $(STAMP)
 
 unit: $(STAMP)
 	$(BIN)/pytest
+
+# Builds kube-apiserver, controller manager, scheduler, kubectl, kwok and etcd from their Go
+# modules once; later runs reuse the cache outside the work tree.
+control-plane:
+	bash tools/devcluster/build.sh
+
+e2e: $(STAMP) control-plane
+	$(BIN)/pytest tests/e2e
 
 crds: $(STAMP)
 	$(BIN)/inferfleet crds

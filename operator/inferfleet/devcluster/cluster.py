@@ -9,6 +9,7 @@ and `state.json` (ports and pids), so `down` and `status` work from another proc
 from __future__ import annotations
 
 import json
+import ssl
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -166,6 +167,8 @@ def component_specs(
                 f"--etcd-servers={etcd_client}",
                 "--bind-address=127.0.0.1",
                 "--advertise-address=127.0.0.1",
+                # The `kubernetes` Service cannot have a loopback endpoint; nothing needs it here.
+                "--endpoint-reconciler-type=none",
                 f"--secure-port={ports.apiserver}",
                 *serving,
                 f"--client-ca-file={certs.ca.cert}",
@@ -201,6 +204,8 @@ def component_specs(
                 f"--root-ca-file={certs.ca.cert}",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--leader-elect=false",
+                # Its default lies under /usr/libexec, outside the state directory.
+                f"--flex-volume-plugin-dir={state_dir / 'flexvolume'}",
                 # Fake nodes never die; evict quickly when a test stops kwok on purpose.
                 "--node-monitor-grace-period=20s",
             ),
@@ -224,12 +229,18 @@ def component_specs(
             (
                 str(bin_dir / "kwok"),
                 f"--kubeconfig={kubeconfigs / 'kwok.yaml'}",
+                # Stages: how nodes turn Ready and keep their lease, and how pods turn Running.
+                f"--config={bin_dir / 'kwok-stages.yaml'}",
                 "--manage-all-nodes=false",
                 "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
                 f"--server-address=127.0.0.1:{ports.kwok}",
                 f"--cidr={POD_CIDR}",
                 "--node-ip=127.0.0.1",
+                # The heartbeat stage renews node leases; without a duration nodes go NotReady.
+                "--node-lease-duration-seconds=40",
             ),
+            # Keeps kwok from reading ~/.kwok of whoever runs the cluster.
+            env={"KWOK_WORKDIR": str(state_dir / "kwok")},
         ),
     ]
 
@@ -357,12 +368,10 @@ class DevCluster:
 
     def _healthy(self, component: str, state: State, certs: pki.ClusterPki) -> bool:
         url = self._health_url(component, state.ports)
+        tls = ssl.create_default_context(cafile=str(certs.ca.cert))
+        tls.load_cert_chain(str(certs.admin.cert), str(certs.admin.key))
         try:
-            with httpx.Client(
-                verify=str(certs.ca.cert),
-                cert=(str(certs.admin.cert), str(certs.admin.key)),
-                timeout=2.0,
-            ) as client:
+            with httpx.Client(verify=tls, timeout=2.0) as client:
                 return client.get(url).status_code == httpx.codes.OK
         except httpx.HTTPError:
             return False

@@ -9,8 +9,8 @@ import os
 import signal
 import socket
 import subprocess
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
@@ -37,6 +37,8 @@ def _die_with_parent() -> None:
 class ProcessSpec:
     name: str
     argv: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Added to the launcher's environment."""
 
 
 def start(spec: ProcessSpec, log_dir: Path, *, bound_to_parent: bool) -> int:
@@ -48,6 +50,7 @@ def start(spec: ProcessSpec, log_dir: Path, *, bound_to_parent: bool) -> int:
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
+            env={**os.environ, **spec.env},
             start_new_session=True,
             preexec_fn=_die_with_parent if bound_to_parent else None,  # noqa: PLW1509
         )
