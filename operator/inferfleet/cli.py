@@ -18,14 +18,23 @@ from pydantic import ValidationError
 
 from inferfleet.api.catalog import GpuCatalog
 from inferfleet.api.crd import crd_files
-from inferfleet.api.inference_service import InferenceServiceSpec
-from inferfleet.api.model_deployment import ModelDeploymentSpec
+from inferfleet.api.inference_service import InferenceService, InferenceServiceSpec
+from inferfleet.api.model_deployment import ModelDeployment, ModelDeploymentSpec, Role
 from inferfleet.devcluster.binaries import BinariesUnavailableError, ensure_binaries
 from inferfleet.devcluster.cluster import DevCluster, DevClusterError
 from inferfleet.devcluster.nodes import NodePool
 from inferfleet.planning import calibration
 from inferfleet.planning.capacity import CapacityPlan, Slo, Workload, plan, report
 from inferfleet.planning.performance import DEFAULT_EFFICIENCY
+from inferfleet.planning.replica import ReplicaConfig
+from inferfleet.reconcile import operator
+from inferfleet.render import (
+    MissingReferenceError,
+    UnsupportedSpecError,
+    render_inference_service,
+    render_model_deployment,
+)
+from inferfleet.sim import openai_api as sim_server
 
 app = typer.Typer(
     help="inferfleet: plan, validate and operate LLM inference fleets on Kubernetes.",
@@ -404,6 +413,93 @@ def dev_cluster_kubectl(ctx: typer.Context, directory: StateDir = DEFAULT_DEV_CL
     kubeconfig = DevCluster(directory).kubeconfig_path
     argv = [str(bin_dir / "kube"), "kubectl", f"--kubeconfig={kubeconfig}", *ctx.args]
     os.execv(argv[0], argv)
+
+
+@app.command("sim-engine")
+def sim_engine_command(
+    model: Annotated[str, typer.Option(help="Catalog model name, e.g. llama-3.1-8b.")],
+    gpu: Annotated[str, typer.Option(help="GPU type to emulate, e.g. H100-80GB.")],
+    model_name: Annotated[
+        str | None, typer.Option(help="Served model name (default: --model).")
+    ] = None,
+    tensor: Annotated[int, typer.Option(help="Tensor-parallel size.")] = 1,
+    pipeline: Annotated[int, typer.Option(help="Pipeline-parallel size.")] = 1,
+    weights: Annotated[str, typer.Option(help="bf16, fp16, fp8, int8 or int4.")] = "bf16",
+    method: Annotated[str | None, typer.Option(help="awq, gptq, smoothquant or fp8.")] = None,
+    kv_cache: Annotated[str, typer.Option(help="auto, bf16, fp16 or fp8.")] = "auto",
+    max_sequences: Annotated[int, typer.Option(help="Most sequences in a batch.")] = 256,
+    max_batched_tokens: Annotated[int, typer.Option(help="Token budget of a step.")] = 8192,
+    max_model_length: Annotated[int | None, typer.Option(help="Longest request.")] = None,
+    memory_utilization: Annotated[float, typer.Option(help="GPU memory fraction.")] = 0.9,
+    role: Annotated[str, typer.Option(help="aggregated, prefill or decode.")] = "aggregated",
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+) -> None:
+    """Serve a CPU emulation of a vLLM engine: the OpenAI API and vLLM's metrics, with timing
+    from the performance model (the `sim` engine of a ModelDeployment)."""
+    settings: dict[str, Any] = {
+        "model": {"name": model, "source": f"hf://{model}"},
+        "engine": {"name": "sim"},
+        "gpu": {"type": gpu, "memoryUtilization": memory_utilization},
+        "parallelism": {"tensor": tensor, "pipeline": pipeline},
+        "precision": {"weights": weights, "kvCache": kv_cache}
+        | ({"method": method} if method else {}),
+        "batching": {"maxSequences": max_sequences, "maxBatchedTokens": max_batched_tokens}
+        | ({"maxModelLength": max_model_length} if max_model_length else {}),
+    }
+    try:
+        spec = ModelDeploymentSpec.model_validate(settings)
+        engine_role = Role(role)
+    except (ValidationError, ValueError) as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(EXIT_INVALID) from None
+    config = ReplicaConfig.from_spec(spec, GpuCatalog.builtin())
+    sim_server.run(config, model_name or model, engine_role, host=host, port=port)
+
+
+@app.command("run")
+def run_command(
+    namespace: Annotated[
+        list[str] | None,
+        typer.Option("--namespace", "-n", help="Watch only these namespaces (repeatable)."),
+    ] = None,
+    liveness: Annotated[
+        str | None, typer.Option(help="Serve a liveness probe, e.g. http://0.0.0.0:8080/healthz.")
+    ] = None,
+) -> None:
+    """Run the operator: reconcile ModelDeployments and InferenceServices into workloads."""
+    operator.run(namespace or (), liveness)
+
+
+@app.command("render")
+def render_command(
+    file: Annotated[Path, typer.Option("-f", "--file", help="YAML with ModelDeployments and "
+                                       "InferenceServices.")],
+    namespace: Annotated[str, typer.Option("-n", "--namespace")] = "default",
+) -> None:  # fmt: skip
+    """Print the Kubernetes objects the operator would create, for review and GitOps."""
+    try:
+        documents = list(_load_documents(file))
+        deployments = {
+            doc.name: ModelDeployment(
+                metadata={"name": doc.name, "namespace": namespace},
+                spec=_validated(ModelDeploymentSpec, doc, file),
+            )
+            for doc in documents
+            if doc.kind == "ModelDeployment"
+        }
+        objects = [o for md in deployments.values() for o in render_model_deployment(md)]
+        for doc in documents:
+            if doc.kind == "InferenceService":
+                service = InferenceService(
+                    metadata={"name": doc.name, "namespace": namespace},
+                    spec=_validated(InferenceServiceSpec, doc, file),
+                )
+                objects += render_inference_service(service, deployments)
+    except (InvalidInputError, UnsupportedSpecError, MissingReferenceError) as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(EXIT_INVALID) from None
+    typer.echo(yaml.safe_dump_all(objects, sort_keys=False), nl=False)
 
 
 def main() -> None:

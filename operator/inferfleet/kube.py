@@ -26,6 +26,16 @@ class Kube:
         )
         return cls(api_client)
 
+    @classmethod
+    def from_environment(cls) -> Kube:
+        """In a pod: its service account. Elsewhere: $KUBECONFIG or ~/.kube/config."""
+        configuration = client.Configuration()
+        try:
+            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        except config.ConfigException:
+            config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        return cls(client.ApiClient(configuration))
+
     @property
     def dynamic(self) -> DynamicClient:
         # Discovery costs a round of requests: only when a generic call needs it.
@@ -77,12 +87,23 @@ class Kube:
                 ready.add(str(node["metadata"]["name"]))
         return ready
 
+    def patch_status(self, obj: dict[str, Any], status: dict[str, Any]) -> None:
+        """Merge `status` into the object's status subresource (lists are replaced whole)."""
+        resource = self._resource(obj["apiVersion"], obj["kind"])
+        resource.status.patch(
+            body={"status": status},
+            name=obj["metadata"]["name"],
+            namespace=obj["metadata"].get("namespace"),
+            content_type="application/merge-patch+json",
+        )
+
     def apply(self, obj: dict[str, Any], field_manager: str = FIELD_MANAGER) -> dict[str, Any]:
         """Server-side apply of one object; returns what the API server stored."""
         resource = self._resource(obj["apiVersion"], obj["kind"])
         namespace = obj["metadata"].get("namespace") if resource.namespaced else None
+        # force: the operator owns what it renders, even fields another manager once set.
         applied = resource.server_side_apply(
-            body=obj, field_manager=field_manager, namespace=namespace
+            body=obj, field_manager=field_manager, namespace=namespace, force_conflicts=True
         )
         result: dict[str, Any] = applied.to_dict()
         return result

@@ -1,0 +1,1 @@
+"""The operator: kopf handlers that reconcile ModelDeployments and InferenceServices."""

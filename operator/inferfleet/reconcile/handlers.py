@@ -1,0 +1,257 @@
+"""kopf handlers: read the resource, plan, render, apply, write status. Thin on purpose: the
+decisions live in `planning`, `render` and `reconcile.status`.
+
+Level-based: every trigger (create, update, resume after a restart, a child Deployment's
+change) recomputes the desired objects and status from the current spec. Objects are applied
+with server-side apply under the operator's own field manager; status is written only when it
+differs, so an idle fleet costs no writes.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+from pydantic import ValidationError
+
+from inferfleet.api.common import API_GROUP, API_VERSION
+from inferfleet.api.inference_service import InferenceService
+from inferfleet.api.model_deployment import ModelDeployment, Role, TopologyMode
+from inferfleet.kube import Kube
+from inferfleet.planning.capacity import plan
+from inferfleet.reconcile.status import RoleProgress, condition, model_deployment_status
+from inferfleet.render import (
+    MissingReferenceError,
+    UnsupportedSpecError,
+    render_inference_service,
+    render_model_deployment,
+)
+
+FIELD_MANAGER = "inferfleet-operator"
+ANNOTATION_PREFIX = "inferfleet.io"
+MODEL_DEPLOYMENT_LABEL = "inferfleet.io/model-deployment"
+ROLE_LABEL = "inferfleet.io/role"
+MANAGED_BY = {"app.kubernetes.io/managed-by": "inferfleet"}
+
+
+@functools.cache
+def kube() -> Kube:
+    return Kube.from_environment()
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    # A structural status schema would prune kopf's bookkeeping: keep it in annotations.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+        prefix=ANNOTATION_PREFIX
+    )
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
+    )
+    settings.posting.level = logging.INFO
+    settings.peering.standalone = True
+    settings.watching.server_timeout = 270
+
+
+def _namespaced(namespace: str | None) -> str:
+    if namespace is None:  # the CRDs are namespaced: a cluster-scoped event is not ours
+        raise kopf.PermanentError("inferfleet resources are namespaced")
+    return namespace
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _serving_role(md: ModelDeployment) -> Role:
+    disaggregated = md.spec.topology.mode == TopologyMode.DISAGGREGATED
+    return Role.DECODE if disaggregated else Role.AGGREGATED
+
+
+def _children(md: ModelDeployment, name: str, namespace: str) -> dict[Role, RoleProgress]:
+    deployments = kube().list(
+        "apps/v1",
+        "Deployment",
+        namespace=namespace,
+        label_selector=f"{MODEL_DEPLOYMENT_LABEL}={name}",
+    )
+    progress = {}
+    for deployment in deployments:
+        role = deployment["metadata"].get("labels", {}).get(ROLE_LABEL)
+        if role in Role._value2member_map_:
+            progress[Role(role)] = RoleProgress.from_deployment(deployment)
+    return progress
+
+
+def _desired(md: ModelDeployment) -> tuple[list[dict[str, Any]], str | None]:
+    """The objects to apply, or why none may be: a spec that does not fit asks for no GPU."""
+    capacity = plan(md.spec)
+    if not capacity.memory.fits:
+        return [], f"not applied: {capacity.memory.verdict()}"
+    try:
+        return render_model_deployment(md), None
+    except UnsupportedSpecError as error:
+        return [], f"not applied: {error}"
+
+
+def _status_of(
+    md: ModelDeployment, name: str, namespace: str, blocked: str | None
+) -> dict[str, Any]:
+    previous = md.status.to_wire() if md.status else {}
+    return model_deployment_status(
+        generation=int(str(md.metadata.get("generation", 0))),
+        plan=plan(md.spec),
+        roles=_children(md, name, namespace),
+        serving_role=_serving_role(md),
+        selector=f"{MODEL_DEPLOYMENT_LABEL}={name},{ROLE_LABEL}={_serving_role(md).value}",
+        previous=previous,
+        now=_now(),
+        blocked=blocked,
+    )
+
+
+def _changed(current: Mapping[str, Any] | None, desired: Mapping[str, Any]) -> bool:
+    current = current or {}
+    return any(current.get(key) != value for key, value in desired.items())
+
+
+@kopf.on.resume(API_GROUP, API_VERSION, "modeldeployments")
+@kopf.on.create(API_GROUP, API_VERSION, "modeldeployments")
+@kopf.on.update(API_GROUP, API_VERSION, "modeldeployments")
+def reconcile_model_deployment(
+    *,
+    body: kopf.Body,
+    name: str,
+    namespace: str | None,
+    status: kopf.Status,
+    patch: kopf.Patch,
+    **_: Any,
+) -> None:
+    try:
+        md = ModelDeployment.model_validate(dict(body))
+    except ValidationError as error:
+        message = f"spec refused: {error}"
+        kopf.warn(body, reason="InvalidSpec", message=message)
+        patch.status["conditions"] = [
+            condition(
+                status.get("conditions") or [],
+                "Ready",
+                status=False,
+                reason="InvalidSpec",
+                message=message,
+                generation=int(body.meta.get("generation", 0)),
+                now=_now(),
+            )
+        ]
+        return
+    objects, blocked = _desired(md)
+    if blocked:
+        kopf.warn(body, reason="SpecNotApplied", message=blocked)
+    for obj in objects:
+        kube().apply(obj, FIELD_MANAGER)
+    if objects and status.get("observedGeneration") != body.meta.get("generation"):
+        kinds = ", ".join(sorted({f"{o['kind']}/{o['metadata']['name']}" for o in objects}))
+        kopf.info(
+            body, reason="Applied", message=f"generation {body.meta.get('generation')}: {kinds}"
+        )
+    desired_status = _status_of(md, name, _namespaced(namespace), blocked)
+    if _changed(status, desired_status):
+        patch.status.update(desired_status)
+
+
+@kopf.on.event("apps", "v1", "deployments", labels=MANAGED_BY)
+def child_deployment_changed(*, body: kopf.Body, namespace: str | None, **_: Any) -> None:
+    """A workload's rollout moved: refresh its owner's status (Ready, replicas per role)."""
+    owner = body.metadata.labels.get(MODEL_DEPLOYMENT_LABEL)
+    if not owner:
+        return
+    current = kube().get(f"{API_GROUP}/{API_VERSION}", "ModelDeployment", owner, namespace)
+    if current is None:
+        return
+    md = ModelDeployment.model_validate(current)
+    blocked = _desired(md)[1]
+    desired_status = _status_of(md, owner, _namespaced(namespace), blocked)
+    if _changed(current.get("status"), desired_status):
+        kube().patch_status(current, desired_status)
+
+
+def _service_state(
+    service: InferenceService, namespace: str
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The router objects to apply and the service's status."""
+    name = str(service.metadata.get("name"))
+    generation = int(str(service.metadata.get("generation", 0)))
+    previous = service.status.to_wire().get("conditions", []) if service.status else []
+    referenced = {}
+    for ref in service.spec.deployments:
+        found = kube().get(f"{API_GROUP}/{API_VERSION}", "ModelDeployment", ref.name, namespace)
+        if found is not None:
+            referenced[ref.name] = ModelDeployment.model_validate(found)
+
+    def ready(status: bool, reason: str, message: str) -> dict[str, Any]:
+        return condition(
+            previous, "Ready", status=status, reason=reason, message=message,
+            generation=generation, now=_now(),
+        )  # fmt: skip
+
+    try:
+        objects = render_inference_service(service, referenced)
+    except MissingReferenceError as error:
+        return [], {
+            "observedGeneration": generation,
+            "conditions": [ready(False, "MissingDeployment", str(error))],
+        }
+    not_ready = sorted(
+        ref
+        for ref, md in referenced.items()
+        if not (
+            md.status
+            and any(c.type == "Ready" and c.status.value == "True" for c in md.status.conditions)
+        )
+    )
+    status = {
+        "observedGeneration": generation,
+        "conditions": [
+            ready(False, "BackendsNotReady", "not ready: " + ", ".join(not_ready))
+            if not_ready
+            else ready(True, "BackendsReady", "ready: " + ", ".join(sorted(referenced)))
+        ],
+        "url": f"http://{name}.{namespace}.svc.cluster.local",
+    }
+    return objects, status
+
+
+@kopf.on.resume(API_GROUP, API_VERSION, "inferenceservices")
+@kopf.on.create(API_GROUP, API_VERSION, "inferenceservices")
+@kopf.on.update(API_GROUP, API_VERSION, "inferenceservices")
+def reconcile_inference_service(
+    *, body: kopf.Body, namespace: str | None, status: kopf.Status, patch: kopf.Patch, **_: Any
+) -> None:
+    try:
+        service = InferenceService.model_validate(dict(body))
+    except ValidationError as error:
+        kopf.warn(body, reason="InvalidSpec", message=f"spec refused: {error}")
+        return
+    objects, desired = _service_state(service, _namespaced(namespace))
+    for obj in objects:
+        kube().apply(obj, FIELD_MANAGER)
+    if _changed(status, desired):
+        if desired["conditions"][0]["reason"] == "MissingDeployment":
+            kopf.warn(body, reason="MissingDeployment", message=desired["conditions"][0]["message"])
+        patch.status.update(desired)
+
+
+@kopf.on.field(API_GROUP, API_VERSION, "modeldeployments", field="status.conditions")
+def backend_changed(*, name: str, namespace: str | None, **_: Any) -> None:
+    """A ModelDeployment turned Ready or not: the services it backs follow."""
+    for found in kube().list(f"{API_GROUP}/{API_VERSION}", "InferenceService", namespace=namespace):
+        if not any(ref.get("name") == name for ref in found["spec"].get("deployments", [])):
+            continue
+        service = InferenceService.model_validate(found)
+        desired = _service_state(service, _namespaced(namespace))[1]
+        if _changed(found.get("status"), desired):
+            kube().patch_status(found, desired)

@@ -1,0 +1,283 @@
+"""An InferenceService -> its router: a Deployment of `inferfleet router`, the Service users
+call (port 80 -> 8000) and a PodDisruptionBudget.
+
+The router is told its backends on the command line, one `--backend` per ModelDeployment and
+role, as comma-separated `key=value` pairs in a fixed order:
+
+    deployment=NAME,role=ROLE,engine=ENGINE,weight=W,model=SERVED_NAME,service=SVC,port=8000
+
+`service` is the role's headless Service in the router's own namespace: the router finds the
+ready engine pods by resolving it in DNS, so it needs no Kubernetes API access (and mounts no
+token). Pods behind it carry the labels `inferfleet.io/model-deployment=NAME` and
+`inferfleet.io/role=ROLE`. `engine` tells the router which prefill -> decode hand-off protocol
+a disaggregated pair speaks (vLLM's kv_transfer_params or TensorRT-LLM's disaggregated
+params); `weight` is the deployment's share of traffic. Then the SLO: `--slo-ttft-p95-ms`,
+`--slo-tpot-p95-ms` (each only when set) and `--slo-attainment-target`, which the router uses
+to count each request's SLO outcome.
+
+Referenced ModelDeployments are passed in by name and must live in the service's namespace; a
+missing one raises `MissingReferenceError`, which the reconciler reports as a condition.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+from inferfleet import __version__
+from inferfleet.api.common import API_GROUP, API_VERSION
+from inferfleet.api.inference_service import KIND, DeploymentRef, InferenceService
+from inferfleet.api.model_deployment import ModelDeployment
+from inferfleet.engines import ENGINE_PORT, PORT_NAME, roles_of
+from inferfleet.render.common import (
+    LABEL_COMPONENT,
+    LABEL_INFERENCE_SERVICE,
+    LABEL_INSTANCE,
+    LABEL_MANAGED_BY,
+    LABEL_NAME,
+    MANAGED_BY,
+    PROMETHEUS_PATH,
+    PROMETHEUS_PORT,
+    PROMETHEUS_SCRAPE,
+    ROUTER_APP,
+    SPEC_HASH_ANNOTATION,
+    Owner,
+    apply_order,
+    container_security_context,
+    dns_label,
+    label_value,
+    object_meta,
+    pod_disruption_budget,
+    pod_security_context,
+    rolling_update,
+    spec_hash,
+)
+from inferfleet.render.model_deployment import engine_name, served_model_name
+
+ROUTER_PORT: Final = 8000
+SERVICE_PORT: Final = 80
+ROUTER_REPLICAS: Final = 2
+ROUTER_UID: Final = 1000
+DEFAULT_ROUTER_IMAGE: Final = f"inferfleet/router:{__version__}"
+"""Placeholder registry namespace, like the sim engine's image; override per install."""
+
+
+class MissingReferenceError(LookupError):
+    """ModelDeployments an InferenceService names that do not exist in its namespace."""
+
+    def __init__(self, service: str, namespace: str | None, missing: Sequence[str]) -> None:
+        self.service = service
+        self.namespace = namespace
+        self.missing = tuple(sorted(missing))
+        where = f" in namespace {namespace}" if namespace else ""
+        names = ", ".join(self.missing)
+        super().__init__(f"InferenceService {service}: ModelDeployment not found{where}: {names}")
+
+
+def router_name(service: str) -> str:
+    return dns_label(f"{service}-router")
+
+
+def router_service_name(service: str) -> str:
+    """The Service users call: the InferenceService's own name where that is a valid one."""
+    return dns_label(service)
+
+
+def router_selector_labels(service: str) -> dict[str, str]:
+    return {LABEL_NAME: ROUTER_APP, LABEL_INFERENCE_SERVICE: label_value(service)}
+
+
+def router_labels(service: str) -> dict[str, str]:
+    return router_selector_labels(service) | {
+        LABEL_INSTANCE: label_value(service),
+        LABEL_COMPONENT: "router",
+        LABEL_MANAGED_BY: MANAGED_BY,
+    }
+
+
+def resolve_deployments(
+    isvc: InferenceService, owner: Owner, deployments: Mapping[str, ModelDeployment]
+) -> list[tuple[DeploymentRef, ModelDeployment]]:
+    """The referenced ModelDeployments, in the spec's order; all of them or an error."""
+    resolved, missing = [], []
+    for ref in isvc.spec.deployments:
+        md = deployments.get(ref.name)
+        namespace = md.metadata.get("namespace") if md is not None else None
+        elsewhere = owner.namespace is not None and namespace not in (None, owner.namespace)
+        if md is None or elsewhere:
+            missing.append(ref.name)
+        else:
+            resolved.append((ref, md))
+    if missing:
+        raise MissingReferenceError(owner.name, owner.namespace, missing)
+    return resolved
+
+
+def backend_args(resolved: Sequence[tuple[DeploymentRef, ModelDeployment]]) -> list[str]:
+    args = []
+    for ref, md in sorted(resolved, key=lambda pair: pair[0].name):
+        for role in roles_of(md.spec):
+            fields = (
+                f"deployment={ref.name}",
+                f"role={role.value}",
+                f"engine={md.spec.engine.name.value}",
+                f"weight={ref.weight}",
+                f"model={served_model_name(md.spec)}",
+                f"service={engine_name(ref.name, role)}",
+                f"port={ENGINE_PORT}",
+            )
+            args += ["--backend", ",".join(fields)]
+    return args
+
+
+def router_args(
+    isvc: InferenceService, resolved: Sequence[tuple[DeploymentRef, ModelDeployment]]
+) -> list[str]:
+    slo = isvc.spec.slo
+    args = ["--port", str(ROUTER_PORT), "--namespace", "$(POD_NAMESPACE)"]
+    args += backend_args(resolved)
+    if slo.ttft_p95_ms is not None:
+        args += ["--slo-ttft-p95-ms", f"{slo.ttft_p95_ms:g}"]
+    if slo.tpot_p95_ms is not None:
+        args += ["--slo-tpot-p95-ms", f"{slo.tpot_p95_ms:g}"]
+    args += ["--slo-attainment-target", f"{slo.attainment_target:g}"]
+    return args
+
+
+def _router_container(image: str, args: list[str]) -> dict[str, Any]:
+    health = {"path": "/health", "port": PORT_NAME}
+    return {
+        "name": "router",
+        "image": image,
+        "command": ["inferfleet", "router"],
+        "args": args,
+        "ports": [{"name": PORT_NAME, "containerPort": ROUTER_PORT, "protocol": "TCP"}],
+        "env": [
+            {
+                "name": "POD_NAMESPACE",
+                "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+            }
+        ],
+        # Requests only: the proxy's CPU need follows the request rate, and a CPU limit would
+        # throttle streaming responses.
+        "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}},
+        "readinessProbe": {
+            "httpGet": dict(health),
+            "periodSeconds": 5,
+            "timeoutSeconds": 2,
+            "failureThreshold": 3,
+        },
+        "livenessProbe": {
+            "httpGet": dict(health),
+            "periodSeconds": 10,
+            "timeoutSeconds": 5,
+            "failureThreshold": 3,
+        },
+        "securityContext": container_security_context(),
+    }
+
+
+def router_deployment(
+    owner: Owner,
+    isvc: InferenceService,
+    resolved: Sequence[tuple[DeploymentRef, ModelDeployment]],
+    image: str,
+) -> dict[str, Any]:
+    labels = router_labels(owner.name)
+    template: dict[str, Any] = {
+        "metadata": {
+            "labels": dict(sorted(labels.items())),
+            "annotations": {
+                PROMETHEUS_PATH: "/metrics",
+                PROMETHEUS_PORT: str(ROUTER_PORT),
+                PROMETHEUS_SCRAPE: "true",
+            },
+        },
+        "spec": {
+            "automountServiceAccountToken": False,
+            "enableServiceLinks": False,
+            "securityContext": pod_security_context(ROUTER_UID),
+            "containers": [_router_container(image, router_args(isvc, resolved))],
+            # The two replicas on different nodes where there is room: one node's loss must
+            # not take the endpoint down.
+            "topologySpreadConstraints": [
+                {
+                    "maxSkew": 1,
+                    "topologyKey": "kubernetes.io/hostname",
+                    "whenUnsatisfiable": "ScheduleAnyway",
+                    "labelSelector": {
+                        "matchLabels": dict(sorted(router_selector_labels(owner.name).items()))
+                    },
+                }
+            ],
+            # In-flight streams finish before the router exits.
+            "terminationGracePeriodSeconds": 60,
+        },
+    }
+    digest = spec_hash({"template": template})
+    template["metadata"]["annotations"][SPEC_HASH_ANNOTATION] = digest
+    template["metadata"]["annotations"] = dict(sorted(template["metadata"]["annotations"].items()))
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": object_meta(
+            router_name(owner.name), owner, labels, {SPEC_HASH_ANNOTATION: digest}
+        ),
+        "spec": {
+            "replicas": ROUTER_REPLICAS,
+            "selector": {"matchLabels": dict(sorted(router_selector_labels(owner.name).items()))},
+            "strategy": rolling_update(),
+            "revisionHistoryLimit": 3,
+            "template": template,
+        },
+    }
+
+
+def router_service(owner: Owner) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": object_meta(router_service_name(owner.name), owner, router_labels(owner.name)),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": dict(sorted(router_selector_labels(owner.name).items())),
+            "ports": [
+                {
+                    "name": PORT_NAME,
+                    "port": SERVICE_PORT,
+                    "targetPort": PORT_NAME,
+                    "protocol": "TCP",
+                }
+            ],
+        },
+    }
+
+
+def router_pod_disruption_budget(owner: Owner) -> dict[str, Any]:
+    return pod_disruption_budget(
+        router_name(owner.name),
+        owner,
+        router_labels(owner.name),
+        router_selector_labels(owner.name),
+    )
+
+
+def render_inference_service(
+    isvc: InferenceService,
+    deployments: Mapping[str, ModelDeployment],
+    *,
+    router_image: str = DEFAULT_ROUTER_IMAGE,
+) -> list[dict[str, Any]]:
+    """The router objects of one InferenceService, in apply order. `deployments` maps names
+    to the ModelDeployments found in the service's namespace.
+
+    Raises `MissingReferenceError` when a referenced ModelDeployment is not among them."""
+    owner = Owner.of(f"{API_GROUP}/{API_VERSION}", KIND, isvc.metadata)
+    resolved = resolve_deployments(isvc, owner, deployments)
+    return apply_order(
+        [
+            router_service(owner),
+            router_pod_disruption_budget(owner),
+            router_deployment(owner, isvc, resolved, router_image),
+        ]
+    )

@@ -1,0 +1,277 @@
+"""A ModelDeployment -> its Kubernetes objects, per role (aggregated, or prefill and decode):
+a Deployment of engine pods, a headless Service, a PodDisruptionBudget, and a ConfigMap when
+the engine reads config files.
+
+Scheduling: each pod requests `tensor x pipeline` GPUs (requests = limits, as the device
+plugin's extended resource wants), selects nodes of the GPU type by the label NVIDIA's GPU
+feature discovery sets (`nvidia.com/gpu.product`) and tolerates the `nvidia.com/gpu` taint GPU
+pools carry (any value: `present` on the dev cluster and GKE, other values elsewhere). The
+`sim` engine requests no GPU but keeps the node selector and toleration, so the dev cluster's
+fake GPU nodes exercise the same placement. A replica is one pod: tensor x pipeline beyond one
+node of the GPU type is refused as not supported yet.
+
+Rollout: a change of anything the pods run (image, args, env, config file content) changes
+the `inferfleet.io/spec-hash` annotation of the pod template and so rolls the pods, one surge
+replica at a time and never below the current count. Replica counts are not part of the hash.
+`progressDeadlineSeconds` is the engine's cold-start budget plus ten minutes for the image
+pull (engine images are 10-20 GB). Config files live in a ConfigMap of a fixed name per role;
+the hash, not the name, carries their content into the rollout.
+
+Services are headless: the router picks a replica per request (load- and prefix-aware), so
+it resolves the pool's ready pods through DNS rather than going through a virtual IP.
+
+Pods mount no service account token and get no service-link env vars (a Service named `vllm`
+would otherwise inject VLLM_PORT, which vLLM reads as its own setting).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+from inferfleet.api.catalog import GpuCatalog
+from inferfleet.api.common import API_GROUP, API_VERSION
+from inferfleet.api.model_deployment import KIND, ModelDeployment, ModelDeploymentSpec, Role
+from inferfleet.engines import (
+    ENGINE_CONFIG_VOLUME,
+    ENGINE_PORT,
+    PORT_NAME,
+    EngineContainer,
+    EngineOptions,
+    UnsupportedSpecError,
+    build_engine_container,
+    roles_of,
+)
+from inferfleet.render.common import (
+    ENGINE_APP,
+    LABEL_COMPONENT,
+    LABEL_INSTANCE,
+    LABEL_MANAGED_BY,
+    LABEL_MODEL_DEPLOYMENT,
+    LABEL_NAME,
+    LABEL_ROLE,
+    MANAGED_BY,
+    PROMETHEUS_PATH,
+    PROMETHEUS_PORT,
+    PROMETHEUS_SCRAPE,
+    SPEC_HASH_ANNOTATION,
+    Owner,
+    apply_order,
+    container_security_context,
+    dns_label,
+    label_value,
+    object_meta,
+    pod_disruption_budget,
+    pod_security_context,
+    rolling_update,
+    spec_hash,
+)
+
+GPU_RESOURCE: Final = "nvidia.com/gpu"
+GPU_PRODUCT_LABEL: Final = "nvidia.com/gpu.product"
+GPU_TOLERATION: Final = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
+IMAGE_PULL_ALLOWANCE_SECONDS: Final = 600
+TERMINATION_GRACE_SECONDS: Final = 60
+"""Time for an engine to finish in-flight requests after SIGTERM."""
+REVISION_HISTORY_LIMIT: Final = 3
+
+
+def served_model_name(spec: ModelDeploymentSpec) -> str:
+    """The name requests use for the model: the spec's model name."""
+    return spec.model.name
+
+
+def engine_name(deployment: str, role: Role) -> str:
+    """Name of a role's Deployment, Service and PodDisruptionBudget."""
+    return dns_label(f"{deployment}-{role.value}")
+
+
+def config_map_name(deployment: str, role: Role) -> str:
+    return dns_label(f"{deployment}-{role.value}-engine")
+
+
+def selector_labels(deployment: str, role: Role) -> dict[str, str]:
+    """The labels that pick a role's pods: immutable in a Deployment, so nothing that may
+    change (versions, hashes) belongs here."""
+    return {
+        LABEL_NAME: ENGINE_APP,
+        LABEL_MODEL_DEPLOYMENT: label_value(deployment),
+        LABEL_ROLE: role.value,
+    }
+
+
+def engine_labels(deployment: str, role: Role) -> dict[str, str]:
+    return selector_labels(deployment, role) | {
+        LABEL_INSTANCE: label_value(deployment),
+        LABEL_COMPONENT: role.value,
+        LABEL_MANAGED_BY: MANAGED_BY,
+    }
+
+
+def replicas_per_role(
+    spec: ModelDeploymentSpec, overrides: Mapping[Role, int] | None = None
+) -> dict[Role, int]:
+    """The spec's replicas per role (decode is `spec.replicas` when disaggregated), with the
+    autoscaler's or a pin's counts in `overrides` taking precedence."""
+    counts = dict.fromkeys(roles_of(spec), spec.replicas)
+    if spec.topology.prefill is not None and Role.PREFILL in counts:
+        counts[Role.PREFILL] = spec.topology.prefill.replicas
+    for role, count in (overrides or {}).items():
+        if role not in counts:
+            raise ValueError(
+                f"replicas given for role {role.value}, which a {spec.topology.mode.value} "
+                "deployment does not have"
+            )
+        if count < 0:
+            raise ValueError(f"replicas for role {role.value} must be >= 0 (got {count})")
+        counts[role] = count
+    return counts
+
+
+def check_fits_one_node(spec: ModelDeploymentSpec, gpus: GpuCatalog) -> None:
+    per_node = gpus[spec.gpu.type].gpus_per_node
+    wanted = spec.parallelism.gpus_per_replica
+    if wanted > per_node:
+        raise UnsupportedSpecError(
+            "parallelism",
+            f"{wanted} GPUs per replica (tensor {spec.parallelism.tensor} x pipeline "
+            f"{spec.parallelism.pipeline}) exceed the {per_node} GPUs of one "
+            f"{spec.gpu.type.value} node: multi-node replicas are planned but not supported yet",
+        )
+
+
+def engine_config_map(owner: Owner, role: Role, files: Mapping[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": object_meta(
+            config_map_name(owner.name, role), owner, engine_labels(owner.name, role)
+        ),
+        "data": dict(sorted(files.items())),
+    }
+
+
+def _pod_spec(
+    owner: Owner, spec: ModelDeploymentSpec, role: Role, engine: EngineContainer
+) -> dict[str, Any]:
+    container = dict(engine.container)
+    if engine.gpus:
+        count = str(engine.gpus)
+        container["resources"] = {
+            "limits": {GPU_RESOURCE: count},
+            "requests": {GPU_RESOURCE: count},
+        }
+    container["securityContext"] = container_security_context()
+    volumes = list(engine.volumes)
+    if engine.config_files:
+        volumes.append(
+            {"name": ENGINE_CONFIG_VOLUME, "configMap": {"name": config_map_name(owner.name, role)}}
+        )
+    product = GpuCatalog.builtin()[spec.gpu.type].node_product_label
+    pod: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": pod_security_context(engine.run_as_user),
+        "containers": [container],
+        "nodeSelector": {GPU_PRODUCT_LABEL: product},
+        "tolerations": [dict(GPU_TOLERATION)],
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+    }
+    if volumes:
+        pod["volumes"] = sorted(volumes, key=lambda v: str(v["name"]))
+    return pod
+
+
+def engine_deployment(
+    owner: Owner,
+    spec: ModelDeploymentSpec,
+    role: Role,
+    engine: EngineContainer,
+    replicas: int,
+) -> dict[str, Any]:
+    labels = engine_labels(owner.name, role)
+    template: dict[str, Any] = {
+        "metadata": {
+            "labels": dict(sorted(labels.items())),
+            "annotations": {
+                PROMETHEUS_PATH: engine.metrics_path,
+                PROMETHEUS_PORT: str(ENGINE_PORT),
+                PROMETHEUS_SCRAPE: "true",
+            },
+        },
+        "spec": _pod_spec(owner, spec, role, engine),
+    }
+    digest = spec_hash({"template": template, "configFiles": engine.config_files})
+    template["metadata"]["annotations"][SPEC_HASH_ANNOTATION] = digest
+    template["metadata"]["annotations"] = dict(sorted(template["metadata"]["annotations"].items()))
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": object_meta(
+            engine_name(owner.name, role), owner, labels, {SPEC_HASH_ANNOTATION: digest}
+        ),
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": dict(sorted(selector_labels(owner.name, role).items()))},
+            "strategy": rolling_update(),
+            "revisionHistoryLimit": REVISION_HISTORY_LIMIT,
+            "progressDeadlineSeconds": engine.cold_start_seconds + IMAGE_PULL_ALLOWANCE_SECONDS,
+            "template": template,
+        },
+    }
+
+
+def engine_service(owner: Owner, role: Role) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": object_meta(
+            engine_name(owner.name, role), owner, engine_labels(owner.name, role)
+        ),
+        "spec": {
+            "type": "ClusterIP",
+            "clusterIP": "None",
+            "selector": dict(sorted(selector_labels(owner.name, role).items())),
+            "ports": [
+                {"name": PORT_NAME, "port": ENGINE_PORT, "targetPort": PORT_NAME, "protocol": "TCP"}
+            ],
+        },
+    }
+
+
+def engine_pod_disruption_budget(owner: Owner, role: Role) -> dict[str, Any]:
+    return pod_disruption_budget(
+        engine_name(owner.name, role),
+        owner,
+        engine_labels(owner.name, role),
+        selector_labels(owner.name, role),
+    )
+
+
+def render_model_deployment(
+    md: ModelDeployment,
+    *,
+    replicas: Mapping[Role, int] | None = None,
+    options: EngineOptions | None = None,
+) -> list[dict[str, Any]]:
+    """Every object of one ModelDeployment, in apply order (ConfigMaps, Services, PDBs,
+    Deployments). `replicas` overrides the spec's counts per role (autoscaler, pins).
+
+    Raises `UnsupportedSpecError` for a spec the engine or the renderer cannot honour."""
+    owner = Owner.of(f"{API_GROUP}/{API_VERSION}", KIND, md.metadata)
+    spec = md.spec
+    check_fits_one_node(spec, GpuCatalog.builtin())
+    counts = replicas_per_role(spec, replicas)
+    objects: list[dict[str, Any]] = []
+    for role in roles_of(spec):
+        engine = build_engine_container(
+            spec, role, model_name=served_model_name(spec), options=options
+        )
+        if engine.config_files:
+            objects.append(engine_config_map(owner, role, engine.config_files))
+        objects += [
+            engine_service(owner, role),
+            engine_pod_disruption_budget(owner, role),
+            engine_deployment(owner, spec, role, engine, counts[role]),
+        ]
+    return apply_order(objects)

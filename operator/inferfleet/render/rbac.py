@@ -1,0 +1,222 @@
+"""Least-privilege RBAC for the operator, rendered as YAML files for `deploy/rbac/`.
+
+Two complete installs, each a ServiceAccount and its grants:
+* `cluster-wide.yaml`: a ClusterRole and ClusterRoleBinding; the operator watches every
+  namespace;
+* `single-namespace.yaml`: a Role and RoleBinding in the watched namespace, plus a ClusterRole
+  that only reads CustomResourceDefinitions (which are cluster-scoped).
+
+Every rule carries its reason, printed in the files' headers. Not granted, on purpose: the
+spec of a user's resource is never written (only `patch` for kopf's finalizer and progress
+annotations, and the status subresource); no Secrets (engines read the Hugging Face token by
+reference, the kubelet resolves it); no leases (kopf peering is off: one operator replica,
+`settings.peering.standalone`); no RBAC objects (routers and engines use no Kubernetes API);
+no `update` (everything is server-side apply, which is `patch`; `create` is kept for clients
+that create first).
+
+`rbac_files` is pure; a unit test compares the committed files with it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final
+
+import yaml
+
+from inferfleet.api.common import API_GROUP
+from inferfleet.api.inference_service import PLURAL as INFERENCE_SERVICES
+from inferfleet.api.model_deployment import PLURAL as MODEL_DEPLOYMENTS
+
+OPERATOR_NAME: Final = "inferfleet-operator"
+CRD_READER_NAME: Final = "inferfleet-operator-crd-reader"
+DEFAULT_NAMESPACE: Final = "inferfleet-system"
+LABELS: Final = {
+    "app.kubernetes.io/name": OPERATOR_NAME,
+    "app.kubernetes.io/part-of": "inferfleet",
+}
+_WRITE = ("create", "delete", "get", "list", "patch", "watch")
+
+
+@dataclass(frozen=True)
+class Rule:
+    api_groups: tuple[str, ...]
+    resources: tuple[str, ...]
+    verbs: tuple[str, ...]
+    why: str
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "apiGroups": list(self.api_groups),
+            "resources": sorted(self.resources),
+            "verbs": sorted(self.verbs),
+        }
+
+    def describe(self) -> str:
+        groups = ",".join(g or "core" for g in self.api_groups)
+        return f"{groups} {', '.join(sorted(self.resources))} [{' '.join(sorted(self.verbs))}]"
+
+
+NAMESPACED_RULES: Final = (
+    Rule(
+        (API_GROUP,),
+        (INFERENCE_SERVICES, MODEL_DEPLOYMENTS),
+        ("get", "list", "patch", "watch"),
+        "watch the resources; patch only for kopf's finalizer and progress annotations",
+    ),
+    Rule(
+        (API_GROUP,),
+        (f"{INFERENCE_SERVICES}/status", f"{MODEL_DEPLOYMENTS}/status"),
+        ("get", "patch"),
+        "status is written through the status subresource, never the spec",
+    ),
+    Rule(
+        (API_GROUP,),
+        (f"{MODEL_DEPLOYMENTS}/scale",),
+        ("get",),
+        "read the replicas SREs set with kubectl scale",
+    ),
+    Rule(
+        ("apps",),
+        ("deployments",),
+        _WRITE,
+        "engine and router workloads: server-side apply, pruning roles that went away, "
+        "readiness for status",
+    ),
+    Rule(
+        ("",),
+        ("configmaps", "services"),
+        _WRITE,
+        "engine config files and the Services of engines and routers",
+    ),
+    Rule(
+        ("policy",),
+        ("poddisruptionbudgets",),
+        _WRITE,
+        "one disruption budget per engine pool and router",
+    ),
+    Rule(
+        ("",),
+        ("pods",),
+        ("get", "list", "watch"),
+        "pod readiness and failures (crash loops, unschedulable) for conditions",
+    ),
+    Rule(("",), ("events",), ("create", "patch"), "decisions and errors as Events (core/v1)"),
+    Rule(
+        ("events.k8s.io",),
+        ("events",),
+        ("create", "patch"),
+        "the same Events through events.k8s.io/v1",
+    ),
+)
+
+CRD_RULE: Final = Rule(
+    ("apiextensions.k8s.io",),
+    ("customresourcedefinitions",),
+    ("get", "list", "watch"),
+    "kopf scans CustomResourceDefinitions to find the resources it serves",
+)
+NAMESPACES_RULE: Final = Rule(
+    ("",),
+    ("namespaces",),
+    ("list", "watch"),
+    "cluster-wide mode: kopf follows namespaces as they come and go",
+)
+
+
+def _meta(name: str, namespace: str | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name}
+    if namespace is not None:
+        meta["namespace"] = namespace
+    meta["labels"] = dict(LABELS)
+    return meta
+
+
+def service_account(namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": _meta(OPERATOR_NAME, namespace),
+    }
+
+
+def role(
+    kind: str, name: str, rules: tuple[Rule, ...], namespace: str | None = None
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": kind,
+        "metadata": _meta(name, namespace),
+        "rules": [rule.to_wire() for rule in rules],
+    }
+
+
+def binding(
+    kind: str, name: str, role_kind: str, account_namespace: str, namespace: str | None = None
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": kind,
+        "metadata": _meta(name, namespace),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": role_kind, "name": name},
+        "subjects": [
+            {"kind": "ServiceAccount", "name": OPERATOR_NAME, "namespace": account_namespace}
+        ],
+    }
+
+
+def cluster_wide(namespace: str = DEFAULT_NAMESPACE) -> list[dict[str, Any]]:
+    """The operator watching every namespace; its ServiceAccount lives in `namespace`."""
+    rules = (*NAMESPACED_RULES, CRD_RULE, NAMESPACES_RULE)
+    return [
+        service_account(namespace),
+        role("ClusterRole", OPERATOR_NAME, rules),
+        binding("ClusterRoleBinding", OPERATOR_NAME, "ClusterRole", namespace),
+    ]
+
+
+def single_namespace(
+    namespace: str = DEFAULT_NAMESPACE, watched: str | None = None
+) -> list[dict[str, Any]]:
+    """The operator watching one namespace (`watched`, by default its own)."""
+    watched = watched or namespace
+    return [
+        service_account(namespace),
+        role("Role", OPERATOR_NAME, NAMESPACED_RULES, watched),
+        binding("RoleBinding", OPERATOR_NAME, "Role", namespace, watched),
+        role("ClusterRole", CRD_READER_NAME, (CRD_RULE,)),
+        binding("ClusterRoleBinding", CRD_READER_NAME, "ClusterRole", namespace),
+    ]
+
+
+def _header(purpose: str, rules: tuple[Rule, ...]) -> str:
+    lines = [
+        "# Generated from operator/inferfleet/render/rbac.py. Do not edit; regenerate with",
+        "#   INFERFLEET_UPDATE_GOLDEN=1 pytest tests/unit/test_render_rbac.py",
+        f"# {purpose}",
+        "#",
+        "# Why each rule:",
+    ]
+    lines += [f"#   {rule.describe()}: {rule.why}" for rule in rules]
+    return "\n".join(lines) + "\n"
+
+
+def _documents(objects: list[dict[str, Any]]) -> str:
+    return yaml.safe_dump_all(objects, sort_keys=False, explicit_start=True)
+
+
+def rbac_files(namespace: str = DEFAULT_NAMESPACE) -> dict[str, str]:
+    """File name -> YAML text, what `deploy/rbac/` holds."""
+    return {
+        "cluster-wide.yaml": _header(
+            f"The operator watching every namespace (ServiceAccount in {namespace}).",
+            (*NAMESPACED_RULES, CRD_RULE, NAMESPACES_RULE),
+        )
+        + _documents(cluster_wide(namespace)),
+        "single-namespace.yaml": _header(
+            f"The operator watching only {namespace}; the Role and RoleBinding go where it "
+            "watches.",
+            (*NAMESPACED_RULES, CRD_RULE),
+        )
+        + _documents(single_namespace(namespace)),
+    }

@@ -1,0 +1,297 @@
+"""The operator on a real control plane, running as its least-privilege service account:
+examples become Ready workloads on the right fake GPU nodes, a spec that cannot fit creates
+nothing, changes roll out, deletion leaves nothing, restarts converge, idle costs no writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from inferfleet.devcluster.cluster import DevCluster
+from inferfleet.devcluster.processes import wait_until
+from tests.e2e.conftest import Kubectl
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+RBAC = ROOT / "deploy" / "rbac"
+OPERATOR_NAMESPACE = "inferfleet-system"
+OPERATOR_ACCOUNT = "inferfleet-operator"
+
+
+class Operator:
+    """`inferfleet run` as a child process, with the service account's token."""
+
+    def __init__(self, kubeconfig: Path, log: Path) -> None:
+        self.kubeconfig = kubeconfig
+        self.log = log
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "inferfleet.cli", "run"],
+                env={**os.environ, "KUBECONFIG": str(self.kubeconfig)},
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.process and self.process.poll() is None:
+            os.killpg(self.process.pid, sig)
+            self.process.wait(timeout=30)
+
+    def tail(self) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-40:])
+
+
+def _service_account_kubeconfig(kubectl: Kubectl, cluster: DevCluster, path: Path) -> Path:
+    token = kubectl.run(
+        "create", "token", OPERATOR_ACCOUNT, "-n", OPERATOR_NAMESPACE, "--duration=2h"
+    ).stdout.strip()
+    admin = yaml.safe_load(cluster.kubeconfig_path.read_text())
+    admin["users"] = [{"name": admin["users"][0]["name"], "user": {"token": token}}]
+    path.write_text(yaml.safe_dump(admin))
+    return path
+
+
+@pytest.fixture(scope="module")
+def operator(
+    kubectl: Kubectl, cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Operator]:
+    kubectl.run("create", "namespace", OPERATOR_NAMESPACE, check=False)
+    for manifest in sorted(RBAC.glob("*.yaml")):
+        kubectl.run("apply", "--server-side", "-f", str(manifest))
+    directory = tmp_path_factory.mktemp("operator")
+    running = Operator(
+        _service_account_kubeconfig(kubectl, cluster, directory / "kubeconfig"),
+        directory / "operator.log",
+    )
+    running.start()
+    yield running
+    running.stop()
+
+
+def _apply(kubectl: Kubectl, namespace: str, path: Path) -> None:
+    kubectl.run("apply", "--server-side", "-n", namespace, "-f", str(path))
+
+
+def _md(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any]:
+    found: dict[str, Any] = kubectl.json("get", "modeldeployment", name, "-n", namespace)
+    return found
+
+
+def _condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
+    for found in obj.get("status", {}).get("conditions", []):
+        if found["type"] == type_:
+            return dict(found)
+    return {}
+
+
+def _ready(kubectl: Kubectl, namespace: str, name: str) -> bool:
+    md = _md(kubectl, namespace, name)
+    return (
+        _condition(md, "Ready").get("status") == "True"
+        and md["status"].get("observedGeneration") == md["metadata"]["generation"]
+    )
+
+
+def _deployments(kubectl: Kubectl, namespace: str, md: str) -> dict[str, dict[str, Any]]:
+    items = kubectl.json(
+        "get", "deployments", "-n", namespace, "-l", f"inferfleet.io/model-deployment={md}"
+    )["items"]
+    return {d["metadata"]["labels"]["inferfleet.io/role"]: d for d in items}
+
+
+def _pods(kubectl: Kubectl, namespace: str, md: str) -> list[dict[str, Any]]:
+    pods: list[dict[str, Any]] = kubectl.json(
+        "get", "pods", "-n", namespace, "-l", f"inferfleet.io/model-deployment={md}"
+    )["items"]
+    return pods
+
+
+def test_aggregated_example_becomes_ready_on_h100_nodes(
+    operator: Operator, kubectl: Kubectl, namespace: str
+) -> None:
+    _apply(kubectl, namespace, EXAMPLES / "llama-3.1-8b-aggregated-vllm.yaml")
+    assert wait_until(lambda: _ready(kubectl, namespace, "llama-3-1-8b"), 90, 1), operator.tail()
+    md = _md(kubectl, namespace, "llama-3-1-8b")
+    assert md["status"]["plan"]["fits"] is True
+    assert md["status"]["plan"]["kvCapacityTokens"] > 400_000
+    assert md["status"]["readyReplicas"] == 2
+    ((role, deployment),) = _deployments(kubectl, namespace, "llama-3-1-8b").items()
+    assert role == "aggregated"
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    args = " ".join(container.get("command", []) + container.get("args", []))
+    assert "--max-model-len" in args
+    assert "--gpu-memory-utilization" in args
+    assert container["resources"]["limits"]["nvidia.com/gpu"] in (1, "1")
+    pods = _pods(kubectl, namespace, "llama-3-1-8b")
+    assert len(pods) == 2
+    for pod in pods:
+        assert pod["status"]["phase"] == "Running"
+        assert pod["spec"]["nodeName"].startswith("gpu-h100-80gb-")
+    service = kubectl.json("get", "inferenceservice", "chat", "-n", namespace)
+    assert wait_until(
+        lambda: (
+            _condition(kubectl.json("get", "infsvc", "chat", "-n", namespace), "Ready").get(
+                "status"
+            )
+            == "True"
+        ),
+        60,
+        1,
+    ), operator.tail()
+    assert service["metadata"]["name"] == "chat"
+
+
+def test_disaggregated_example_runs_both_pools(
+    operator: Operator, kubectl: Kubectl, namespace: str
+) -> None:
+    _apply(kubectl, namespace, EXAMPLES / "llama-3.3-70b-fp8-disaggregated-trtllm.yaml")
+    name = "llama-3-3-70b-fp8"
+    assert wait_until(lambda: _ready(kubectl, namespace, name), 90, 1), operator.tail()
+    deployments = _deployments(kubectl, namespace, name)
+    assert set(deployments) == {"prefill", "decode"}
+    assert deployments["prefill"]["spec"]["replicas"] == 2
+    assert deployments["decode"]["spec"]["replicas"] == 2
+    for pod in _pods(kubectl, namespace, name):
+        assert pod["status"]["phase"] == "Running"
+        assert pod["spec"]["nodeName"].startswith("gpu-h100-80gb-")
+
+
+def test_a_spec_that_cannot_fit_creates_nothing(
+    operator: Operator, kubectl: Kubectl, namespace: str
+) -> None:
+    _apply(kubectl, namespace, EXAMPLES / "llama-3.1-405b-bf16-l40s-does-not-fit.yaml")
+    name = "llama-3-1-405b-on-l40s"
+
+    def judged() -> bool:
+        return _condition(_md(kubectl, namespace, name), "Fits").get("status") == "False"
+
+    assert wait_until(judged, 60, 1), operator.tail()
+    fits = _condition(_md(kubectl, namespace, name), "Fits")
+    assert fits["reason"] == "DoesNotFit"
+    assert "weights 756.0 GiB" in fits["message"]
+    assert _deployments(kubectl, namespace, name) == {}
+    assert _pods(kubectl, namespace, name) == []
+    events = kubectl.run("get", "events", "-n", namespace, "-o", "json").stdout
+    assert "SpecNotApplied" in events
+
+
+def test_a_precision_change_rolls_out_and_deletion_leaves_nothing(
+    operator: Operator, kubectl: Kubectl, namespace: str
+) -> None:
+    _apply(kubectl, namespace, EXAMPLES / "llama-3.1-8b-aggregated-vllm.yaml")
+    name = "llama-3-1-8b"
+    assert wait_until(lambda: _ready(kubectl, namespace, name), 90, 1), operator.tail()
+    before = _deployments(kubectl, namespace, name)["aggregated"]
+    kubectl.run(
+        "patch", "modeldeployment", name, "-n", namespace, "--type=merge",
+        "-p", json.dumps({"spec": {"precision": {"kvCache": "fp8"}}}),
+    )  # fmt: skip
+    strategy = before["spec"]["strategy"]["rollingUpdate"]
+    assert strategy["maxUnavailable"] in (0, "0", "0%")
+
+    def rolled() -> bool:
+        after = _deployments(kubectl, namespace, name)["aggregated"]
+        args = " ".join(after["spec"]["template"]["spec"]["containers"][0].get("args", []))
+        return "fp8" in args and _ready(kubectl, namespace, name)
+
+    assert wait_until(rolled, 90, 1), operator.tail()
+    after = _deployments(kubectl, namespace, name)["aggregated"]
+    assert after["metadata"]["generation"] > before["metadata"]["generation"]
+
+    kubectl.run("delete", "modeldeployment", name, "-n", namespace, "--wait=true")
+
+    def gone() -> bool:
+        left = kubectl.run(
+            "get", "deployments,services,poddisruptionbudgets,configmaps,pods", "-n", namespace,
+            "-l", f"inferfleet.io/model-deployment={name}", "-o", "name",
+        ).stdout.strip()  # fmt: skip
+        return left == ""
+
+    assert wait_until(gone, 60, 1)
+
+
+def test_a_killed_operator_converges_without_duplicates(
+    operator: Operator, kubectl: Kubectl, namespace: str
+) -> None:
+    _apply(kubectl, namespace, EXAMPLES / "llama-3.3-70b-fp8-disaggregated-trtllm.yaml")
+    time.sleep(0.5)  # mid-reconcile
+    operator.stop(signal.SIGKILL)
+    operator.start()
+    name = "llama-3-3-70b-fp8"
+    assert wait_until(lambda: _ready(kubectl, namespace, name), 90, 1), operator.tail()
+    deployments = kubectl.json("get", "deployments", "-n", namespace)["items"]
+    assert sorted(d["metadata"]["name"] for d in deployments) == sorted(
+        {d["metadata"]["name"] for d in deployments}
+    )
+    assert len(_deployments(kubectl, namespace, name)) == 2
+
+
+def _sim_deployment(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "inferfleet.io/v1alpha1",
+        "kind": "ModelDeployment",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"name": "qwen2.5-7b", "source": "hf://Qwen/Qwen2.5-7B-Instruct"},
+            "engine": {"name": "sim"},
+            "gpu": {"type": "L4-24GB"},
+            "batching": {"maxModelLength": 8192},
+            "replicas": 1,
+        },
+    }
+
+
+def _operator_writes(audit_log: Path, since_line: int) -> list[str]:
+    user = f"system:serviceaccount:{OPERATOR_NAMESPACE}:{OPERATOR_ACCOUNT}"
+    writes = []
+    for line in audit_log.read_text().splitlines()[since_line:]:
+        event = json.loads(line)
+        if event.get("user", {}).get("username") == user and event["verb"] not in (
+            "get", "list", "watch"
+        ):  # fmt: skip
+            writes.append(f"{event['verb']} {event.get('requestURI')}")
+    return writes
+
+
+IDLE_RESOURCES = 50
+IDLE_SECONDS = 60
+
+
+@pytest.mark.timeout(400)
+def test_an_idle_fleet_costs_no_writes(
+    operator: Operator, kubectl: Kubectl, cluster: DevCluster, namespace: str
+) -> None:
+    """Proven from the API server's audit log: the operator's account writes nothing while 50
+    resources sit unchanged for a minute."""
+    documents = [_sim_deployment(f"idle-{i}") for i in range(IDLE_RESOURCES)]
+    kubectl.run(
+        "apply", "--server-side", "-n", namespace, "-f", "-",
+        stdin=yaml.safe_dump_all(documents),
+    )  # fmt: skip
+
+    def all_ready() -> bool:
+        items = kubectl.json("get", "modeldeployments", "-n", namespace)["items"]
+        return len(items) == IDLE_RESOURCES and all(
+            _condition(md, "Ready").get("status") == "True" for md in items
+        )
+
+    assert wait_until(all_ready, 180, 2), operator.tail()
+    time.sleep(5)  # let the last status writes of the rollout land
+    audit_log = cluster.log_dir / "audit.log"
+    # The log does attribute the operator's writes: the rollout just made plenty.
+    assert len(_operator_writes(audit_log, 0)) >= IDLE_RESOURCES
+    start = len(audit_log.read_text().splitlines())
+    time.sleep(IDLE_SECONDS)
+    assert _operator_writes(audit_log, start) == []

@@ -1,0 +1,194 @@
+"""Rendering an InferenceService: the router's Deployment, Service and disruption budget."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from inferfleet.api.inference_service import InferenceService
+from inferfleet.api.model_deployment import ModelDeployment
+from inferfleet.render import (
+    DEFAULT_ROUTER_IMAGE,
+    MissingReferenceError,
+    render_inference_service,
+    render_model_deployment,
+    router_service_name,
+)
+from tests.unit.golden import check_golden
+from tests.unit.golden.specs import (
+    AGGREGATED_EXAMPLE,
+    DISAGGREGATED_EXAMPLE,
+    aggregated_spec,
+    disaggregated_spec,
+    example_objects,
+    model_deployment,
+)
+
+Objects = list[dict[str, Any]]
+
+
+def service(deployments: list[dict[str, Any]], **spec: Any) -> InferenceService:
+    return InferenceService.model_validate(
+        {
+            "metadata": {"name": "chat", "namespace": "serving", "uid": "uid-chat"},
+            "spec": {"deployments": deployments, "slo": {"ttftP95Ms": 800}} | spec,
+        }
+    )
+
+
+def router(objects: Objects) -> dict[str, Any]:
+    (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
+    return deployment
+
+
+def router_args(objects: Objects) -> list[str]:
+    args: list[str] = router(objects)["spec"]["template"]["spec"]["containers"][0]["args"]
+    return args
+
+
+def backends(args: list[str]) -> list[dict[str, str]]:
+    values = [args[i + 1] for i, a in enumerate(args) if a == "--backend"]
+    return [dict(pair.split("=", 1) for pair in value.split(",")) for value in values]
+
+
+@pytest.mark.parametrize(
+    ("name", "file"),
+    [
+        ("llama-3.1-8b-aggregated-vllm-router", AGGREGATED_EXAMPLE),
+        ("llama-3.3-70b-fp8-disaggregated-trtllm-router", DISAGGREGATED_EXAMPLE),
+    ],
+)
+def test_examples_render_as_golden(name: str, file: str) -> None:
+    md, isvc = example_objects(file)
+    check_golden(f"render/{name}.yaml", render_inference_service(isvc, {md.metadata["name"]: md}))  # type: ignore[dict-item]
+
+
+def test_router_objects_and_endpoint() -> None:
+    md, isvc = example_objects(AGGREGATED_EXAMPLE)
+    objects = render_inference_service(isvc, {"llama-3-1-8b": md})
+    assert [(o["kind"], o["metadata"]["name"]) for o in objects] == [
+        ("Service", "chat"),
+        ("PodDisruptionBudget", "chat-router"),
+        ("Deployment", "chat-router"),
+    ]
+    (endpoint,) = [o for o in objects if o["kind"] == "Service"]
+    assert endpoint["spec"]["type"] == "ClusterIP"
+    assert endpoint["spec"]["ports"] == [
+        {"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}
+    ]
+    assert router_service_name("chat") == "chat"
+    for obj in objects:
+        assert obj["metadata"]["namespace"] == "serving"
+        assert obj["metadata"]["ownerReferences"] == [
+            {
+                "apiVersion": "inferfleet.io/v1alpha1",
+                "kind": "InferenceService",
+                "name": "chat",
+                "uid": "uid-isvc-1",
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+        assert obj["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "inferfleet"
+        assert obj["metadata"]["labels"]["inferfleet.io/inference-service"] == "chat"
+
+
+def test_router_pods_two_replicas_no_gpu_non_root() -> None:
+    md = model_deployment(aggregated_spec())
+    deployment = router(render_inference_service(service([{"name": "llama"}]), {"llama": md}))
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"] == DEFAULT_ROUTER_IMAGE == "inferfleet/router:0.1.0"
+    assert container["command"] == ["inferfleet", "router"]
+    assert "nvidia.com/gpu" not in str(container.get("resources"))
+    assert "nodeSelector" not in pod
+    assert "tolerations" not in pod
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 1000
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert pod["automountServiceAccountToken"] is False
+    assert deployment["spec"]["selector"]["matchLabels"] == {
+        "app.kubernetes.io/name": "inferfleet-router",
+        "inferfleet.io/inference-service": "chat",
+    }
+
+
+def test_router_args_list_backends_per_role_and_the_slo() -> None:
+    deployments = {
+        "llama": model_deployment(aggregated_spec(), name="llama"),
+        "llama-pd": model_deployment(disaggregated_spec(), name="llama-pd"),
+    }
+    isvc = service(
+        [{"name": "llama-pd", "weight": 90}, {"name": "llama", "weight": 10}],
+        slo={"ttftP95Ms": 1500, "tpotP95Ms": 62.5, "attainmentTarget": 0.95},
+    )
+    args = router_args(render_inference_service(isvc, deployments))
+    assert backends(args) == [
+        {"deployment": "llama", "role": "aggregated", "engine": "vllm", "weight": "10",
+         "model": "llama-3.1-8b", "service": "llama-aggregated", "port": "8000"},
+        {"deployment": "llama-pd", "role": "prefill", "engine": "tensorrt-llm", "weight": "90",
+         "model": "llama-3.3-70b", "service": "llama-pd-prefill", "port": "8000"},
+        {"deployment": "llama-pd", "role": "decode", "engine": "tensorrt-llm", "weight": "90",
+         "model": "llama-3.3-70b", "service": "llama-pd-decode", "port": "8000"},
+    ]  # fmt: skip
+    assert args[:4] == ["--port", "8000", "--namespace", "$(POD_NAMESPACE)"]
+    assert args[-6:] == [
+        "--slo-ttft-p95-ms", "1500", "--slo-tpot-p95-ms", "62.5",
+        "--slo-attainment-target", "0.95",
+    ]  # fmt: skip
+
+
+def test_backend_services_are_the_ones_rendered_for_the_deployments() -> None:
+    md = model_deployment(disaggregated_spec(), name="llama-pd")
+    engine_services = {
+        o["metadata"]["name"] for o in render_model_deployment(md) if o["kind"] == "Service"
+    }
+    args = router_args(render_inference_service(service([{"name": "llama-pd"}]), {"llama-pd": md}))
+    assert {b["service"] for b in backends(args)} == engine_services
+
+
+def test_an_slo_target_left_out_is_not_passed() -> None:
+    md = model_deployment(aggregated_spec())
+    args = router_args(render_inference_service(service([{"name": "llama"}]), {"llama": md}))
+    assert "--slo-tpot-p95-ms" not in args
+    assert args[args.index("--slo-ttft-p95-ms") + 1] == "800"
+
+
+@pytest.mark.parametrize(
+    ("available", "missing"),
+    [
+        ({}, ["a", "b"]),
+        ({"a": "serving"}, ["b"]),
+        ({"a": "serving", "b": "other-namespace"}, ["b"]),
+    ],
+)
+def test_missing_or_foreign_deployments_are_reported(
+    available: dict[str, str], missing: list[str]
+) -> None:
+    deployments: dict[str, ModelDeployment] = {
+        name: model_deployment(aggregated_spec(), name=name, namespace=namespace)
+        for name, namespace in available.items()
+    }
+    with pytest.raises(MissingReferenceError) as raised:
+        render_inference_service(service([{"name": "a"}, {"name": "b"}]), deployments)
+    assert raised.value.missing == tuple(missing)
+    assert str(raised.value) == (
+        f"InferenceService chat: ModelDeployment not found in namespace serving: "
+        f"{', '.join(missing)}"
+    )
+    assert isinstance(raised.value, LookupError)
+
+
+def test_router_spec_hash_follows_the_backends() -> None:
+    md = model_deployment(aggregated_spec())
+    one = router(render_inference_service(service([{"name": "llama"}]), {"llama": md}))
+    other = router(
+        render_inference_service(service([{"name": "llama", "weight": 5}]), {"llama": md})
+    )
+    key = "inferfleet.io/spec-hash"
+    assert one["metadata"]["annotations"][key] != other["metadata"]["annotations"][key]
+    again = router(render_inference_service(service([{"name": "llama"}]), {"llama": md}))
+    assert one == again

@@ -1,0 +1,148 @@
+"""The operator's RBAC: committed files equal regeneration, and the grants stay least-privilege.
+
+Regenerate deploy/rbac/ after an intended change: INFERFLEET_UPDATE_GOLDEN=1 pytest
+tests/unit/test_render_rbac.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from inferfleet.render.common import KIND_ORDER
+from inferfleet.render.rbac import (
+    CRD_READER_NAME,
+    DEFAULT_NAMESPACE,
+    OPERATOR_NAME,
+    cluster_wide,
+    rbac_files,
+    single_namespace,
+)
+from tests.unit.golden import check_text, updating
+
+RBAC_DIR = Path(__file__).resolve().parents[2] / "deploy" / "rbac"
+
+Grants = dict[tuple[str, str], set[str]]
+
+
+def grants(rules: list[dict[str, Any]]) -> Grants:
+    """(api group, resource) -> verbs."""
+    result: Grants = {}
+    for rule in rules:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                result.setdefault((group, resource), set()).update(rule["verbs"])
+    return result
+
+
+def kind(objects: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    (found,) = [o for o in objects if o["kind"] == name]
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(rbac_files()))
+def test_committed_rbac_is_up_to_date(name: str) -> None:
+    check_text(RBAC_DIR / name, rbac_files()[name])
+
+
+def test_no_stray_files_in_deploy_rbac() -> None:
+    if updating():
+        pytest.skip("regenerating")
+    assert sorted(p.name for p in RBAC_DIR.glob("*.yaml")) == sorted(rbac_files())
+
+
+def test_files_parse_as_the_objects() -> None:
+    files = rbac_files()
+    assert list(yaml.safe_load_all(files["cluster-wide.yaml"])) == cluster_wide()
+    assert list(yaml.safe_load_all(files["single-namespace.yaml"])) == single_namespace()
+
+
+WRITE = {"create", "delete", "get", "list", "patch", "watch"}
+EXPECTED: Grants = {
+    ("inferfleet.io", "inferenceservices"): {"get", "list", "patch", "watch"},
+    ("inferfleet.io", "modeldeployments"): {"get", "list", "patch", "watch"},
+    ("inferfleet.io", "inferenceservices/status"): {"get", "patch"},
+    ("inferfleet.io", "modeldeployments/status"): {"get", "patch"},
+    ("inferfleet.io", "modeldeployments/scale"): {"get"},
+    ("apps", "deployments"): WRITE,
+    ("", "services"): WRITE,
+    ("", "configmaps"): WRITE,
+    ("policy", "poddisruptionbudgets"): WRITE,
+    ("", "pods"): {"get", "list", "watch"},
+    ("", "events"): {"create", "patch"},
+    ("events.k8s.io", "events"): {"create", "patch"},
+}
+CLUSTER_ONLY: Grants = {
+    ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
+    ("", "namespaces"): {"list", "watch"},
+}
+
+
+def test_cluster_role_grants_exactly_what_the_operator_uses() -> None:
+    role = kind(cluster_wide(), "ClusterRole")
+    assert role["metadata"]["name"] == OPERATOR_NAME
+    assert grants(role["rules"]) == EXPECTED | CLUSTER_ONLY
+
+
+def test_single_namespace_install_keeps_namespaced_grants_in_a_role() -> None:
+    objects = single_namespace("team-a")
+    role = kind(objects, "Role")
+    assert role["metadata"]["namespace"] == "team-a"
+    assert grants(role["rules"]) == EXPECTED
+    cluster_role = kind(objects, "ClusterRole")
+    assert cluster_role["metadata"]["name"] == CRD_READER_NAME
+    assert grants(cluster_role["rules"]) == {
+        ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"}
+    }
+
+
+def test_the_operator_writes_every_kind_it_renders() -> None:
+    granted = grants(kind(cluster_wide(), "ClusterRole")["rules"])
+    resources = {
+        "ConfigMap": ("", "configmaps"),
+        "Service": ("", "services"),
+        "PodDisruptionBudget": ("policy", "poddisruptionbudgets"),
+        "Deployment": ("apps", "deployments"),
+    }
+    for rendered in KIND_ORDER:
+        assert {"create", "patch", "delete"} <= granted[resources[rendered]]
+
+
+def test_nothing_beyond_least_privilege() -> None:
+    granted = grants(kind(cluster_wide(), "ClusterRole")["rules"])
+    assert all("*" not in verbs for verbs in granted.values())
+    assert all("*" not in key for key in granted)
+    assert ("", "secrets") not in granted
+    assert ("coordination.k8s.io", "leases") not in granted
+    assert not any(group == "rbac.authorization.k8s.io" for group, _ in granted)
+    # The spec of a user's resource is never written; patch serves kopf's annotations.
+    assert "update" not in granted[("inferfleet.io", "modeldeployments")]
+
+
+@pytest.mark.parametrize("objects", [cluster_wide(), single_namespace()])
+def test_bindings_bind_the_operator_service_account(objects: list[dict[str, Any]]) -> None:
+    account = kind(objects, "ServiceAccount")
+    assert account["metadata"] == {
+        "name": OPERATOR_NAME,
+        "namespace": DEFAULT_NAMESPACE,
+        "labels": {
+            "app.kubernetes.io/name": OPERATOR_NAME,
+            "app.kubernetes.io/part-of": "inferfleet",
+        },
+    }
+    roles = {(o["kind"], o["metadata"]["name"]) for o in objects if o["kind"].endswith("Role")}
+    for binding in (o for o in objects if o["kind"].endswith("Binding")):
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": OPERATOR_NAME, "namespace": DEFAULT_NAMESPACE}
+        ]
+        assert (binding["roleRef"]["kind"], binding["roleRef"]["name"]) in roles
+
+
+def test_headers_explain_every_rule() -> None:
+    for name, text in rbac_files().items():
+        header = [line for line in text.splitlines() if line.startswith("#   ")]
+        objects = list(yaml.safe_load_all(text))
+        rules = [r for o in objects if o["kind"] in ("Role", "ClusterRole") for r in o["rules"]]
+        assert len(header) >= len(rules), name
