@@ -431,20 +431,35 @@ def sim_engine_command(
     max_batched_tokens: Annotated[int, typer.Option(help="Token budget of a step.")] = 8192,
     max_model_length: Annotated[int | None, typer.Option(help="Longest request.")] = None,
     memory_utilization: Annotated[float, typer.Option(help="GPU memory fraction.")] = 0.9,
+    architecture: Annotated[
+        str | None, typer.Option(help="The model's shape as JSON (ModelArchitecture wire form).")
+    ] = None,
+    chunked_prefill: Annotated[bool, typer.Option(help="Split prompts across steps.")] = True,
+    prefix_caching: Annotated[bool, typer.Option(help="Reuse cached prompt prefixes.")] = True,
     role: Annotated[str, typer.Option(help="aggregated, prefill or decode.")] = "aggregated",
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
 ) -> None:
     """Serve a CPU emulation of a vLLM engine: the OpenAI API and vLLM's metrics, with timing
     from the performance model (the `sim` engine of a ModelDeployment)."""
+    try:
+        shape = json.loads(architecture) if architecture else None
+    except json.JSONDecodeError as error:
+        typer.echo(f"error: --architecture: not JSON: {error}", err=True)
+        raise typer.Exit(EXIT_INVALID) from None
     settings: dict[str, Any] = {
-        "model": {"name": model, "source": f"hf://{model}"},
+        "model": {"name": model, "source": f"hf://{model}"}
+        | ({"architecture": shape} if shape is not None else {}),
         "engine": {"name": "sim"},
         "gpu": {"type": gpu, "memoryUtilization": memory_utilization},
         "parallelism": {"tensor": tensor, "pipeline": pipeline},
         "precision": {"weights": weights, "kvCache": kv_cache}
         | ({"method": method} if method else {}),
-        "batching": {"maxSequences": max_sequences, "maxBatchedTokens": max_batched_tokens}
+        "batching": {
+            "maxSequences": max_sequences,
+            "maxBatchedTokens": max_batched_tokens,
+            "chunkedPrefill": chunked_prefill,
+        }
         | ({"maxModelLength": max_model_length} if max_model_length else {}),
     }
     try:
@@ -454,7 +469,10 @@ def sim_engine_command(
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(EXIT_INVALID) from None
     config = ReplicaConfig.from_spec(spec, GpuCatalog.builtin())
-    sim_server.run(config, model_name or model, engine_role, host=host, port=port)
+    sim_server.run(
+        config, model_name or model, engine_role, host=host, port=port,
+        prefix_caching=prefix_caching,
+    )  # fmt: skip
 
 
 @app.command("run")

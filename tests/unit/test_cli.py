@@ -6,11 +6,18 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
+from inferfleet.api.catalog import GpuCatalog
+from inferfleet.api.model_deployment import ModelDeploymentSpec, Role
 from inferfleet.cli import EXIT_INVALID, EXIT_NO_FIT, app
+from inferfleet.engines import engine_container
+from inferfleet.planning.replica import ReplicaConfig
+from inferfleet.sim import openai_api as sim_server
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -140,3 +147,34 @@ def test_dev_cluster_status_of_a_cluster_never_started(tmp_path: Path) -> None:
     assert "never started" in result.stdout
     down = runner.invoke(app, ["dev-cluster", "down", "--dir", str(tmp_path)])
     assert down.exit_code == 0
+
+
+@pytest.mark.parametrize(
+    ("example", "role"),
+    [
+        ("llama-3.1-8b-aggregated-vllm.yaml", Role.AGGREGATED),
+        ("llama-3.3-70b-fp8-disaggregated-trtllm.yaml", Role.PREFILL),
+        ("llama-3.3-70b-fp8-disaggregated-trtllm.yaml", Role.DECODE),
+    ],
+)
+def test_the_sim_adapter_command_line_starts_the_emulator_it_describes(
+    example: str, role: Role, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the renderer puts in a sim pod is what `inferfleet sim-engine` accepts, and the
+    emulator it starts has the spec's shape."""
+    document = next(yaml.safe_load_all((EXAMPLES / example).read_text()))
+    document["spec"]["engine"] = {"name": "sim", "extraArgs": []}
+    spec = ModelDeploymentSpec.model_validate(document["spec"])
+    container = engine_container(spec, role, model_name="assistant")
+    started: dict[str, Any] = {}
+    monkeypatch.setattr(
+        sim_server, "run", lambda config, name, r, **options: started.update(
+            config=config, name=name, role=r, options=options
+        )
+    )  # fmt: skip
+    result = runner.invoke(app, [*container["command"][1:], *container["args"]])
+    assert result.exit_code == 0, result.output
+    assert started["config"] == ReplicaConfig.from_spec(spec, GpuCatalog.builtin())
+    assert started["name"] == "assistant"
+    assert started["role"] == role
+    assert started["options"]["prefix_caching"] is spec.prefix_caching
