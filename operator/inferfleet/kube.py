@@ -79,6 +79,14 @@ class Kube:
         obj: dict[str, Any] = found.to_dict()
         return obj
 
+    def delete(self, api_version: str, kind: str, name: str, namespace: str | None) -> None:
+        """Delete one object; already gone is fine."""
+        try:
+            self._resource(api_version, kind).delete(name=name, namespace=namespace)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
     def ready_node_names(self) -> set[str]:
         ready = set()
         for node in self.list("v1", "Node"):

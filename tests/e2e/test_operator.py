@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -295,3 +296,54 @@ def test_an_idle_fleet_costs_no_writes(
     start = len(audit_log.read_text().splitlines())
     time.sleep(IDLE_SECONDS)
     assert _operator_writes(audit_log, start) == []
+
+
+def _events(kubectl: Kubectl, namespace: str) -> str:
+    return kubectl.run("get", "events", "-n", namespace, "-o", "json").stdout
+
+
+def test_a_pin_holds_replicas_until_it_expires(
+    operator: Operator, kubectl: Kubectl, namespace: str
+) -> None:
+    _apply(kubectl, namespace, EXAMPLES / "llama-3.1-8b-aggregated-vllm.yaml")
+    name = "llama-3-1-8b"
+    assert wait_until(lambda: _ready(kubectl, namespace, name), 90, 1), operator.tail()
+    until = datetime.now(UTC) + timedelta(seconds=30)
+    pin = {"replicas": {"aggregated": 3}, "reason": "load test", "until": until.isoformat()}
+    kubectl.run("annotate", "mdep", name, "-n", namespace, f"inferfleet.io/pin={json.dumps(pin)}")
+
+    def replicas() -> int:
+        return int(_deployments(kubectl, namespace, name)["aggregated"]["spec"]["replicas"])
+
+    def pinned() -> bool:
+        roles = _md(kubectl, namespace, name)["status"].get("roles", [])
+        return any(r["pinned"] for r in roles)
+
+    assert wait_until(lambda: replicas() == 3 and pinned(), 30, 0.5), operator.tail()
+    assert _md(kubectl, namespace, name)["spec"]["replicas"] == 2  # the spec stays Git's
+    # kopf posts events in the background: wait for them too.
+    assert wait_until(lambda: '"Pinned"' in _events(kubectl, namespace), 15, 0.5)
+    assert wait_until(lambda: replicas() == 2 and not pinned(), 90, 1), operator.tail()
+    assert wait_until(lambda: '"PinReleased"' in _events(kubectl, namespace), 15, 0.5)
+
+
+def test_dropping_a_role_prunes_its_objects(
+    operator: Operator, kubectl: Kubectl, namespace: str
+) -> None:
+    _apply(kubectl, namespace, EXAMPLES / "llama-3.3-70b-fp8-disaggregated-trtllm.yaml")
+    name = "llama-3-3-70b-fp8"
+    assert wait_until(lambda: _ready(kubectl, namespace, name), 90, 1), operator.tail()
+    kubectl.run(
+        "patch", "mdep", name, "-n", namespace, "--type=merge",
+        "-p", json.dumps({"spec": {"topology": {"mode": "aggregated", "prefill": None}}}),
+    )  # fmt: skip
+
+    def aggregated_only() -> bool:
+        left = kubectl.run(
+            "get", "deployments,services,poddisruptionbudgets", "-n", namespace,
+            "-l", f"inferfleet.io/model-deployment={name}", "-o", "name",
+        ).stdout.split()  # fmt: skip
+        return bool(left) and all("aggregated" in item for item in left)
+
+    assert wait_until(aggregated_only, 60, 1), operator.tail()
+    assert wait_until(lambda: _ready(kubectl, namespace, name), 90, 1), operator.tail()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -21,8 +22,10 @@ from pydantic import ValidationError
 from inferfleet.api.common import API_GROUP, API_VERSION
 from inferfleet.api.inference_service import InferenceService
 from inferfleet.api.model_deployment import ModelDeployment, Role, TopologyMode
+from inferfleet.engines import roles_of
 from inferfleet.kube import Kube
 from inferfleet.planning.capacity import plan
+from inferfleet.reconcile.pins import PIN_ANNOTATION, Pin, read_pin
 from inferfleet.reconcile.status import RoleProgress, condition, model_deployment_status
 from inferfleet.render import (
     MissingReferenceError,
@@ -32,10 +35,19 @@ from inferfleet.render import (
 )
 
 FIELD_MANAGER = "inferfleet-operator"
-ANNOTATION_PREFIX = "inferfleet.io"
+# kopf's own bookkeeping, under a prefix of its own: kopf leaves annotations with its storage
+# prefix out of the change detection, and inferfleet.io/pin must stay in it.
+KOPF_ANNOTATION_PREFIX = "kopf.inferfleet.io"
 MODEL_DEPLOYMENT_LABEL = "inferfleet.io/model-deployment"
 ROLE_LABEL = "inferfleet.io/role"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "inferfleet"}
+# What render_model_deployment creates, for pruning roles that went away.
+OWNED_KINDS = (
+    ("apps/v1", "Deployment"),
+    ("v1", "Service"),
+    ("policy/v1", "PodDisruptionBudget"),
+    ("v1", "ConfigMap"),
+)
 
 
 @functools.cache
@@ -47,10 +59,10 @@ def kube() -> Kube:
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # A structural status schema would prune kopf's bookkeeping: keep it in annotations.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
-        prefix=ANNOTATION_PREFIX
+        prefix=KOPF_ANNOTATION_PREFIX
     )
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
+        prefix=KOPF_ANNOTATION_PREFIX, key="last-handled-configuration"
     )
     settings.posting.level = logging.INFO
     settings.peering.standalone = True
@@ -87,19 +99,34 @@ def _children(md: ModelDeployment, name: str, namespace: str) -> dict[Role, Role
     return progress
 
 
-def _desired(md: ModelDeployment) -> tuple[list[dict[str, Any]], str | None]:
+@dataclass(frozen=True)
+class _Desired:
+    objects: list[dict[str, Any]]
+    blocked: str | None
+    """Why the spec was not applied (existing workloads are then left as they are)."""
+    pin: Pin | None
+    pin_problem: str | None
+
+
+def _desired(md: ModelDeployment) -> _Desired:
     """The objects to apply, or why none may be: a spec that does not fit asks for no GPU."""
+    annotations = md.metadata.get("annotations") or {}
+    pin, pin_problem = read_pin(annotations if isinstance(annotations, dict) else {})
+    if pin is not None and not pin.active(_now()):
+        pin = None
     capacity = plan(md.spec)
     if not capacity.memory.fits:
-        return [], f"not applied: {capacity.memory.verdict()}"
+        return _Desired([], f"not applied: {capacity.memory.verdict()}", pin, pin_problem)
+    roles = set(roles_of(md.spec))
+    overrides = {r: n for r, n in pin.replicas.items() if r in roles} if pin else None
     try:
-        return render_model_deployment(md), None
+        return _Desired(render_model_deployment(md, replicas=overrides), None, pin, pin_problem)
     except UnsupportedSpecError as error:
-        return [], f"not applied: {error}"
+        return _Desired([], f"not applied: {error}", pin, pin_problem)
 
 
 def _status_of(
-    md: ModelDeployment, name: str, namespace: str, blocked: str | None
+    md: ModelDeployment, name: str, namespace: str, blocked: str | None, pinned: set[Role]
 ) -> dict[str, Any]:
     previous = md.status.to_wire() if md.status else {}
     return model_deployment_status(
@@ -111,7 +138,26 @@ def _status_of(
         previous=previous,
         now=_now(),
         blocked=blocked,
+        pinned=pinned,
     )
+
+
+def _prune(md: ModelDeployment, name: str, namespace: str, keep: list[dict[str, Any]]) -> None:
+    """Delete what this ModelDeployment created and no longer wants (a role that went away).
+    Only objects whose controller is this very resource: never what someone else made."""
+    uid = md.metadata.get("uid")
+    wanted = {(o["kind"], o["metadata"]["name"]) for o in keep}
+    for api_version, kind in OWNED_KINDS:
+        for found in kube().list(
+            api_version,
+            kind,
+            namespace=namespace,
+            label_selector=f"{MODEL_DEPLOYMENT_LABEL}={name}",
+        ):
+            owners = found["metadata"].get("ownerReferences") or []
+            ours = any(o.get("uid") == uid and o.get("controller") for o in owners)
+            if ours and (kind, found["metadata"]["name"]) not in wanted:
+                kube().delete(api_version, kind, found["metadata"]["name"], namespace)
 
 
 def _changed(current: Mapping[str, Any] | None, desired: Mapping[str, Any]) -> bool:
@@ -131,6 +177,12 @@ def reconcile_model_deployment(
     patch: kopf.Patch,
     **_: Any,
 ) -> None:
+    _reconcile_model_deployment(body, name, _namespaced(namespace), status, patch)
+
+
+def _reconcile_model_deployment(
+    body: kopf.Body, name: str, namespace: str, status: kopf.Status, patch: kopf.Patch
+) -> None:
     try:
         md = ModelDeployment.model_validate(dict(body))
     except ValidationError as error:
@@ -148,19 +200,52 @@ def reconcile_model_deployment(
             )
         ]
         return
-    objects, blocked = _desired(md)
-    if blocked:
-        kopf.warn(body, reason="SpecNotApplied", message=blocked)
-    for obj in objects:
+    desired = _desired(md)
+    if desired.blocked:
+        kopf.warn(body, reason="SpecNotApplied", message=desired.blocked)
+    if desired.pin_problem:
+        kopf.warn(body, reason="PinIgnored", message=desired.pin_problem)
+    for obj in desired.objects:
         kube().apply(obj, FIELD_MANAGER)
-    if objects and status.get("observedGeneration") != body.meta.get("generation"):
-        kinds = ", ".join(sorted({f"{o['kind']}/{o['metadata']['name']}" for o in objects}))
+    if desired.objects:
+        _prune(md, name, namespace, desired.objects)
+    if desired.objects and status.get("observedGeneration") != body.meta.get("generation"):
+        kinds = ", ".join(sorted({f"{o['kind']}/{o['metadata']['name']}" for o in desired.objects}))
         kopf.info(
             body, reason="Applied", message=f"generation {body.meta.get('generation')}: {kinds}"
         )
-    desired_status = _status_of(md, name, _namespaced(namespace), blocked)
+    pinned = set(desired.pin.replicas) if desired.pin else set()
+    desired_status = _status_of(md, name, namespace, desired.blocked, pinned)
+    was_pinned = any(role.get("pinned") for role in status.get("roles") or [])
+    if desired.pin and not was_pinned:
+        kopf.info(body, reason="Pinned", message=desired.pin.describe())
+    elif was_pinned and not desired.pin:
+        kopf.info(body, reason="PinReleased", message="replicas follow the spec again")
     if _changed(status, desired_status):
         patch.status.update(desired_status)
+
+
+@kopf.timer(
+    API_GROUP,
+    API_VERSION,
+    "modeldeployments",
+    interval=15,
+    annotations={PIN_ANNOTATION: kopf.PRESENT},
+)
+def pin_expiry(
+    *,
+    body: kopf.Body,
+    name: str,
+    namespace: str | None,
+    status: kopf.Status,
+    patch: kopf.Patch,
+    **_: Any,
+) -> None:
+    """A pin that expires changes nothing in the object: notice it and reconcile once."""
+    pin, _problem = read_pin(body.metadata.annotations)
+    still_pinned = any(role.get("pinned") for role in status.get("roles") or [])
+    if still_pinned and (pin is None or not pin.active(_now())):
+        _reconcile_model_deployment(body, name, _namespaced(namespace), status, patch)
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=MANAGED_BY)
@@ -173,8 +258,9 @@ def child_deployment_changed(*, body: kopf.Body, namespace: str | None, **_: Any
     if current is None:
         return
     md = ModelDeployment.model_validate(current)
-    blocked = _desired(md)[1]
-    desired_status = _status_of(md, owner, _namespaced(namespace), blocked)
+    # Pins are the main reconcile's to judge (it applies them): keep what it recorded.
+    pinned = {role.role for role in md.status.roles if role.pinned} if md.status else set()
+    desired_status = _status_of(md, owner, _namespaced(namespace), _desired(md).blocked, pinned)
     if _changed(current.get("status"), desired_status):
         kube().patch_status(current, desired_status)
 

@@ -13,6 +13,7 @@ from inferfleet.reconcile import handlers  # noqa: F401
 def run(namespaces: Sequence[str] = (), liveness_endpoint: str | None = None) -> None:
     """Block until SIGTERM/SIGINT. No namespaces: the whole cluster (needs the ClusterRole);
     some: only those (a namespaced Role in each suffices)."""
+    kopf.configure(log_format=kopf.LogFormat.FULL)
     kopf.run(
         clusterwide=not namespaces,
         namespaces=list(namespaces),

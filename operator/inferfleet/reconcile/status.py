@@ -120,6 +120,7 @@ def model_deployment_status(
     previous: Mapping[str, Any],
     now: datetime,
     blocked: str | None = None,
+    pinned: frozenset[Role] | set[Role] = frozenset(),
 ) -> dict[str, Any]:
     """The whole status. `blocked` explains why the spec was not applied (does not fit, or the
     engine cannot honour it); existing workloads are then left as they were."""
@@ -169,7 +170,7 @@ def model_deployment_status(
         "readyReplicas": serving.ready,
         "selector": selector,
         "roles": [
-            {"role": role.value, "desired": p.desired, "ready": p.ready, "pinned": False}
+            {"role": role.value, "desired": p.desired, "ready": p.ready, "pinned": role in pinned}
             for role, p in roles.items()
         ],
         "plan": plan_status(plan),
