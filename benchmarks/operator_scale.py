@@ -557,12 +557,25 @@ def api_summary(requests: Sequence[ApiRequest], phase: Phase) -> dict[str, Any]:
     return summary
 
 
-def writers(requests: Sequence[ApiRequest], phase: Phase) -> dict[str, int]:
-    """Writes per user in a phase: who else keeps the API server busy."""
-    counted = Counter(
-        r.user for r in requests if phase.start <= r.at < phase.end and r.verb not in READ_VERBS
-    )
-    return dict(counted.most_common(10))
+def writers(requests: Sequence[ApiRequest], phase: Phase) -> dict[str, dict[str, float | int]]:
+    """Writes per user in a phase (who keeps the API server busy), with their mean rate and
+    their busiest 10 s: a client held at a steady ceiling (20/s is kube-controller-manager's
+    default --kube-api-qps) is rate-limited on its own side."""
+    buckets: dict[str, Counter[int]] = {}
+    for r in requests:
+        if phase.start <= r.at < phase.end and r.verb not in READ_VERBS:
+            buckets.setdefault(r.user, Counter())[int((r.at - phase.start) // 10)] += 1
+    seconds = max(phase.end - phase.start, 1e-9)
+    summary = {
+        user: {
+            "writes": sum(counted.values()),
+            "mean_per_s": round(sum(counted.values()) / seconds, 1),
+            "busiest_10s_per_s": round(max(counted.values()) / min(10.0, seconds), 1),
+        }
+        for user, counted in buckets.items()
+    }
+    ranked = sorted(summary.items(), key=lambda kv: -kv[1]["writes"])
+    return dict(ranked[:12])
 
 
 _LOG_LEVEL = re.compile(r"\[(DEBUG|INFO|WARNING|ERROR|CRITICAL)\s*\]")
@@ -650,6 +663,20 @@ def fleet_objects(kubectl: Kubectl, namespace: str) -> FleetObjects:
 _SERVICE = re.compile(r"^(svc-\d+)([-.]|$)")
 
 
+STEPS = (
+    "apply creates the ModelDeployment",
+    "operator: first request for it",
+    "operator applies the engine Deployment",
+    "controller manager creates the ReplicaSet",
+    "scheduler binds the engine pod",
+    "kwok marks the pod Running",
+    "controller manager reports the Deployment rolled out",
+    "operator: ModelDeployment Ready",
+    "operator: InferenceService Ready",
+    "watch sees the InferenceService Ready",
+)
+
+
 def stages(
     requests: Sequence[ApiRequest],
     *,
@@ -658,10 +685,12 @@ def stages(
     isvc_ready: Mapping[str, float],
     isvc_seen: Mapping[str, float],
     start: float,
-) -> dict[str, dict[str, float | int] | None]:
-    """Where each service's time went: for each step, its offset from the start of the apply,
-    over the services. Steps are requests in the audit log (to the microsecond), found by the
-    object names the operator derives from the service's (`svc-N-aggregated-...`)."""
+) -> dict[str, dict[str, dict[str, float | int] | None]]:
+    """Where each service's time went. `offsets`: per step, its time after the start of the
+    apply; `gaps`: per step, its time after the step before, for the same service; both as
+    distributions over the services. Steps are requests in the audit log (to the microsecond),
+    found by the object names the operator derives from the service's (`svc-N-aggregated-...`),
+    and the operator's Ready conditions (their lastTransitionTime)."""
     per_service: dict[str, list[ApiRequest]] = {}
     for r in requests:
         match = _SERVICE.match(r.name) if r.namespace == namespace else None
@@ -671,60 +700,53 @@ def stages(
     def first(found: Iterable[ApiRequest], after: float = 0.0) -> float | None:
         return next((r.at for r in found if r.at >= after), None)
 
-    columns: dict[str, list[float]] = {}
+    def last(found: Iterable[ApiRequest], before: float) -> float | None:
+        return max((r.at for r in found if r.at <= before), default=None)
 
-    def add(column: str, at: float | None) -> None:
-        columns.setdefault(column, [])
-        if at is not None:
-            columns[column].append(at - start)
-
+    offsets: dict[str, list[float]] = {step: [] for step in STEPS}
+    gaps: dict[str, list[float]] = {step: [] for step in STEPS[1:]}
     for service in sorted(set(per_service) | set(isvc_seen)):
         found = per_service.get(service, [])
         engine = f"{service}-aggregated"
-        add(
-            "kubectl apply creates the ModelDeployment",
-            first(r for r in found if r.name == service and r.target.endswith("/modeldeployments")
-                  and r.verb == "patch" and r.user != OPERATOR_USER),
-        )  # fmt: skip
-        add(
-            "operator: first request for the service",
-            first(r for r in found if r.user == OPERATOR_USER),
-        )
-        add(
-            "operator applies the engine Deployment",
-            first(r for r in found if r.user == OPERATOR_USER and r.name == engine
-                  and r.target == "apps/deployments" and r.verb == "patch"),
-        )  # fmt: skip
-        add(
-            "Deployment controller creates the ReplicaSet",
-            first(r for r in found if r.target == "apps/replicasets" and r.verb == "create"
-                  and r.name.startswith(f"{engine}-")),
-        )  # fmt: skip
         bound = first(
             r for r in found if r.target == "core/pods/binding" and r.name.startswith(f"{engine}-")
         )
-        add("scheduler binds the engine pod", bound)
         running = first(
             (r for r in found if r.target == "core/pods/status" and r.verb == "patch"
              and r.name.startswith(f"{engine}-") and r.user.startswith("kwok")),
             after=bound or 0.0,
         )  # fmt: skip
-        add("kwok reports the pod Running and Ready", running)
-        add(
-            "Deployment controller updates the rollout status",
-            first(
+        times = [
+            first(r for r in found if r.name == service and r.target.endswith("/modeldeployments")
+                  and r.verb == "patch" and r.user != OPERATOR_USER),
+            first(r for r in found if r.user == OPERATOR_USER),
+            first(r for r in found if r.user == OPERATOR_USER and r.name == engine
+                  and r.target == "apps/deployments" and r.verb == "patch"),
+            first(r for r in found if r.target == "apps/replicasets" and r.verb == "create"
+                  and r.name.startswith(f"{engine}-")),
+            bound,
+            running,
+            # The last one before the operator saw the rollout complete: the one that said so.
+            last(
                 (r for r in found if r.target == "apps/deployments/status" and r.name == engine
                  and r.code < 300),
-                after=running or math.inf,
+                before=objects.model_deployment_ready.get(service, math.inf),
             ),
-        )  # fmt: skip
-        add(
-            "operator: ModelDeployment Ready (lastTransitionTime)",
             objects.model_deployment_ready.get(service),
-        )
-        add("operator: InferenceService Ready (lastTransitionTime)", isvc_ready.get(service))
-        add("InferenceService Ready seen by the watch", isvc_seen.get(service))
-    return {column: distribution(values) for column, values in columns.items()}
+            isvc_ready.get(service),
+            isvc_seen.get(service),
+        ]  # fmt: skip
+        for i, (step, at) in enumerate(zip(STEPS, times, strict=True)):
+            if at is None:
+                continue
+            offsets[step].append(at - start)
+            before = times[i - 1] if i else None
+            if before is not None:
+                gaps[step].append(at - before)
+    return {
+        "offsets": {step: distribution(values) for step, values in offsets.items()},
+        "gaps": {step: distribution(values) for step, values in gaps.items()},
+    }
 
 
 def writes_per_service(
@@ -1022,6 +1044,22 @@ def summarise(run: Run) -> dict[str, Any]:
                 - run.cpu["rollout start"].processes["operator"],
                 2,
             ),
+            "operator_cpu_s_per_service_single": round(
+                (
+                    run.cpu["rollout start"].processes["operator"]
+                    - run.cpu["baseline start"].processes["operator"]
+                )
+                / max(1, len(run.baseline)),
+                3,
+            ),
+            "operator_cpu_s_per_service_rollout": round(
+                (
+                    run.cpu["all ready"].processes["operator"]
+                    - run.cpu["rollout start"].processes["operator"]
+                )
+                / run.config.services,
+                3,
+            ),
             "operator_writes_per_resource_rollout": rollout_api.get("writes_per_resource"),
             "operator_reads_per_resource_rollout": rollout_api.get("reads_per_resource"),
             "operator_writes_per_resource_single": baseline_api[0].get("writes_per_resource")
@@ -1047,7 +1085,7 @@ def summarise(run: Run) -> dict[str, Any]:
         "rollout": {
             "ready_s": rollout,
             "ready_s_operator_clock": distribution(per_service_operator_clock),
-            "stages_offsets_from_apply_s": stages(
+            "stages_s": stages(
                 requests,
                 namespace=FLEET_NAMESPACE,
                 objects=run.fleet,
@@ -1136,6 +1174,9 @@ def markdown(result: Mapping[str, Any]) -> str:
         f"| operator peak RSS (VmHWM) | {head['operator_peak_rss_mib']} MiB |",
         f"| operator CPU, whole run / rollout | {head['operator_cpu_s_total']} s / "
         f"{head['operator_cpu_s_rollout']} s |",
+        f"| operator CPU per service, rollout / single | "
+        f"{head['operator_cpu_s_per_service_rollout']} s / "
+        f"{head['operator_cpu_s_per_service_single']} s |",
         f"| operator writes per reconciled resource, rollout / single | "
         f"{_fmt(head['operator_writes_per_resource_rollout'])} / "
         f"{_fmt(head['operator_writes_per_resource_single'])} |",
@@ -1150,15 +1191,22 @@ def markdown(result: Mapping[str, Any]) -> str:
         "",
         "## Where the rollout's time went",
         "",
-        "Each step's time after the start of the apply, over the services: requests found in "
-        "the audit log (microsecond timestamps) and the operator's own Ready conditions.",
+        "Per step, over the services: its time after the start of the apply, and after the "
+        "step before it for the same service (the gap: who kept it waiting). Steps are "
+        "requests in the audit log (microsecond timestamps) and the operator's own Ready "
+        "conditions.",
         "",
-        "| step | p50 s | p99 s | max s |",
-        "|---|---|---|---|",
+        "| step | after apply p50 s | p99 s | max s | gap p50 s | gap p99 s | gap max s |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for step, dist in (result["rollout"]["stages_offsets_from_apply_s"] or {}).items():
+    stage_times = result["rollout"]["stages_s"] or {"offsets": {}, "gaps": {}}
+    for step, dist in stage_times["offsets"].items():
+        gap = stage_times["gaps"].get(step)
         if dist:
-            lines.append(f"| {step} | {dist['p50']} | {dist['p99']} | {dist['max']} |")
+            gap_cells = f"{gap['p50']} | {gap['p99']} | {gap['max']}" if gap else "- | - | -"
+            lines.append(
+                f"| {step} | {dist['p50']} | {dist['p99']} | {dist['max']} | {gap_cells} |"
+            )
     pods = result["rollout"]["pods_at_the_end"] or {}
     lines += [
         "",
@@ -1170,8 +1218,12 @@ def markdown(result: Mapping[str, Any]) -> str:
         "",
     ]
     lines += _cpu_table(result["rollout"]["cpu"])
+    lines += ["", "Writes by client during the rollout:", ""]
+    lines += _writers_table(result["rollout"]["writes_by_user"])
     lines += ["", "## CPU seconds during the steady minute", ""]
     lines += _cpu_table(result["steady"]["cpu"])
+    lines += ["", "Writes by client during the steady minute:", ""]
+    lines += _writers_table(result["steady"]["writes_by_user"])
     lines += ["", "## The operator's API requests", ""]
     lines += _api_table(
         {
@@ -1251,6 +1303,18 @@ def _cpu_table(cpu: Mapping[str, Any]) -> list[str]:
         f"| benchmark (short kubectl runs) | {cpu['benchmark_kubectl_runs_cpu_s']} |",
         f"| other processes on the machine | {cpu['other_processes_cpu_s']} |",
     ]
+    return lines
+
+
+def _writers_table(writes: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    if not writes:
+        return ["(none)"]
+    lines = ["| client | writes | mean /s | busiest 10 s, /s |", "|---|---|---|---|"]
+    for user, figures in writes.items():
+        lines.append(
+            f"| {user} | {figures['writes']} | {figures['mean_per_s']} | "
+            f"{figures['busiest_10s_per_s']} |"
+        )
     return lines
 
 

@@ -24,7 +24,7 @@ from inferfleet.api.inference_service import InferenceService
 from inferfleet.api.model_deployment import ModelDeployment, Role, TopologyMode
 from inferfleet.engines import roles_of
 from inferfleet.kube import Kube
-from inferfleet.planning.capacity import plan
+from inferfleet.planning.capacity import CapacityPlan, plan
 from inferfleet.reconcile.pins import PIN_ANNOTATION, Pin, read_pin
 from inferfleet.reconcile.status import RoleProgress, condition, model_deployment_status
 from inferfleet.render import (
@@ -32,15 +32,21 @@ from inferfleet.render import (
     UnsupportedSpecError,
     render_inference_service,
     render_model_deployment,
+    selector_labels,
+)
+from inferfleet.render.common import (
+    LABEL_MANAGED_BY,
+    LABEL_MODEL_DEPLOYMENT,
+    LABEL_ROLE,
+    MANAGED_BY,
+    label_value,
 )
 
 FIELD_MANAGER = "inferfleet-operator"
 # kopf's own bookkeeping, under a prefix of its own: kopf leaves annotations with its storage
 # prefix out of the change detection, and inferfleet.io/pin must stay in it.
 KOPF_ANNOTATION_PREFIX = "kopf.inferfleet.io"
-MODEL_DEPLOYMENT_LABEL = "inferfleet.io/model-deployment"
-ROLE_LABEL = "inferfleet.io/role"
-MANAGED_BY = {"app.kubernetes.io/managed-by": "inferfleet"}
+MANAGED_BY_SELECTOR = {LABEL_MANAGED_BY: MANAGED_BY}
 # What render_model_deployment creates, for pruning roles that went away.
 OWNED_KINDS = (
     ("apps/v1", "Deployment"),
@@ -89,11 +95,11 @@ def _children(md: ModelDeployment, name: str, namespace: str) -> dict[Role, Role
         "apps/v1",
         "Deployment",
         namespace=namespace,
-        label_selector=f"{MODEL_DEPLOYMENT_LABEL}={name}",
+        label_selector=f"{LABEL_MODEL_DEPLOYMENT}={label_value(name)}",
     )
     progress = {}
     for deployment in deployments:
-        role = deployment["metadata"].get("labels", {}).get(ROLE_LABEL)
+        role = deployment["metadata"].get("labels", {}).get(LABEL_ROLE)
         if role in Role._value2member_map_:
             progress[Role(role)] = RoleProgress.from_deployment(deployment)
     return progress
@@ -101,6 +107,7 @@ def _children(md: ModelDeployment, name: str, namespace: str) -> dict[Role, Role
 
 @dataclass(frozen=True)
 class _Desired:
+    capacity: CapacityPlan
     objects: list[dict[str, Any]]
     blocked: str | None
     """Why the spec was not applied (existing workloads are then left as they are)."""
@@ -116,28 +123,31 @@ def _desired(md: ModelDeployment) -> _Desired:
         pin = None
     capacity = plan(md.spec)
     if not capacity.memory.fits:
-        return _Desired([], f"not applied: {capacity.memory.verdict()}", pin, pin_problem)
+        verdict = f"not applied: {capacity.memory.verdict()}"
+        return _Desired(capacity, [], verdict, pin, pin_problem)
     roles = set(roles_of(md.spec))
     overrides = {r: n for r, n in pin.replicas.items() if r in roles} if pin else None
     try:
-        return _Desired(render_model_deployment(md, replicas=overrides), None, pin, pin_problem)
+        objects = render_model_deployment(md, replicas=overrides)
     except UnsupportedSpecError as error:
-        return _Desired([], f"not applied: {error}", pin, pin_problem)
+        return _Desired(capacity, [], f"not applied: {error}", pin, pin_problem)
+    return _Desired(capacity, objects, None, pin, pin_problem)
 
 
 def _status_of(
-    md: ModelDeployment, name: str, namespace: str, blocked: str | None, pinned: set[Role]
+    md: ModelDeployment, name: str, namespace: str, desired: _Desired, pinned: set[Role]
 ) -> dict[str, Any]:
     previous = md.status.to_wire() if md.status else {}
+    serving = _serving_role(md)
     return model_deployment_status(
         generation=int(str(md.metadata.get("generation", 0))),
-        plan=plan(md.spec),
+        plan=desired.capacity,
         roles=_children(md, name, namespace),
-        serving_role=_serving_role(md),
-        selector=f"{MODEL_DEPLOYMENT_LABEL}={name},{ROLE_LABEL}={_serving_role(md).value}",
+        serving_role=serving,
+        selector=",".join(f"{k}={v}" for k, v in selector_labels(name, serving).items()),
         previous=previous,
         now=_now(),
-        blocked=blocked,
+        blocked=desired.blocked,
         pinned=pinned,
     )
 
@@ -152,7 +162,7 @@ def _prune(md: ModelDeployment, name: str, namespace: str, keep: list[dict[str, 
             api_version,
             kind,
             namespace=namespace,
-            label_selector=f"{MODEL_DEPLOYMENT_LABEL}={name}",
+            label_selector=f"{LABEL_MODEL_DEPLOYMENT}={label_value(name)}",
         ):
             owners = found["metadata"].get("ownerReferences") or []
             ours = any(o.get("uid") == uid and o.get("controller") for o in owners)
@@ -215,7 +225,7 @@ def _reconcile_model_deployment(
             body, reason="Applied", message=f"generation {body.meta.get('generation')}: {kinds}"
         )
     pinned = set(desired.pin.replicas) if desired.pin else set()
-    desired_status = _status_of(md, name, namespace, desired.blocked, pinned)
+    desired_status = _status_of(md, name, namespace, desired, pinned)
     was_pinned = any(role.get("pinned") for role in status.get("roles") or [])
     if desired.pin and not was_pinned:
         kopf.info(body, reason="Pinned", message=desired.pin.describe())
@@ -248,10 +258,18 @@ def pin_expiry(
         _reconcile_model_deployment(body, name, _namespaced(namespace), status, patch)
 
 
-@kopf.on.event("apps", "v1", "deployments", labels=MANAGED_BY)
+@kopf.on.event("apps", "v1", "deployments", labels=MANAGED_BY_SELECTOR)
 def child_deployment_changed(*, body: kopf.Body, namespace: str | None, **_: Any) -> None:
     """A workload's rollout moved: refresh its owner's status (Ready, replicas per role)."""
-    owner = body.metadata.labels.get(MODEL_DEPLOYMENT_LABEL)
+    # The controller reference names the owner exactly (labels may be truncated).
+    owner = next(
+        (
+            ref.get("name")
+            for ref in body.metadata.get("ownerReferences") or []
+            if ref.get("kind") == "ModelDeployment" and ref.get("controller")
+        ),
+        None,
+    )
     if not owner:
         return
     current = kube().get(f"{API_GROUP}/{API_VERSION}", "ModelDeployment", owner, namespace)
@@ -260,7 +278,7 @@ def child_deployment_changed(*, body: kopf.Body, namespace: str | None, **_: Any
     md = ModelDeployment.model_validate(current)
     # Pins are the main reconcile's to judge (it applies them): keep what it recorded.
     pinned = {role.role for role in md.status.roles if role.pinned} if md.status else set()
-    desired_status = _status_of(md, owner, _namespaced(namespace), _desired(md).blocked, pinned)
+    desired_status = _status_of(md, owner, _namespaced(namespace), _desired(md), pinned)
     if _changed(current.get("status"), desired_status):
         kube().patch_status(current, desired_status)
 
