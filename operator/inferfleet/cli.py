@@ -351,6 +351,9 @@ def dev_cluster_up(
     nodes: Annotated[
         str, typer.Option(help="Fake GPU node pools, GPU type=count, comma-separated.")
     ] = DEFAULT_NODE_POOLS,
+    cpu_nodes: Annotated[
+        int, typer.Option(min=0, help="Untainted nodes without GPUs, for routers and the like.")
+    ] = 1,
     crds: Annotated[bool, typer.Option(help="Install the inferfleet CRDs.")] = True,
     timeout: Annotated[float, typer.Option(help="Seconds each component may take.")] = 120.0,
 ) -> None:
@@ -364,7 +367,7 @@ def dev_cluster_up(
     started = time.monotonic()
     try:
         bin_dir = ensure_binaries()
-        cluster.up(bin_dir, pools, timeout_s=timeout)
+        cluster.up(bin_dir, pools, cpu_nodes=cpu_nodes, timeout_s=timeout)
         if crds:
             cluster.install_crds()
     except (DevClusterError, BinariesUnavailableError) as error:

@@ -23,11 +23,15 @@ GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSc
 
 def test_the_fake_gpu_nodes_are_ready(kubectl: Kubectl) -> None:
     nodes = kubectl.json("get", "nodes")["items"]
-    expected = sum(pool.count for pool in POOLS)
-    assert len(nodes) == expected
+    gpu_nodes = [n for n in nodes if "nvidia.com/gpu" in n["status"]["allocatable"]]
+    cpu_nodes = [n for n in nodes if n not in gpu_nodes]
+    assert len(gpu_nodes) == sum(pool.count for pool in POOLS)
+    assert len(cpu_nodes) == 1
+    assert not cpu_nodes[0]["spec"].get("taints")
     for node in nodes:
         conditions = {c["type"]: c["status"] for c in node["status"]["conditions"]}
         assert conditions["Ready"] == "True"
+    for node in gpu_nodes:
         assert node["status"]["allocatable"]["nvidia.com/gpu"] == "8"
     table = kubectl.run("get", "nodes", "-L", "nvidia.com/gpu.product").stdout
     assert "NVIDIA-H100-80GB-HBM3" in table

@@ -152,6 +152,24 @@ def test_aggregated_example_becomes_ready_on_h100_nodes(
         1,
     ), operator.tail()
     assert service["metadata"]["name"] == "chat"
+    routers = kubectl.json(
+        "get", "pods", "-n", namespace, "-l", "inferfleet.io/inference-service=chat"
+    )
+    assert wait_until(
+        lambda: all(
+            p["status"].get("phase") == "Running"
+            for p in kubectl.json(
+                "get", "pods", "-n", namespace, "-l", "inferfleet.io/inference-service=chat"
+            )["items"]
+        ),
+        60,
+        1,
+    )
+    routers = kubectl.json(
+        "get", "pods", "-n", namespace, "-l", "inferfleet.io/inference-service=chat"
+    )
+    assert len(routers["items"]) == 2
+    assert all(p["spec"]["nodeName"] == "cpu-0" for p in routers["items"])
 
 
 def test_disaggregated_example_runs_both_pools(

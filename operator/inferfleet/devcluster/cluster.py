@@ -23,7 +23,7 @@ import yaml
 from inferfleet.api.catalog import GpuCatalog
 from inferfleet.api.crd import custom_resource_definitions
 from inferfleet.devcluster import pki, processes
-from inferfleet.devcluster.nodes import NodePool, gpu_nodes
+from inferfleet.devcluster.nodes import NodePool, fleet_nodes
 from inferfleet.devcluster.processes import ProcessSpec
 from inferfleet.kube import Kube
 
@@ -269,6 +269,7 @@ class DevCluster:
         bin_dir: Path,
         pools: tuple[NodePool, ...],
         *,
+        cpu_nodes: int = 1,
         bound_to_parent: bool = False,
         timeout_s: float = 120.0,
     ) -> State:
@@ -308,7 +309,7 @@ class DevCluster:
                 )
                 state.save(self._state_path)
                 self._wait_healthy(spec.name, state, certs, timeout_s)
-            self._register_nodes(pools, timeout_s)
+            self._register_nodes(pools, cpu_nodes, timeout_s)
         except BaseException:
             self.down()
             raise
@@ -417,9 +418,11 @@ class DevCluster:
             raise DevClusterError(f"CRDs {names} not established after {timeout_s:.0f} s")
         return names
 
-    def _register_nodes(self, pools: tuple[NodePool, ...], timeout_s: float) -> None:
+    def _register_nodes(
+        self, pools: tuple[NodePool, ...], cpu_nodes: int, timeout_s: float
+    ) -> None:
         kube = Kube.from_kubeconfig(self.kubeconfig_path)
-        nodes = gpu_nodes(pools, GpuCatalog.builtin())
+        nodes = fleet_nodes(pools, cpu_nodes, GpuCatalog.builtin())
         for node in nodes:
             kube.create_node(node)
         names = {n["metadata"]["name"] for n in nodes}
@@ -433,11 +436,15 @@ class DevCluster:
 
 @contextmanager
 def running(
-    state_dir: Path, bin_dir: Path, pools: tuple[NodePool, ...], timeout_s: float = 120.0
+    state_dir: Path,
+    bin_dir: Path,
+    pools: tuple[NodePool, ...],
+    cpu_nodes: int = 1,
+    timeout_s: float = 120.0,
 ) -> Iterator[DevCluster]:
     """A cluster for the duration of a block, stopped however the block ends."""
     cluster = DevCluster(state_dir)
-    cluster.up(bin_dir, pools, bound_to_parent=True, timeout_s=timeout_s)
+    cluster.up(bin_dir, pools, cpu_nodes=cpu_nodes, bound_to_parent=True, timeout_s=timeout_s)
     try:
         yield cluster
     finally:

@@ -88,5 +88,31 @@ def gpu_node(gpu_type: GpuType, index: int, gpus: GpuCatalog) -> dict[str, Any]:
     }
 
 
-def gpu_nodes(pools: tuple[NodePool, ...], gpus: GpuCatalog) -> list[dict[str, Any]]:
-    return [gpu_node(pool.gpu_type, i, gpus) for pool in pools for i in range(pool.count)]
+def cpu_node(index: int) -> dict[str, Any]:
+    """A node without GPUs or taints, where routers and other CPU work land."""
+    name = f"cpu-{index}"
+    resources = {"cpu": "64", "memory": "256Gi", "pods": _PODS, "ephemeral-storage": "1Ti"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {KWOK_NODE_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"},
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "type": "kwok",
+            },
+        },
+        "spec": {},
+        "status": {"capacity": resources, "allocatable": dict(resources)},
+    }
+
+
+def fleet_nodes(
+    pools: tuple[NodePool, ...], cpu_nodes: int, gpus: GpuCatalog
+) -> list[dict[str, Any]]:
+    """GPU nodes per pool, then the CPU nodes."""
+    gpu = [gpu_node(pool.gpu_type, i, gpus) for pool in pools for i in range(pool.count)]
+    return gpu + [cpu_node(i) for i in range(cpu_nodes)]
