@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit e2e control-plane crds calibration clean
+.PHONY: demo test lint typecheck unit e2e control-plane bench-operator crds calibration clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,10 @@ control-plane:
 
 e2e: $(STAMP) control-plane
 	$(BIN)/pytest tests/e2e
+
+# Performance, kept out of the tests: 200 InferenceServices applied at once on the dev cluster.
+bench-operator: $(STAMP) control-plane
+	$(BIN)/python -m benchmarks.operator_scale
 
 crds: $(STAMP)
 	$(BIN)/inferfleet crds

@@ -26,6 +26,7 @@ import contextlib
 import copy
 import ctypes
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -56,6 +57,7 @@ from inferfleet.devcluster import cluster as cluster_module
 from inferfleet.devcluster.binaries import ensure_binaries
 from inferfleet.devcluster.cluster import DevCluster, running
 from inferfleet.devcluster.nodes import NodePool
+from inferfleet.render.inference_service import ROUTER_REPLICAS
 
 ROOT = Path(__file__).resolve().parents[1]
 RBAC = ROOT / "deploy" / "rbac" / "cluster-wide.yaml"
@@ -315,6 +317,67 @@ def service_account_kubeconfig(kubectl: Kubectl, cluster: DevCluster, path: Path
 
 
 # ------------------------------------------------------------------------- Ready watching
+
+
+class CpuSampler:
+    """Once a second, the CPU seconds of each process and of the whole machine: a time line of
+    who was busy (one /proc read per process per second: negligible overhead)."""
+
+    def __init__(self, pids: Mapping[str, int], interval_s: float = 1.0) -> None:
+        self.pids = dict(pids)
+        self.interval_s = interval_s
+        self.samples: list[tuple[float, dict[str, float]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self) -> None:
+        cpu = {name: process_cpu_seconds(pid) or 0.0 for name, pid in self.pids.items()}
+        cpu["machine (all processes)"] = system_busy_seconds()
+        self.samples.append((time.time(), cpu))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._sample()
+
+    def start(self) -> None:
+        self._sample()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def timeline(self, start: float, end: float, bucket_s: float = 10.0) -> dict[str, list[float]]:
+        """Cores used per process, averaged over consecutive `bucket_s` windows from `start`."""
+        inside = [(t, cpu) for t, cpu in self.samples if start - self.interval_s <= t <= end]
+        if len(inside) < 2:
+            return {}
+        edges = [inside[0]]
+        for sample in inside[1:]:
+            if sample[0] - edges[-1][0] >= bucket_s - self.interval_s / 2:
+                edges.append(sample)
+        if edges[-1] is not inside[-1]:
+            edges.append(inside[-1])
+        # `+ 0.0` turns -0.0 (a first sample a hair before `start`) into 0.0.
+        line: dict[str, list[float]] = {
+            "from_s": [max(0.0, round(t - start, 1)) + 0.0 for t, _ in edges[:-1]]
+        }
+        for name in inside[0][1]:
+            line[name] = [
+                round((b[name] - a[name]) / (tb - ta), 2)
+                for (ta, a), (tb, b) in itertools.pairwise(edges)
+            ]
+        machine = line["machine (all processes)"]
+        ours = [
+            values
+            for name, values in line.items()
+            if name not in ("from_s", "machine (all processes)")
+        ]
+        line["other processes"] = [
+            round(max(0.0, total - sum(column)), 2)
+            for total, *column in zip(machine, *ours, strict=True)
+        ]
+        return line
 
 
 class ReadyWatch:
@@ -786,6 +849,7 @@ class Config:
     steady_s: float
     timeout_s: float
     nodes: str
+    cpu_nodes: int
     keep_state: bool
 
 
@@ -809,6 +873,8 @@ class Run:
     complete: bool = False
     phases: list[Phase] = field(default_factory=list)
     cpu: dict[str, CpuSnapshot] = field(default_factory=dict)
+    timeline: dict[str, list[float]] = field(default_factory=dict)
+    """Cores used per process in 10 s windows from the apply to the steady minute."""
     fleet: FleetObjects | None = None
     source: dict[str, Any] = field(default_factory=dict)
     watch: dict[str, Any] = field(default_factory=dict)
@@ -852,10 +918,12 @@ def measure(config: Config, bin_dir: Path, state_dir: Path) -> Run:
     run.loadavg_before = Path("/proc/loadavg").read_text().strip()
     pools = NodePool.parse(config.nodes)
     with contextlib.ExitStack() as stack:
-        _log(f"starting the dev cluster ({config.nodes}) in {state_dir}")
+        _log(f"starting the dev cluster ({config.nodes}, {config.cpu_nodes} CPU) in {state_dir}")
         started = time.time()
         with mock.patch.object(cluster_module, "AUDIT_POLICY", _audit_policy()):
-            cluster = stack.enter_context(running(state_dir / "cluster", bin_dir, pools))
+            cluster = stack.enter_context(
+                running(state_dir / "cluster", bin_dir, pools, cpu_nodes=config.cpu_nodes)
+            )
         run.cluster_up_s = time.time() - started
         written = yaml.safe_load((cluster.state_dir / "audit-policy.yaml").read_text())
         run.audit_policy_counts_reads = written["rules"][0].get("users") == [OPERATOR_USER]
@@ -914,6 +982,9 @@ def measure(config: Config, bin_dir: Path, state_dir: Path) -> Run:
         names = [f"svc-{i:03d}" for i in range(config.services)]
         stream = manifests(names, FLEET_NAMESPACE)
         _log(f"applying {config.services} services")
+        sampler = CpuSampler({**pids, "benchmark (Python)": os.getpid()})
+        stack.callback(sampler.stop)
+        sampler.start()
         run.cpu["rollout start"] = _snapshot(pids)
         run.apply_start = time.time()
         kubectl.run("apply", "--server-side", "-f", "-", stdin=stream, timeout=config.timeout_s)
@@ -942,6 +1013,8 @@ def measure(config: Config, bin_dir: Path, state_dir: Path) -> Run:
         time.sleep(config.steady_s)
         run.phases.append(Phase("steady", steady_start, time.time(), 0))
         run.cpu["steady end"] = _snapshot(pids)
+        sampler.stop()
+        run.timeline = sampler.timeline(run.apply_start, steady_start)
         run.phases.insert(
             0, Phase("operator start-up and warm-up", run.operator_start, run.phases[0].start, 2)
         )
@@ -1019,6 +1092,7 @@ def summarise(run: Run) -> dict[str, Any]:
             "services": run.config.services,
             "objects_applied": 2 * run.config.services,
             "node_pools": run.config.nodes,
+            "cpu_nodes": run.config.cpu_nodes,
             "pods_per_node": PODS_PER_NODE,
             "model_deployment": model_deployment("<name>", FLEET_NAMESPACE)["spec"],
             "inference_service": inference_service("<name>", FLEET_NAMESPACE)["spec"],
@@ -1108,6 +1182,7 @@ def summarise(run: Run) -> dict[str, Any]:
             "api": rollout_api,
             "writes_by_user": writers(requests, phases["rollout"]),
             "cpu": _cpu_between(run, "rollout start", "all ready"),
+            "cores_used_per_10s": run.timeline,
         },
         "steady": {
             "api": steady_api,
@@ -1155,7 +1230,15 @@ def markdown(result: Mapping[str, Any]) -> str:
         "",
         f"Run {result['run_at']} on {hw['cpu_model']}, {hw['cores']} cores, "
         f"{hw['memory_gib']} GiB (kernel {hw['kernel']}, Python {hw['python']}); control "
-        f"plane {result['software']['control_plane']}; nodes {result['config']['node_pools']}.",
+        f"plane {result['software']['control_plane']}; nodes {result['config']['node_pools']} "
+        f"and {result['config']['cpu_nodes']} CPU nodes; operator at "
+        f"{result['software']['operator_source'].get('commit', '?')}"
+        + (
+            " with uncommitted changes"
+            if result["software"]["operator_source"].get("operator_files_changed_since_commit")
+            else ""
+        )
+        + ".",
         "Everything (etcd, API server, controller manager, scheduler, kwok, the operator and "
         "the benchmark) shares those cores.",
         "",
@@ -1218,6 +1301,18 @@ def markdown(result: Mapping[str, Any]) -> str:
         "",
     ]
     lines += _cpu_table(result["rollout"]["cpu"])
+    timeline = result["rollout"]["cores_used_per_10s"]
+    if timeline:
+        lines += [
+            "",
+            "Cores used, 10 s windows from the apply (2 = the whole machine):",
+            "",
+            "| from s | " + " | ".join(f"{t:g}" for t in timeline["from_s"]) + " |",
+            "|---|" + "---|" * len(timeline["from_s"]),
+        ]
+        for name, values in timeline.items():
+            if name != "from_s":
+                lines.append(f"| {name} | " + " | ".join(f"{v:.2f}" for v in values) + " |")
     lines += ["", "Writes by client during the rollout:", ""]
     lines += _writers_table(result["rollout"]["writes_by_user"])
     lines += ["", "## CPU seconds during the steady minute", ""]
@@ -1353,10 +1448,19 @@ def _api_table(windows: Mapping[str, Mapping[str, Any]]) -> list[str]:
 # ------------------------------------------------------------------------------ main
 
 
+def nodes_for(pods: int) -> int:
+    """Nodes that hold `pods` at 80 % of a node's pod limit, plus a spare."""
+    return math.ceil(pods / (PODS_PER_NODE * 0.8)) + 1
+
+
 def default_nodes(services: int, baseline_samples: int) -> str:
-    """Enough L4 nodes for every engine pod at 80 % of a node's pod limit, plus a spare."""
-    pods = services + baseline_samples + 1
-    return f"L4-24GB={math.ceil(pods / (PODS_PER_NODE * 0.8)) + 1}"
+    """L4 nodes for one engine pod per service (warm-up and baseline included)."""
+    return f"L4-24GB={nodes_for(services + baseline_samples + 1)}"
+
+
+def default_cpu_nodes(services: int, baseline_samples: int) -> int:
+    """Untainted CPU nodes for every router pod (ROUTER_REPLICAS per service)."""
+    return nodes_for(ROUTER_REPLICAS * (services + baseline_samples + 1))
 
 
 def parse_args(argv: Sequence[str] | None) -> tuple[Config, Path]:
@@ -1369,7 +1473,10 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Config, Path]:
     parser.add_argument("--settle-seconds", type=float, default=5.0)
     parser.add_argument("--steady-seconds", type=float, default=60.0)
     parser.add_argument("--timeout-seconds", type=float, default=600.0)
-    parser.add_argument("--nodes", help="node pools, e.g. L4-24GB=4 (default: sized to fit)")
+    parser.add_argument("--nodes", help="GPU node pools, e.g. L4-24GB=4 (default: sized to fit)")
+    parser.add_argument(
+        "--cpu-nodes", type=int, help="untainted CPU nodes for the routers (default: sized to fit)"
+    )
     parser.add_argument(
         "--keep-state", action="store_true", help="keep the cluster's state directory (logs)"
     )
@@ -1383,6 +1490,9 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Config, Path]:
         steady_s=args.steady_seconds,
         timeout_s=args.timeout_seconds,
         nodes=args.nodes or default_nodes(args.services, args.baseline_samples),
+        cpu_nodes=args.cpu_nodes
+        if args.cpu_nodes is not None
+        else default_cpu_nodes(args.services, args.baseline_samples),
         keep_state=args.keep_state,
     )
     return config, args.out
