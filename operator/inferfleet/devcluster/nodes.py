@@ -55,10 +55,41 @@ def node_name(gpu_type: GpuType, index: int) -> str:
     return f"gpu-{gpu_type.value.lower()}-{index}"
 
 
+def _kwok_node(
+    name: str,
+    labels: dict[str, str],
+    resources: dict[str, str],
+    taints: list[dict[str, str]],
+) -> dict[str, Any]:
+    """A Node as a kubelet registers it, marked for kwok to play that kubelet."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {KWOK_NODE_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"},
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "type": "kwok",
+                **labels,
+            },
+        },
+        "spec": {"taints": taints} if taints else {},
+        "status": {"capacity": resources, "allocatable": dict(resources)},
+    }
+
+
 def gpu_node(gpu_type: GpuType, index: int, gpus: GpuCatalog) -> dict[str, Any]:
-    """A Node object as a GPU server's kubelet with the NVIDIA device plugin registers it."""
+    """A GPU server with the NVIDIA device plugin and GPU feature discovery."""
     spec = gpus[gpu_type]
-    name = node_name(gpu_type, index)
+    labels = {
+        GPU_PRODUCT_LABEL: spec.node_product_label,
+        GPU_COUNT_LABEL: str(spec.gpus_per_node),
+        GPU_MEMORY_LABEL: str(spec.memory_bytes // 2**20),
+        GPU_TYPE_LABEL: gpu_type.value,
+    }
     resources = {
         "cpu": _HOST_CPU,
         "memory": _HOST_MEMORY,
@@ -66,48 +97,13 @@ def gpu_node(gpu_type: GpuType, index: int, gpus: GpuCatalog) -> dict[str, Any]:
         "ephemeral-storage": "3Ti",
         GPU_RESOURCE: str(spec.gpus_per_node),
     }
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {
-            "name": name,
-            "annotations": {KWOK_NODE_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"},
-            "labels": {
-                "kubernetes.io/hostname": name,
-                "kubernetes.io/os": "linux",
-                "kubernetes.io/arch": "amd64",
-                "type": "kwok",
-                GPU_PRODUCT_LABEL: spec.node_product_label,
-                GPU_COUNT_LABEL: str(spec.gpus_per_node),
-                GPU_MEMORY_LABEL: str(spec.memory_bytes // 2**20),
-                GPU_TYPE_LABEL: gpu_type.value,
-            },
-        },
-        "spec": {"taints": [dict(GPU_TAINT)]},
-        "status": {"capacity": resources, "allocatable": dict(resources)},
-    }
+    return _kwok_node(node_name(gpu_type, index), labels, resources, [dict(GPU_TAINT)])
 
 
 def cpu_node(index: int) -> dict[str, Any]:
     """A node without GPUs or taints, where routers and other CPU work land."""
-    name = f"cpu-{index}"
     resources = {"cpu": "64", "memory": "256Gi", "pods": _PODS, "ephemeral-storage": "1Ti"}
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {
-            "name": name,
-            "annotations": {KWOK_NODE_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"},
-            "labels": {
-                "kubernetes.io/hostname": name,
-                "kubernetes.io/os": "linux",
-                "kubernetes.io/arch": "amd64",
-                "type": "kwok",
-            },
-        },
-        "spec": {},
-        "status": {"capacity": resources, "allocatable": dict(resources)},
-    }
+    return _kwok_node(f"cpu-{index}", {}, resources, [])
 
 
 def fleet_nodes(
