@@ -10,6 +10,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 
 FIELD_MANAGER = "inferfleet"
+_LIFECYCLE_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
 
 
 class Kube:
@@ -88,10 +89,16 @@ class Kube:
                 raise
 
     def ready_node_names(self) -> set[str]:
+        """Nodes that are Ready and no longer carry the lifecycle controller's not-ready or
+        unreachable taints: the ones pods can be scheduled onto now."""
         ready = set()
         for node in self.list("v1", "Node"):
             conditions = node.get("status", {}).get("conditions") or []
-            if any(c["type"] == "Ready" and c["status"] == "True" for c in conditions):
+            taints = node.get("spec", {}).get("taints") or []
+            lifecycle = any(t["key"] in _LIFECYCLE_TAINTS for t in taints)
+            if not lifecycle and any(
+                c["type"] == "Ready" and c["status"] == "True" for c in conditions
+            ):
                 ready.add(str(node["metadata"]["name"]))
         return ready
 
