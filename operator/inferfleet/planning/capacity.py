@@ -235,7 +235,10 @@ def plan_replica(
             return result(declared, False, _infeasible(Role.AGGREGATED, config, request, slo))
         role = RolePlan(Role.AGGREGATED, count, count * config.gpus, aggregated_point(count))
         return result(
-            (role,), True, f"{_replicas(count, 'aggregated')} meet the SLO at {rate:g} req/s"
+            (role,),
+            True,
+            f"{_replicas(count, 'aggregated')} {'meets' if count == 1 else 'meet'} the SLO at "
+            f"{rate:g} req/s",
         )
 
     transfer_s = inp * kv_bytes_per_token(config) / KV_TRANSFER_BYTES_PER_S
