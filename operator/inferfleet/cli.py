@@ -20,6 +20,8 @@ from inferfleet.api.catalog import GpuCatalog
 from inferfleet.api.crd import crd_files
 from inferfleet.api.inference_service import InferenceService, InferenceServiceSpec
 from inferfleet.api.model_deployment import ModelDeployment, ModelDeploymentSpec, Role
+from inferfleet.bench import loadgen, traces
+from inferfleet.bench import report as bench_report
 from inferfleet.devcluster.binaries import BinariesUnavailableError, ensure_binaries
 from inferfleet.devcluster.cluster import DevCluster, DevClusterError
 from inferfleet.devcluster.nodes import NodePool
@@ -521,6 +523,60 @@ def render_command(
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(EXIT_INVALID) from None
     typer.echo(yaml.safe_dump_all(objects, sort_keys=False), nl=False)
+
+
+bench = typer.Typer(help="Load tests against OpenAI-compatible endpoints.", no_args_is_help=True)
+app.add_typer(bench, name="bench")
+
+
+@bench.command("serve")
+def bench_serve(
+    url: Annotated[str, typer.Option(help="Base URL, e.g. http://127.0.0.1:8000.")],
+    model: Annotated[str, typer.Option(help="Model name to request.")],
+    out: Annotated[Path, typer.Option(help="Directory for report.json and the plots.")],
+    trace: Annotated[Path | None, typer.Option(help="Trace to replay (.csv or .jsonl).")] = None,
+    rate_multiplier: Annotated[float, typer.Option(help="Replay at N x the recorded rate.")] = 1.0,
+    start: Annotated[float, typer.Option(help="Trace seconds to skip.")] = 0.0,
+    duration: Annotated[float | None, typer.Option(help="Seconds of trace or pattern.")] = None,
+    pattern: Annotated[
+        str | None, typer.Option(help="Synthetic load: poisson, step, burst or mix-shift.")
+    ] = None,
+    rate: Annotated[float, typer.Option(help="Requests/s of the synthetic load.")] = 1.0,
+    input_tokens: Annotated[str, typer.Option(help="N, uniform:LO:HI, exp:MEAN...")] = "1000",
+    output_tokens: Annotated[str, typer.Option(help="N, uniform:LO:HI, exp:MEAN...")] = "200",
+    seed: Annotated[int, typer.Option(help="Seed of the synthetic load.")] = 0,
+    slo_ttft_ms: Annotated[float | None, typer.Option(help="Per-request TTFT target.")] = None,
+    slo_tpot_ms: Annotated[float | None, typer.Option(help="Per-request TPOT target.")] = None,
+    plots: Annotated[bool, typer.Option(help="Write PNG plots (needs matplotlib).")] = True,
+) -> None:
+    """Replay a trace or a synthetic pattern open-loop and report TTFT/TPOT percentiles,
+    goodput and attainment against the SLO."""
+    try:
+        if (trace is None) == (pattern is None):
+            raise ValueError("give exactly one of --trace and --pattern")
+        if trace is not None:
+            requests = traces.requests_from_trace(
+                trace, rate_multiplier=rate_multiplier, start_s=start, duration_s=duration
+            )
+        else:
+            requests = traces.synthetic(
+                str(pattern),
+                rate=rate,
+                duration_s=duration or 60.0,
+                input_tokens=traces.parse_lengths(input_tokens),
+                output_tokens=traces.parse_lengths(output_tokens),
+                seed=seed,
+            )
+        slo = bench_report.Slo(ttft_p95_ms=slo_ttft_ms, tpot_p95_ms=slo_tpot_ms)
+        result = loadgen.run_benchmark(
+            url, requests, model=model, slo=slo, out_dir=out, plots=plots
+        )
+    except (ValueError, loadgen.BenchmarkError) as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(EXIT_INVALID) from None
+    typer.echo(result.to_text())
+    if result.slo_met is False:
+        raise typer.Exit(EXIT_NO_FIT)
 
 
 def main() -> None:
