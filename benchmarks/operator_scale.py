@@ -1085,7 +1085,10 @@ def summarise(run: Run) -> dict[str, Any]:
             "inferfleet": __version__,
             "control_plane": run.bin_dir.parent.name,
             "operator_source": run.source["at_start"],
-            "operator_source_changed_during_run": run.source["at_start"] != run.source["at_end"],
+            "operator_sources_sha256_at_end": run.source["at_end"]["operator_sources_sha256"],
+            # The operator imports its code at start: a change after that did not run.
+            "operator_sources_changed_during_run": run.source["at_start"]["operator_sources_sha256"]
+            != run.source["at_end"]["operator_sources_sha256"],
             "engine": "sim (no GPU requested; pods placed on kwok fake L4-24GB nodes)",
         },
         "config": {
