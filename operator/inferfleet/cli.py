@@ -21,7 +21,6 @@ from inferfleet.api.crd import crd_files
 from inferfleet.api.inference_service import InferenceService, InferenceServiceSpec
 from inferfleet.api.model_deployment import ModelDeployment, ModelDeploymentSpec, Role
 from inferfleet.bench import loadgen, traces
-from inferfleet.bench import report as bench_report
 from inferfleet.devcluster.binaries import BinariesUnavailableError, ensure_binaries
 from inferfleet.devcluster.cluster import DevCluster, DevClusterError
 from inferfleet.devcluster.nodes import NodePool
@@ -37,6 +36,7 @@ from inferfleet.render import (
     render_model_deployment,
 )
 from inferfleet.sim import openai_api as sim_server
+from inferfleet.slo import Slo as RequestSlo
 
 app = typer.Typer(
     help="inferfleet: plan, validate and operate LLM inference fleets on Kubernetes.",
@@ -567,7 +567,7 @@ def bench_serve(
                 output_tokens=traces.parse_lengths(output_tokens),
                 seed=seed,
             )
-        slo = bench_report.Slo(ttft_p95_ms=slo_ttft_ms, tpot_p95_ms=slo_tpot_ms)
+        slo = RequestSlo(ttft_p95_ms=slo_ttft_ms, tpot_p95_ms=slo_tpot_ms)
         result = loadgen.run_benchmark(
             url, requests, model=model, slo=slo, out_dir=out, plots=plots
         )

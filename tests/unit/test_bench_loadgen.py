@@ -23,7 +23,6 @@ from inferfleet.bench.loadgen import (
     LoadGenerator,
     Progress,
     PromptBuilder,
-    _is_plain_token,
     run_benchmark,
 )
 from inferfleet.bench.loadgen import serve_benchmark as serve
@@ -34,11 +33,12 @@ from inferfleet.bench.report import (
     ERROR_STREAM,
     ERROR_TIMEOUT,
     ERROR_UNFINISHED,
-    Slo,
 )
 from inferfleet.bench.traces import TraceRequest, Uniform, poisson
 from inferfleet.planning.performance import prefill_seconds
 from inferfleet.sim.openai_api import SimServer, completion_prompt_tokens, create_app
+from inferfleet.slo import Slo
+from inferfleet.streaming import is_plain_token
 from tests.unit.planning_fixtures import replica
 
 MODEL = "llama-3.1-8b"
@@ -111,7 +111,7 @@ def test_request_body_streams_with_usage_and_the_vendor_extension() -> None:
     ],
 )
 def test_plain_token_chunks_are_told_without_decoding(payload: bytes, plain: bool) -> None:
-    assert _is_plain_token(payload) is plain
+    assert is_plain_token(payload) is plain
 
 
 # Failures, against a scripted server.

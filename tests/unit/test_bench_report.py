@@ -17,12 +17,12 @@ from inferfleet.bench.report import (
     ClientStats,
     Distribution,
     RequestResult,
-    Slo,
     percentile,
     plot,
     rolling_percentile,
     summarize,
 )
+from inferfleet.slo import Slo
 
 
 def test_percentiles_interpolate_between_closest_ranks() -> None:

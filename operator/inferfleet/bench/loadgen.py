@@ -60,10 +60,11 @@ from inferfleet.bench.report import (
     ClientStats,
     Report,
     RequestResult,
-    Slo,
     summarize,
 )
 from inferfleet.bench.traces import TraceRequest
+from inferfleet.slo import Slo
+from inferfleet.streaming import TokenStream
 
 DEFAULT_MAX_IN_FLIGHT = 10_000
 """Safety cap on concurrent requests; past it requests are dropped at the client."""
@@ -734,77 +735,25 @@ class LoadGenerator:
     ) -> None:
         """Time each content chunk as its bytes arrive; the usage chunk gives the token count."""
         t0 = self._t0
-        gaps = result.gaps
-        pending = b""
-        done = False
-        usage_tokens: int | None = None
+        stream = TokenStream(gaps=result.gaps)
         async for received in response.aiter_raw():
             now = loop.time() - t0
-            data = received.replace(b"\r\n", b"\n") if b"\r" in received else received
-            *events, pending = (pending + data).split(b"\n\n")
-            for event in events:
-                for line in event.split(b"\n"):
-                    if not line.startswith(b"data:"):
-                        continue  # comments, event names, keep-alives
-                    payload = line[5:].strip()
-                    if payload == b"[DONE]":
-                        done = True
-                        continue
-                    if _is_plain_token(payload):
-                        content = True
-                        chunk = None
-                    else:
-                        chunk = json.loads(payload)
-                        if not isinstance(chunk, dict):
-                            continue
-                        content = _has_content(chunk)
-                    if chunk is not None and "error" in chunk:
-                        result.error = ERROR_STREAM
-                        result.error_detail = _error_message(json.dumps(chunk))
-                        result.end_s = now
-                        return
-                    if content:
-                        if result.first_token_s is None:
-                            result.first_token_s = now
-                        else:
-                            gaps.append(now - (result.last_token_s or now))
-                        result.last_token_s = now
-                        result.chunks += 1
-                    usage = None if chunk is None else chunk.get("usage")
-                    if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
-                        usage_tokens = usage["completion_tokens"]
+            stream.feed(received, now)
+            if stream.error is not None:
+                result.error = ERROR_STREAM
+                result.error_detail = stream.error[:_ERROR_DETAIL_CHARS]
+                result.end_s = now
+                break
+        result.first_token_s = stream.first_token_at
+        result.last_token_s = stream.last_token_at
+        result.chunks = stream.chunks
+        result.tokens = stream.tokens
+        if result.error is not None:
+            return
         result.end_s = loop.time() - t0
-        result.tokens = result.chunks if usage_tokens is None else usage_tokens
-        if not done:
+        if not stream.done:
             result.error = ERROR_INCOMPLETE
             result.error_detail = "the stream ended without data: [DONE]"
-
-
-def _is_plain_token(payload: bytes) -> bool:
-    """A chunk that certainly carries text and nothing else of interest, told without
-    decoding it (JSON decoding is a large part of a token's cost). Compact JSON only, as
-    vLLM writes it; anything else is decoded. Markers inside a string value would be escaped
-    (`\\"`), so they cannot be faked by the text."""
-    if b'"error"' in payload or b'"usage"' in payload:
-        return False
-    if b'"text":"' in payload:
-        return b'"text":""' not in payload
-    if b'"content":"' in payload:
-        return b'"content":""' not in payload
-    return False
-
-
-def _has_content(chunk: Mapping[str, Any]) -> bool:
-    choices = chunk.get("choices")
-    if not choices or not isinstance(choices, list):
-        return False
-    choice = choices[0]
-    if not isinstance(choice, dict):
-        return False
-    if choice.get("text"):
-        return True
-    delta = choice.get("delta")
-    return isinstance(delta, dict) and bool(delta.get("content"))
 
 
 def _error_message(text: str) -> str:

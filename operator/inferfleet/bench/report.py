@@ -29,10 +29,9 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from inferfleet.api.inference_service import SloSpec
+from inferfleet.slo import Outcome, Slo
 
 PERCENTILES = (50.0, 90.0, 95.0, 99.0)
 
@@ -129,36 +128,10 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1000.0
 
 
-@dataclass(frozen=True, slots=True)
-class Slo:
-    """Per-request targets, in ms (None: not judged), and the share of requests that should
-    meet them all."""
-
-    ttft_p95_ms: float | None = None
-    tpot_p95_ms: float | None = None
-    attainment_target: float = 0.99
-
-    def __post_init__(self) -> None:
-        for name in ("ttft_p95_ms", "tpot_p95_ms"):
-            value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise ValueError(f"{name} must be positive, got {value}")
-        if not 0 < self.attainment_target <= 1:
-            raise ValueError(f"attainment_target must be in (0, 1], got {self.attainment_target}")
-
-    @classmethod
-    def from_spec(cls, spec: SloSpec) -> Slo:
-        """The SLO of an InferenceService."""
-        return cls(spec.ttft_p95_ms, spec.tpot_p95_ms, spec.attainment_target)
-
-    def met_by(self, result: RequestResult) -> bool:
-        if not result.ok:
-            return False
-        ttft = result.ttft_s
-        if self.ttft_p95_ms is not None and (ttft is None or ttft * 1000.0 > self.ttft_p95_ms):
-            return False
-        tpot = result.tpot_s
-        return self.tpot_p95_ms is None or tpot is None or tpot * 1000.0 <= self.tpot_p95_ms
+def met_slo(slo: Slo, result: RequestResult) -> bool:
+    """Whether one request met every target of `slo`."""
+    outcome = slo.outcome(ok=result.ok, ttft_s=result.ttft_s, tpot_s=result.tpot_s)
+    return outcome is Outcome.MET
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -338,7 +311,7 @@ def summarize(
     good: int | None = None
     attainment: float | None = None
     if slo is not None:
-        good = sum(1 for result in completed if slo.met_by(result))
+        good = sum(1 for result in completed if met_slo(slo, result))
         attainment = good / len(results) if results else 0.0
 
     notes: list[str] = []

@@ -1,0 +1,69 @@
+"""Per-request SLO outcomes: the one definition the router's counters, the load generator's
+report and the fleet simulator share.
+
+A request meets the SLO when it succeeded and met every target that is set. TTFT is judged on
+every request; TPOT, (last token - first token) / (tokens - 1), only on answers of two tokens
+or more (a one-token answer has no time per output token).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from inferfleet.api.inference_service import SloSpec
+
+
+class Outcome(StrEnum):
+    """What a request did against the SLO (the `outcome` label of the router's counters)."""
+
+    MET = "met"
+    MISSED_TTFT = "missed_ttft"
+    MISSED_TPOT = "missed_tpot"
+    MISSED_BOTH = "missed_both"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class Slo:
+    """Per-request targets, in ms (None: not judged), and the share of requests that should
+    meet them all."""
+
+    ttft_p95_ms: float | None = None
+    tpot_p95_ms: float | None = None
+    attainment_target: float = 0.99
+
+    def __post_init__(self) -> None:
+        for name in ("ttft_p95_ms", "tpot_p95_ms"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be positive, got {value}")
+        if not 0 < self.attainment_target <= 1:
+            raise ValueError(f"attainment_target must be in (0, 1], got {self.attainment_target}")
+
+    @classmethod
+    def from_spec(cls, spec: SloSpec) -> Slo:
+        """The SLO of an InferenceService."""
+        return cls(spec.ttft_p95_ms, spec.tpot_p95_ms, spec.attainment_target)
+
+    def outcome(self, *, ok: bool, ttft_s: float | None, tpot_s: float | None) -> Outcome:
+        """The outcome of one request; `ttft_s` None on a success means no token came."""
+        if not ok:
+            return Outcome.FAILED
+        ttft_missed = self.ttft_p95_ms is not None and (
+            ttft_s is None or ttft_s * 1000.0 > self.ttft_p95_ms
+        )
+        tpot_missed = (
+            self.tpot_p95_ms is not None
+            and tpot_s is not None
+            and tpot_s * 1000.0 > self.tpot_p95_ms
+        )
+        if ttft_missed and tpot_missed:
+            return Outcome.MISSED_BOTH
+        if ttft_missed:
+            return Outcome.MISSED_TTFT
+        if tpot_missed:
+            return Outcome.MISSED_TPOT
+        return Outcome.MET
