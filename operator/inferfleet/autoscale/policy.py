@@ -1,0 +1,962 @@
+"""The goodput autoscaling policy: (spec, metrics snapshot, current replicas, history) ->
+(replicas per role, reason, new history). Pure: no I/O and no clock; time comes from the
+snapshot, so the live controller and the fleet simulator drive the same function.
+
+One tick, in order:
+
+1. Demand. Requests/s arriving (router completions, plus the growth of the requests in flight,
+   plus the engines' queues drained over a cold start), and the prompt/output mix (router means,
+   else engine token rates, else the expected load). A least-squares trend over recent ticks
+   projects the demand to now + cold start, since a replica ordered now serves only then.
+2. Feed-forward. Each pool is sized with the planner (`inferfleet.planning.load`) for that
+   demand: the prefill pool on TTFT (prefill service, queueing, KV transfer), the decode pool on
+   TPOT, its batch limit and its KV cache, an aggregated pool on both. Measured concurrency and
+   KV-cache usage give floors of their own (the decode pool must hold the sequences running
+   now). As the mix shifts, each pool follows its own half of the work: prefill:decode rebalances.
+3. Feedback. Measured attainment below target raises a per-role correction (a multiplier on the
+   load that role is sized for) on the role whose target is missed: TTFT -> prefill or
+   aggregated, TPOT -> decode or aggregated; at least one replica more, once per cold start.
+   The correction decays slowly while the SLO is met with room.
+4. Scale-down stabilisation, as the HPA does: a role shrinks only to the highest recommendation
+   of the last `scale_down_stabilization_s`, so steady load never oscillates.
+5. Constraints, in one place: bounds, pins (the pinned count wins), GPU budget (given first to
+   roles whose SLO is missed), never below one replica.
+
+Stale or missing metrics hold the last decision.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from inferfleet.api.catalog import GpuCatalog
+from inferfleet.api.inference_service import InferenceServiceSpec, ReplicaBounds
+from inferfleet.api.model_deployment import ModelDeploymentSpec, Role, TopologyMode
+from inferfleet.autoscale.snapshot import MetricsSnapshot, RoleMetrics
+from inferfleet.planning.capacity import KV_TRANSFER_BYTES_PER_S, REFERENCE_REQUEST, Slo, Workload
+from inferfleet.planning.load import OperatingPoint, operating_point
+from inferfleet.planning.memory import kv_bytes_per_token, plan_memory
+from inferfleet.planning.performance import (
+    DEFAULT_EFFICIENCY,
+    EfficiencyTerms,
+    decode_step_seconds,
+)
+from inferfleet.planning.replica import ReplicaConfig
+
+PREFILLING_ROLES = frozenset({Role.AGGREGATED, Role.PREFILL})
+DECODING_ROLES = frozenset({Role.AGGREGATED, Role.DECODE})
+_ROLE_ORDER = (Role.AGGREGATED, Role.PREFILL, Role.DECODE)
+
+
+class Reason(StrEnum):
+    """Why the policy chose what it chose (a condition/Event reason)."""
+
+    SCALE_UP_LOAD = "ScaleUpLoad"
+    """More load arrives, or is forecast within a cold start."""
+    SCALE_UP_TTFT = "ScaleUpTtft"
+    """Measured attainment below target, TTFT misses: more prefill (or aggregated) replicas."""
+    SCALE_UP_TPOT = "ScaleUpTpot"
+    """Measured attainment below target, TPOT misses: more decode (or aggregated) replicas."""
+    REBALANCE = "Rebalance"
+    """The prompt/output mix moved: one pool grows while the other shrinks."""
+    SCALE_DOWN_STABLE = "ScaleDownStable"
+    """Demand stayed lower for the whole stabilisation window."""
+    STABILIZING = "HoldStabilizing"
+    """Demand is lower, but not yet for the whole stabilisation window."""
+    STEADY = "Steady"
+    """The current replicas are what the load needs."""
+    AT_MAX = "LimitedByMaxReplicas"
+    """More replicas are needed than maxReplicas allows."""
+    BUDGET_EXHAUSTED = "BudgetExhausted"
+    """More replicas are needed than the GPU budget allows."""
+    PINNED = "HoldPinned"
+    """A pin fixes a role's replicas over the recommendation."""
+    STALE_METRICS = "HoldStaleMetrics"
+    """The newest metrics are too old to act on: the last decision holds."""
+    NO_METRICS = "HoldNoMetrics"
+    """No metrics at all: the last decision holds."""
+    DISABLED = "AutoscalingDisabled"
+    """autoscaling.policy is none: replicas come from the ModelDeployment."""
+
+
+@dataclass(frozen=True)
+class RolePolicy:
+    """One pool the policy sizes: what a replica is, and how many there may be."""
+
+    role: Role
+    replica: ReplicaConfig
+    min_replicas: int = 1
+    max_replicas: int = 10
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_replicas <= self.max_replicas:
+            raise ValueError(
+                f"{self.role.value}: need 1 <= min_replicas <= max_replicas "
+                f"(got {self.min_replicas}, {self.max_replicas})"
+            )
+
+    @property
+    def gpus_per_replica(self) -> int:
+        return self.replica.gpus
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """What the policy needs from the InferenceService (SLO, autoscaling) and the
+    ModelDeployment (replica configuration, topology). Build it with `policy_spec`."""
+
+    roles: tuple[RolePolicy, ...]
+    """The aggregated pool, or the prefill and decode pools."""
+    slo: Slo
+    attainment_target: float = 0.99
+    gpu_budget: int | None = None
+    scale_down_stabilization_s: float = 300.0
+    cold_start_s: float = 120.0
+    enabled: bool = True
+    expected_load: Workload | None = None
+    """The mix to assume before any request has completed."""
+    traffic_share: float = 1.0
+    """Share of the service's traffic this deployment receives (its weight over the total)."""
+    stale_after_s: float = 120.0
+    """Metrics older than this are not acted on."""
+    load_margin: float = 0.1
+    """Pools are sized for this fraction more than the forecast load (burstiness above Poisson)."""
+    trend_tolerance: float = 0.1
+    """A rising trend is acted on when it adds more than this fraction within a cold start."""
+    max_trend_growth: float = 2.0
+    """The forecast never exceeds this multiple of the current demand."""
+    kv_target_usage: float = 0.85
+    """Measured KV-cache usage above this asks for more replicas of the role."""
+    feedback_gain: float = 1.25
+    """Each attainment miss multiplies the responsible role's correction by this."""
+    max_correction: float = 4.0
+    correction_half_life_s: float = 1800.0
+    """How fast a correction returns towards 1 while the SLO is met with room."""
+    efficiency: EfficiencyTerms = DEFAULT_EFFICIENCY
+
+    def __post_init__(self) -> None:
+        names = [r.role for r in self.roles]
+        if sorted(names) not in (sorted([Role.AGGREGATED]), sorted([Role.PREFILL, Role.DECODE])):
+            raise ValueError(
+                f"roles must be aggregated, or prefill and decode (got {[r.value for r in names]})"
+            )
+        if self.slo.ttft_p95_s is None and self.slo.tpot_p95_s is None:
+            raise ValueError("the SLO needs a TTFT target, a TPOT target or both")
+        if self.gpu_budget is not None and self.gpu_budget < 1:
+            raise ValueError(f"gpu_budget must be >= 1 (got {self.gpu_budget})")
+        if not 0 < self.traffic_share <= 1:
+            raise ValueError(f"traffic_share must be in (0, 1] (got {self.traffic_share})")
+
+    @property
+    def disaggregated(self) -> bool:
+        return any(r.role == Role.PREFILL for r in self.roles)
+
+    def role(self, role: Role) -> RolePolicy:
+        for policy in self.roles:
+            if policy.role == role:
+                return policy
+        raise KeyError(role)
+
+    @property
+    def role_names(self) -> tuple[Role, ...]:
+        return tuple(r for r in _ROLE_ORDER if any(p.role == r for p in self.roles))
+
+
+def policy_spec(
+    isvc_spec: InferenceServiceSpec,
+    md_spec: ModelDeploymentSpec,
+    catalog: GpuCatalog | None = None,
+    *,
+    traffic_share: float = 1.0,
+) -> PolicySpec:
+    """The policy's view of one ModelDeployment serving an InferenceService. With several
+    deployments, `traffic_share` is this one's weight over the total."""
+    replica = ReplicaConfig.from_spec(md_spec, catalog or GpuCatalog.builtin())
+    autoscaling = isvc_spec.autoscaling
+
+    def pool(role: Role, bounds: ReplicaBounds | None) -> RolePolicy:
+        bounds = bounds or ReplicaBounds()
+        return RolePolicy(role, replica, bounds.min_replicas, bounds.max_replicas)
+
+    roles: tuple[RolePolicy, ...]
+    if md_spec.topology.mode == TopologyMode.DISAGGREGATED:
+        roles = (
+            pool(Role.PREFILL, autoscaling.prefill),
+            pool(Role.DECODE, autoscaling.decode),
+        )
+    else:
+        roles = (pool(Role.AGGREGATED, autoscaling.aggregated),)
+    slo = isvc_spec.slo
+    load = isvc_spec.expected_load
+    return PolicySpec(
+        roles=roles,
+        slo=Slo(
+            ttft_p95_s=None if slo.ttft_p95_ms is None else slo.ttft_p95_ms / 1e3,
+            tpot_p95_s=None if slo.tpot_p95_ms is None else slo.tpot_p95_ms / 1e3,
+        ),
+        attainment_target=slo.attainment_target,
+        gpu_budget=autoscaling.gpu_budget,
+        scale_down_stabilization_s=float(autoscaling.scale_down_stabilization_seconds),
+        cold_start_s=float(autoscaling.cold_start_seconds),
+        enabled=autoscaling.policy == "goodput",
+        expected_load=None
+        if load is None
+        else Workload(load.requests_per_second, load.input_tokens, load.output_tokens),
+        traffic_share=traffic_share,
+    )
+
+
+# --- History: what the caller stores between ticks (an annotation on the InferenceService).
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """A tick's recommendation before constraints, kept for scale-down stabilisation."""
+
+    at_s: float
+    replicas: Mapping[Role, int]
+
+
+@dataclass(frozen=True)
+class DemandSample:
+    """A tick's demand estimate, kept for the trend."""
+
+    at_s: float
+    requests_per_s: float
+    in_flight_requests: float
+
+
+@dataclass(frozen=True)
+class LastDecision:
+    at_s: float
+    replicas: Mapping[Role, int]
+    reason: Reason
+
+
+@dataclass(frozen=True)
+class PolicyHistory:
+    """Small and immutable: recent recommendations and demand, when each role last grew, the
+    feedback corrections, and the last decision taken on fresh metrics."""
+
+    recommendations: tuple[Recommendation, ...] = ()
+    demand: tuple[DemandSample, ...] = ()
+    last_scale_up_s: Mapping[Role, float] = field(default_factory=dict)
+    corrections: Mapping[Role, float] = field(default_factory=dict)
+    last_decision: LastDecision | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        """Plain JSON-able data (camelCase), for an annotation."""
+
+        def counts(replicas: Mapping[Role, int]) -> dict[str, int]:
+            return {role.value: n for role, n in sorted(replicas.items())}
+
+        last = self.last_decision
+        return {
+            "recommendations": [
+                {"atS": r.at_s, "replicas": counts(r.replicas)} for r in self.recommendations
+            ],
+            "demand": [
+                {"atS": d.at_s, "requestsPerS": d.requests_per_s, "inFlight": d.in_flight_requests}
+                for d in self.demand
+            ],
+            "lastScaleUpS": {role.value: t for role, t in sorted(self.last_scale_up_s.items())},
+            "corrections": {role.value: c for role, c in sorted(self.corrections.items())},
+            "lastDecision": None
+            if last is None
+            else {"atS": last.at_s, "replicas": counts(last.replicas), "reason": last.reason.value},
+        }
+
+    @classmethod
+    def from_wire(cls, data: Mapping[str, Any]) -> PolicyHistory:
+        """The inverse of `to_wire`; raises ValueError (or KeyError/TypeError) on bad data."""
+
+        def counts(raw: Mapping[str, Any]) -> dict[Role, int]:
+            return {Role(role): int(n) for role, n in raw.items()}
+
+        last = data.get("lastDecision")
+        return cls(
+            recommendations=tuple(
+                Recommendation(float(r["atS"]), counts(r["replicas"]))
+                for r in data.get("recommendations", [])
+            ),
+            demand=tuple(
+                DemandSample(float(d["atS"]), float(d["requestsPerS"]), float(d["inFlight"]))
+                for d in data.get("demand", [])
+            ),
+            last_scale_up_s={Role(r): float(t) for r, t in data.get("lastScaleUpS", {}).items()},
+            corrections={Role(r): float(c) for r, c in data.get("corrections", {}).items()},
+            last_decision=None
+            if last is None
+            else LastDecision(float(last["atS"]), counts(last["replicas"]), Reason(last["reason"])),
+        )
+
+
+# --- The decision.
+
+
+@dataclass(frozen=True)
+class RoleEstimate:
+    """How one role was sized this tick (for status, Events and the simulator's plots)."""
+
+    role: Role
+    needed: int
+    """Feed-forward: replicas the forecast load needs under the SLO (planner, concurrency, KV)."""
+    recommended: int
+    """After feedback and stabilisation, before constraints."""
+    predicted: OperatingPoint | None
+    """Per-replica operating point of the chosen count at the forecast load."""
+    feasible: bool
+    """False when even max_replicas cannot hold the SLO at the forecast load."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    replicas: Mapping[Role, int]
+    reason: Reason
+    message: str
+    """In words: the inputs and the predicted effect of each change."""
+    history: PolicyHistory
+    """What the caller stores and passes to the next tick."""
+    estimates: Mapping[Role, RoleEstimate] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Demand:
+    requests_per_s: float
+    """Arriving now (for this deployment)."""
+    forecast_requests_per_s: float
+    """Expected at now + cold start."""
+    input_tokens: int
+    output_tokens: int
+    backlog_requests: float
+
+    @property
+    def growth(self) -> float:
+        if self.requests_per_s <= 0:
+            return 1.0
+        return self.forecast_requests_per_s / self.requests_per_s
+
+
+@dataclass(frozen=True)
+class _Sizing:
+    needed: int
+    feasible: bool
+    why: str
+
+
+def _role_metrics(snapshot: MetricsSnapshot, role: Role) -> RoleMetrics:
+    return snapshot.roles.get(role) or RoleMetrics(role, 0, 0.0, 0.0, 0.0, 0.0, 0.0)
+
+
+def _mean_tokens(
+    router_mean: float | None, engine_tokens_per_s: float, requests_per_s: float, fallback: int
+) -> int:
+    if router_mean is not None and router_mean >= 1:
+        return round(router_mean)
+    if requests_per_s > 0 and engine_tokens_per_s > 0:
+        return max(1, round(engine_tokens_per_s / requests_per_s))
+    return fallback
+
+
+def _trend_slope(samples: Iterable[DemandSample]) -> float:
+    """Least-squares slope of requests/s over time (0 with fewer than three samples)."""
+    points = [(s.at_s, s.requests_per_s) for s in samples]
+    if len(points) < 3:
+        return 0.0
+    mean_t = sum(t for t, _ in points) / len(points)
+    mean_r = sum(r for _, r in points) / len(points)
+    spread = sum((t - mean_t) ** 2 for t, _ in points)
+    if spread <= 0:
+        return 0.0
+    return sum((t - mean_t) * (r - mean_r) for t, r in points) / spread
+
+
+def _sustained_rise(samples: list[DemandSample]) -> float:
+    """Requests/s gained per second by a load that keeps rising: the least-squares slope over
+    the samples, when the last two increments are both rises, and never more per second than
+    the rise seen across the samples (a step is not a ramp, a plateau not a trend)."""
+    if len(samples) < 3:
+        return 0.0
+    last, before, earlier = samples[-1], samples[-2], samples[-3]
+    if not (last.requests_per_s > before.requests_per_s > earlier.requests_per_s):
+        return 0.0
+    slope = _trend_slope(samples)
+    span_s = last.at_s - samples[0].at_s
+    seen = (last.requests_per_s - samples[0].requests_per_s) / span_s if span_s > 0 else 0.0
+    return max(0.0, min(slope, seen))
+
+
+def _demand(spec: PolicySpec, snapshot: MetricsSnapshot, history: PolicyHistory) -> _Demand:
+    service = snapshot.service
+    share = spec.traffic_share
+    prefill_role = Role.PREFILL if spec.disaggregated else Role.AGGREGATED
+    decode_role = Role.DECODE if spec.disaggregated else Role.AGGREGATED
+    prefill = _role_metrics(snapshot, prefill_role)
+    decode = _role_metrics(snapshot, decode_role)
+    fallback = spec.expected_load or REFERENCE_REQUEST
+    completed = service.requests_per_s * share
+    input_tokens = _mean_tokens(
+        service.mean_prompt_tokens, prefill.prompt_tokens_per_s, completed, fallback.input_tokens
+    )
+    output_tokens = _mean_tokens(
+        service.mean_output_tokens,
+        decode.generation_tokens_per_s,
+        completed,
+        fallback.output_tokens,
+    )
+    # Completions lag arrivals when the fleet falls behind: what piles up in flight also arrived.
+    previous = history.demand[-1] if history.demand else None
+    growing = 0.0
+    if previous is not None and snapshot.taken_at_s > previous.at_s:
+        piled = service.in_flight_requests * share - previous.in_flight_requests
+        growing = max(0.0, piled / (snapshot.taken_at_s - previous.at_s))
+    arriving = max(completed + growing, prefill.prompt_tokens_per_s / input_tokens)
+    # Queued requests are drained by the replicas that start within a cold start.
+    backlog = prefill.waiting_requests + (decode.waiting_requests if spec.disaggregated else 0.0)
+    drain_s = max(spec.cold_start_s, snapshot.window_s)
+    current = arriving + backlog / drain_s
+
+    window_start = snapshot.taken_at_s - _trend_window_s(spec, snapshot)
+    recent = [
+        *(s for s in history.demand if window_start <= s.at_s < snapshot.taken_at_s),
+        DemandSample(snapshot.taken_at_s, arriving, 0.0),
+    ]
+    # A rate over a window lags the load by half the window, and a replica ordered now serves
+    # after a cold start: project the trend that far.
+    rise = _sustained_rise(recent) * (spec.cold_start_s + snapshot.window_s / 2)
+    forecast = current
+    if current > 0 and rise > spec.trend_tolerance * current:
+        forecast = min(current + rise, current * spec.max_trend_growth)
+    return _Demand(
+        requests_per_s=arriving,
+        forecast_requests_per_s=forecast,
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        backlog_requests=backlog,
+    )
+
+
+def _trend_window_s(spec: PolicySpec, snapshot: MetricsSnapshot) -> float:
+    return max(spec.cold_start_s, 2 * snapshot.window_s, 60.0)
+
+
+def _meets(point: OperatingPoint, slo: Slo, extra_ttft_s: float = 0.0) -> bool:
+    if not point.stable:
+        return False
+    if slo.ttft_p95_s is not None and point.ttft_p95_s + extra_ttft_s > slo.ttft_p95_s:
+        return False
+    return slo.tpot_p95_s is None or point.tpot_s <= slo.tpot_p95_s
+
+
+def _point(
+    spec: PolicySpec, policy: RolePolicy, rate: float, count: int, demand: _Demand
+) -> OperatingPoint:
+    return operating_point(
+        policy.replica,
+        rate / max(count, 1),
+        demand.input_tokens,
+        demand.output_tokens,
+        efficiency=spec.efficiency,
+        prefill=policy.role in PREFILLING_ROLES,
+        decode=policy.role in DECODING_ROLES,
+    )
+
+
+def _role_slo(spec: PolicySpec, role: Role) -> Slo:
+    """The targets a pool answers for: a prefill pool has no TPOT, a decode pool no TTFT."""
+    if role == Role.PREFILL:
+        return Slo(ttft_p95_s=spec.slo.ttft_p95_s)
+    if role == Role.DECODE:
+        return Slo(tpot_p95_s=spec.slo.tpot_p95_s)
+    return spec.slo
+
+
+def _transfer_s(spec: PolicySpec, policy: RolePolicy, demand: _Demand) -> float:
+    """The KV hand-off to the decode pool counts against the prefill pool's TTFT."""
+    if policy.role != Role.PREFILL:
+        return 0.0
+    return demand.input_tokens * kv_bytes_per_token(policy.replica) / KV_TRANSFER_BYTES_PER_S
+
+
+def _fewest_meeting(spec: PolicySpec, policy: RolePolicy, rate: float, demand: _Demand) -> int:
+    """Fewest replicas (up to max_replicas + 1, meaning 'not enough') that hold the role's SLO
+    at `rate` req/s: galloping then bisection, a handful of planner calls."""
+    if rate <= 0:
+        return 1
+    slo = _role_slo(spec, policy.role)
+    extra = _transfer_s(spec, policy, demand)
+    limit = policy.max_replicas + 1
+
+    def meets(count: int) -> bool:
+        return _meets(_point(spec, policy, rate, count, demand), slo, extra)
+
+    low, high = 0, 1
+    while not meets(high):
+        if high >= limit:
+            return limit
+        low, high = high, min(limit, high * 2)
+    while high - low > 1:
+        middle = (low + high) // 2
+        if meets(middle):
+            high = middle
+        else:
+            low = middle
+    return high
+
+
+def _sequences_per_replica(spec: PolicySpec, policy: RolePolicy, demand: _Demand) -> int:
+    """Sequences one replica holds at once within its KV cache (whole contexts reserved, as a
+    no-eviction scheduler does), its batch limit and the TPOT target of a decode step."""
+    config = policy.replica
+    context = demand.input_tokens + demand.output_tokens
+    slots = max(1, min(config.max_sequences, plan_memory(config).kv_capacity_tokens // context))
+    target = spec.slo.tpot_p95_s
+    mean_context = demand.input_tokens + demand.output_tokens / 2
+
+    def within_tpot(batch: int) -> bool:
+        step = decode_step_seconds(config, batch, mean_context, spec.efficiency)
+        return target is None or step <= target
+
+    if within_tpot(slots):
+        return slots
+    low, high = 0, slots
+    while high - low > 1:
+        middle = (low + high) // 2
+        if within_tpot(middle):
+            low = middle
+        else:
+            high = middle
+    return max(1, low)
+
+
+def _size_role(
+    spec: PolicySpec,
+    policy: RolePolicy,
+    demand: _Demand,
+    metrics: RoleMetrics,
+    correction: float,
+) -> _Sizing:
+    rate = demand.forecast_requests_per_s * (1 + spec.load_margin) * correction
+    by_model = _fewest_meeting(spec, policy, rate, demand)
+    why = f"{rate:.3g} req/s of {demand.input_tokens}/{demand.output_tokens} tokens"
+    needed = by_model
+    if policy.role in DECODING_ROLES:
+        # The sequences running and queued now, grown as the load is, must fit somewhere.
+        sequences = (metrics.running_requests + metrics.waiting_requests) * demand.growth
+        by_concurrency = math.ceil(
+            sequences * correction / _sequences_per_replica(spec, policy, demand) - 1e-9
+        )
+        if by_concurrency > needed:
+            needed = by_concurrency
+            why = f"{sequences:.0f} sequences running or queued"
+    if metrics.ready_replicas > 0 and metrics.kv_cache_usage > spec.kv_target_usage:
+        by_kv = math.ceil(
+            metrics.ready_replicas * metrics.kv_cache_usage / spec.kv_target_usage - 1e-9
+        )
+        if by_kv > needed:
+            needed = by_kv
+            why = f"KV cache {metrics.kv_cache_usage:.0%} full on {metrics.ready_replicas} replicas"
+    feasible = needed <= policy.max_replicas
+    return _Sizing(max(1, needed), feasible, why)
+
+
+@dataclass(frozen=True)
+class _Feedback:
+    missed: frozenset[Role]
+    """Roles whose target is missed (they get the budget first and never shrink)."""
+    raise_roles: frozenset[Role]
+    """Missed roles not cooling down: they get one more step of correction."""
+    reason: Reason | None
+    note: str
+
+
+def _feedback(
+    spec: PolicySpec,
+    snapshot: MetricsSnapshot,
+    current: Mapping[Role, int],
+    history: PolicyHistory,
+) -> _Feedback:
+    service = snapshot.service
+    attainment = service.attainment
+    if attainment is None or attainment >= spec.attainment_target:
+        return _Feedback(frozenset(), frozenset(), None, "")
+
+    def ratio(measured: float | None, target: float | None) -> float:
+        if measured is None or target is None:
+            return 0.0
+        return measured / target
+
+    ttft = ratio(service.ttft_p95_s, spec.slo.ttft_p95_s)
+    tpot = ratio(service.tpot_p95_s, spec.slo.tpot_p95_s)
+    # A miss in the tail (p95 within target) goes to whichever latency is closer to its target.
+    ttft_missed = ttft > 1 or (ttft >= tpot and ttft > 0)
+    tpot_missed = tpot > 1 or (tpot > ttft)
+    if not (ttft_missed or tpot_missed):
+        # No latency measured: every pool may be short.
+        ttft_missed = spec.slo.ttft_p95_s is not None
+        tpot_missed = spec.slo.tpot_p95_s is not None
+    missed: set[Role] = set()
+    for role in spec.role_names:
+        if (ttft_missed and role in PREFILLING_ROLES) or (tpot_missed and role in DECODING_ROLES):
+            missed.add(role)
+    reason = Reason.SCALE_UP_TTFT if ttft_missed and ttft >= tpot else Reason.SCALE_UP_TPOT
+    # New replicas need a cold start and a window of metrics before their effect shows.
+    settle_s = spec.cold_start_s + snapshot.window_s
+    ready = {r: _role_metrics(snapshot, r).ready_replicas for r in spec.role_names}
+    raise_roles = {
+        role
+        for role in missed
+        if snapshot.taken_at_s - history.last_scale_up_s.get(role, -math.inf) >= settle_s
+        and ready[role] >= current.get(role, 0)
+    }
+    note = (
+        f"attainment {attainment:.1%} below {spec.attainment_target:.1%} "
+        f"(p95 TTFT {_ms(service.ttft_p95_s)} of {_ms(spec.slo.ttft_p95_s)}, "
+        f"p95 TPOT {_ms(service.tpot_p95_s)} of {_ms(spec.slo.tpot_p95_s)})"
+    )
+    return _Feedback(frozenset(missed), frozenset(raise_roles), reason, note)
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.0f} ms"
+
+
+def _decayed(spec: PolicySpec, correction: float, elapsed_s: float) -> float:
+    if elapsed_s <= 0 or correction <= 1:
+        return max(1.0, correction)
+    remaining: float = 0.5 ** (elapsed_s / spec.correction_half_life_s)
+    return 1 + (correction - 1) * remaining
+
+
+def _stabilised(
+    spec: PolicySpec,
+    role: Role,
+    recommended: int,
+    current: int,
+    window: Iterable[Recommendation],
+) -> int:
+    """A role shrinks only to the highest recommendation within the stabilisation window."""
+    if recommended >= current:
+        return recommended
+    highest = max((r.replicas.get(role, recommended) for r in window), default=recommended)
+    return min(current, max(recommended, highest))
+
+
+@dataclass(frozen=True)
+class _Constrained:
+    replicas: dict[Role, int]
+    pinned: frozenset[Role]
+    budget_cut: frozenset[Role]
+    max_cut: frozenset[Role]
+
+
+def _constrain(
+    spec: PolicySpec,
+    wanted: Mapping[Role, int],
+    pins: Mapping[Role, int],
+    priority: frozenset[Role],
+) -> _Constrained:
+    """Every constraint, in one place: bounds, pins, the GPU budget, at least one replica."""
+    replicas: dict[Role, int] = {}
+    max_cut: set[Role] = set()
+    pinned: set[Role] = set()
+    for policy in spec.roles:
+        role = policy.role
+        want = wanted.get(role, policy.min_replicas)
+        if role in pins:
+            replicas[role] = pins[role]
+            if pins[role] != max(1, min(want, policy.max_replicas)):
+                pinned.add(role)
+            continue
+        if want > policy.max_replicas:
+            max_cut.add(role)
+        replicas[role] = max(1, policy.min_replicas, min(want, policy.max_replicas))
+
+    budget_cut: set[Role] = set()
+    if spec.gpu_budget is not None:
+        budget_cut = _fit_budget(spec, replicas, pins, priority)
+    return _Constrained(replicas, frozenset(pinned), frozenset(budget_cut), frozenset(max_cut))
+
+
+def _fit_budget(
+    spec: PolicySpec, replicas: dict[Role, int], pins: Mapping[Role, int], priority: frozenset[Role]
+) -> set[Role]:
+    """Cut unpinned roles to the budget, in place: each keeps one replica, then the roles whose
+    SLO is missed are filled first, the rest after, evenly by the share of their want."""
+    assert spec.gpu_budget is not None
+    gpus = {p.role: p.gpus_per_replica for p in spec.roles}
+    if sum(replicas[r] * gpus[r] for r in replicas) <= spec.gpu_budget:
+        return set()
+    wanted = dict(replicas)
+    free = [r for r in spec.role_names if r not in pins]
+    for role in free:
+        replicas[role] = 1
+    left = spec.gpu_budget - sum(replicas[r] * gpus[r] for r in replicas)
+    for tier in ([r for r in free if r in priority], [r for r in free if r not in priority]):
+        while True:
+            growable = [r for r in tier if replicas[r] < wanted[r] and gpus[r] <= left]
+            if not growable:
+                break
+            role = min(growable, key=lambda r: (replicas[r] / wanted[r], _ROLE_ORDER.index(r)))
+            replicas[role] += 1
+            left -= gpus[role]
+    return {r for r in free if replicas[r] < wanted[r]}
+
+
+def _hold(
+    spec: PolicySpec,
+    *,
+    current: Mapping[Role, int],
+    history: PolicyHistory,
+    pins: Mapping[Role, int],
+    reason: Reason,
+    why: str,
+) -> Decision:
+    last = history.last_decision
+    held = dict(last.replicas) if last is not None else dict(current)
+    for role in spec.role_names:
+        held[role] = max(1, held.get(role, current.get(role, 1)))
+    constrained = _constrain(spec, held, pins, frozenset())
+    counts = ", ".join(f"{r.value} {constrained.replicas[r]}" for r in spec.role_names)
+    source = "the last decision" if last is not None else "the current replicas"
+    message = f"{why}: holding {source} ({counts})"
+    if constrained.pinned:
+        message += "; pinned: " + ", ".join(r.value for r in sorted(constrained.pinned))
+    return Decision(constrained.replicas, reason, message, history)
+
+
+def decide(
+    spec: PolicySpec,
+    snapshot: MetricsSnapshot | None,
+    current: Mapping[Role, int],
+    history: PolicyHistory,
+    *,
+    pins: Mapping[Role, int] | None = None,
+    now_s: float | None = None,
+) -> Decision:
+    """Replicas per role for the next period, why, and the history to pass next time.
+
+    `current` is the replicas each role is asked to run (ready or starting); `pins` the roles an
+    SRE fixed (the pinned count wins over everything, budget included). `now_s`, on the
+    snapshot's clock, adds the time since the snapshot was taken to its staleness."""
+    pins = dict(pins or {})
+    if not spec.enabled:
+        replicas = {r: current.get(r, 1) for r in spec.role_names} | {
+            r: n for r, n in pins.items() if r in spec.role_names
+        }
+        return Decision(
+            replicas, Reason.DISABLED, "autoscaling policy is none: replicas as declared", history
+        )
+    if snapshot is None:
+        return _hold(
+            spec,
+            current=current,
+            history=history,
+            pins=pins,
+            reason=Reason.NO_METRICS,
+            why="no metrics",
+        )
+    since_taken_s = 0.0 if now_s is None else max(0.0, now_s - snapshot.taken_at_s)
+    age_s = snapshot.newest_sample_age_s + since_taken_s
+    if age_s > spec.stale_after_s:
+        return _hold(
+            spec,
+            current=current,
+            history=history,
+            pins=pins,
+            reason=Reason.STALE_METRICS,
+            why=f"newest metrics {age_s:.0f} s old (limit {spec.stale_after_s:.0f} s)",
+        )
+    return _decide_fresh(spec, snapshot, current, history, pins)
+
+
+def _decide_fresh(
+    spec: PolicySpec,
+    snapshot: MetricsSnapshot,
+    current: Mapping[Role, int],
+    history: PolicyHistory,
+    pins: Mapping[Role, int],
+) -> Decision:
+    now = snapshot.taken_at_s
+    roles = spec.role_names
+    current_counts = {r: max(0, current.get(r, 0)) for r in roles}
+    demand = _demand(spec, snapshot, history)
+    feedback = _feedback(spec, snapshot, current_counts, history)
+
+    elapsed = now - history.last_decision.at_s if history.last_decision else 0.0
+    corrections: dict[Role, float] = {}
+    for role in roles:
+        correction = history.corrections.get(role, 1.0)
+        if role in feedback.raise_roles:
+            correction = min(spec.max_correction, correction * spec.feedback_gain)
+        elif role not in feedback.missed:
+            correction = _decayed(spec, correction, elapsed)
+        corrections[role] = correction
+
+    sizings = {
+        role: _size_role(
+            spec, spec.role(role), demand, _role_metrics(snapshot, role), corrections[role]
+        )
+        for role in roles
+    }
+    # The first tick seeds the window with the current replicas (as the HPA does), so a restart
+    # with an empty history never scales down at once.
+    window_start = now - spec.scale_down_stabilization_s
+    past = [r for r in history.recommendations if r.at_s > window_start and r.at_s <= now]
+    if not history.recommendations:
+        past = [Recommendation(now, dict(current_counts))]
+
+    raw: dict[Role, int] = {}
+    recommended: dict[Role, int] = {}
+    for role in roles:
+        want = sizings[role].needed
+        if role in feedback.raise_roles:
+            want = max(want, current_counts[role] + 1)
+        if role in feedback.missed:
+            want = max(want, current_counts[role])
+        raw[role] = want
+        recommended[role] = _stabilised(spec, role, want, current_counts[role], past)
+
+    constrained = _constrain(spec, recommended, pins, feedback.missed)
+    replicas = constrained.replicas
+
+    grew = {r for r in roles if replicas[r] > current_counts[r]}
+    shrank = {r for r in roles if replicas[r] < current_counts[r]}
+    held_down = {r for r in roles if raw[r] < current_counts[r] and r not in shrank}
+    reason = _reason(feedback, constrained, grew, shrank, held_down)
+
+    estimates = {
+        role: RoleEstimate(
+            role=role,
+            needed=sizings[role].needed,
+            recommended=recommended[role],
+            predicted=_point(
+                spec,
+                spec.role(role),
+                demand.forecast_requests_per_s,
+                replicas[role],
+                demand,
+            )
+            if demand.forecast_requests_per_s > 0
+            else None,
+            feasible=sizings[role].feasible,
+        )
+        for role in roles
+    }
+    message = _message(
+        spec,
+        demand=demand,
+        current=current_counts,
+        replicas=replicas,
+        sizings=sizings,
+        estimates=estimates,
+        feedback=feedback,
+        constrained=constrained,
+    )
+    last_scale_up = dict(history.last_scale_up_s) | dict.fromkeys(grew, now)
+    in_flight = snapshot.service.in_flight_requests * spec.traffic_share
+    keep_after = now - max(spec.scale_down_stabilization_s, _trend_window_s(spec, snapshot))
+    new_history = PolicyHistory(
+        recommendations=(
+            *(r for r in history.recommendations if window_start < r.at_s < now),
+            Recommendation(now, raw),
+        ),
+        demand=(
+            *(d for d in history.demand if keep_after <= d.at_s < now),
+            DemandSample(now, demand.requests_per_s, in_flight),
+        ),
+        last_scale_up_s=last_scale_up,
+        corrections={r: c for r, c in corrections.items() if c > 1},
+        last_decision=LastDecision(now, dict(replicas), reason),
+    )
+    return Decision(dict(replicas), reason, message, new_history, estimates)
+
+
+def _reason(
+    feedback: _Feedback,
+    constrained: _Constrained,
+    grew: set[Role],
+    shrank: set[Role],
+    held_down: set[Role],
+) -> Reason:
+    if constrained.pinned:
+        return Reason.PINNED
+    if constrained.budget_cut:
+        return Reason.BUDGET_EXHAUSTED
+    if grew and feedback.reason is not None and grew & feedback.raise_roles:
+        return feedback.reason
+    if grew and shrank:
+        return Reason.REBALANCE
+    if grew:
+        return Reason.SCALE_UP_LOAD
+    if shrank:
+        return Reason.SCALE_DOWN_STABLE
+    if constrained.max_cut:
+        return Reason.AT_MAX
+    if held_down:
+        return Reason.STABILIZING
+    return Reason.STEADY
+
+
+def _tokens(per_s: float) -> str:
+    if per_s >= 1e6:
+        return f"{per_s / 1e6:.3g}M"
+    if per_s >= 1e3:
+        return f"{per_s / 1e3:.3g}k"
+    return f"{per_s:.3g}"
+
+
+def _effect(spec: PolicySpec, role: Role, count: int, point: OperatingPoint | None) -> str:
+    plural = "replica holds" if count == 1 else "replicas hold"
+    if point is None:
+        return f"{count} {plural} an idle load"
+    if not point.stable:
+        return f"{count} {plural} nothing: overloaded ({point.limit})"
+    parts = []
+    if role in PREFILLING_ROLES and spec.slo.ttft_p95_s is not None:
+        parts.append(f"p95 TTFT {point.ttft_p95_s * 1e3:.0f} ms of {spec.slo.ttft_p95_s * 1e3:.0f}")
+    if role in DECODING_ROLES and spec.slo.tpot_p95_s is not None:
+        parts.append(f"TPOT {point.tpot_s * 1e3:.1f} ms of {spec.slo.tpot_p95_s * 1e3:.0f}")
+    return f"{count} {plural} " + (" and ".join(parts) or "the load")
+
+
+def _message(
+    spec: PolicySpec,
+    *,
+    demand: _Demand,
+    current: Mapping[Role, int],
+    replicas: Mapping[Role, int],
+    sizings: Mapping[Role, _Sizing],
+    estimates: Mapping[Role, RoleEstimate],
+    feedback: _Feedback,
+    constrained: _Constrained,
+) -> str:
+    arriving = demand.requests_per_s
+    load = (
+        f"{arriving:.3g} req/s arriving ({_tokens(arriving * demand.input_tokens)} prompt tok/s, "
+        f"{demand.input_tokens}/{demand.output_tokens} tokens)"
+    )
+    if demand.forecast_requests_per_s > arriving * (1 + 1e-9):
+        load += (
+            f", {demand.forecast_requests_per_s:.3g} req/s forecast in {spec.cold_start_s:.0f} s"
+        )
+    parts = [load]
+    for role in spec.role_names:
+        before, after = current[role], replicas[role]
+        effect = _effect(spec, role, after, estimates[role].predicted)
+        change = f"{role.value} {before} -> {after}" if before != after else f"{role.value} {after}"
+        detail = f"{change}: sized for {sizings[role].why}, {effect}"
+        if not sizings[role].feasible:
+            detail += f" (short: max {spec.role(role).max_replicas} replicas cannot hold the SLO)"
+        if role in constrained.pinned:
+            detail += " (pinned)"
+        if role in constrained.budget_cut:
+            detail += f" (GPU budget {spec.gpu_budget} exhausted)"
+        parts.append(detail)
+    if feedback.note:
+        parts.append(feedback.note)
+    return "; ".join(parts)
