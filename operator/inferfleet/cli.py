@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import time
@@ -35,6 +36,9 @@ from inferfleet.render import (
     render_inference_service,
     render_model_deployment,
 )
+from inferfleet.router import proxy as router_proxy
+from inferfleet.router.config import RouterConfig, parse_backends
+from inferfleet.router.discovery import discovery_for
 from inferfleet.sim import openai_api as sim_server
 from inferfleet.slo import Slo as RequestSlo
 
@@ -478,6 +482,62 @@ def sim_engine_command(
         config, model_name or model, engine_role, host=host, port=port,
         prefix_caching=prefix_caching,
     )  # fmt: skip
+
+
+@app.command("router")
+def router_command(
+    backend: Annotated[
+        list[str],
+        typer.Option(
+            "--backend",
+            help="A deployment's role: deployment=NAME,role=ROLE,engine=ENGINE,weight=W,"
+            "model=SERVED_NAME and service=SVC,port=P (Kubernetes EndpointSlices) or "
+            "urls=URL;URL (fixed replicas). Repeatable.",
+        ),
+    ],
+    service: Annotated[
+        str, typer.Option(help="The InferenceService's name: the service label of metrics.")
+    ],
+    namespace: Annotated[
+        str | None, typer.Option(help="Namespace of the backends' Services.")
+    ] = None,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    slo_ttft_p95_ms: Annotated[float | None, typer.Option(help="TTFT target, ms.")] = None,
+    slo_tpot_p95_ms: Annotated[float | None, typer.Option(help="TPOT target, ms.")] = None,
+    slo_attainment_target: Annotated[
+        float, typer.Option(help="Share of requests that should meet the targets.")
+    ] = 0.99,
+    max_request_bytes: Annotated[int, typer.Option(help="Larger bodies get 413.")] = 16 * 1024**2,
+    max_attempts: Annotated[int, typer.Option(help="Replicas tried per request.")] = 3,
+    drain_delay: Annotated[
+        float, typer.Option(help="Seconds /health says 503 before the listener closes.")
+    ] = 5.0,
+    drain_timeout: Annotated[
+        float, typer.Option(help="Seconds in-flight streams may run on after that.")
+    ] = 120.0,
+) -> None:
+    """Serve an InferenceService's router: an OpenAI-compatible streaming proxy that picks
+    replicas by outstanding tokens and prefix, hands prefill over to decode, and counts each
+    request's SLO outcome for Prometheus."""
+    try:
+        config = RouterConfig(
+            service=service,
+            namespace=namespace,
+            backends=parse_backends(backend),
+            slo=RequestSlo(slo_ttft_p95_ms, slo_tpot_p95_ms, slo_attainment_target),
+            max_request_bytes=max_request_bytes,
+            max_attempts=max_attempts,
+            drain_delay_s=drain_delay,
+            drain_timeout_s=drain_timeout,
+        )
+    except ValueError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(EXIT_INVALID) from None
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    router_proxy.run(config, host=host, port=port, discovery=discovery_for(config))
 
 
 @app.command("run")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,31 @@ class Kube:
         found = self._resource(api_version, kind).get(namespace=namespace, **selectors)
         items: list[dict[str, Any]] = found.to_dict()["items"]
         return items
+
+    def list_and_watch(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None,
+        label_selector: str,
+        timeout_s: int = 60,
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        """What matches now (`("LISTED", object)` each, then `("SYNCED", {})`), then its
+        changes (`ADDED`, `MODIFIED`, `DELETED`) until the watch's timeout ends it."""
+        resource = self._resource(api_version, kind)
+        listed = resource.get(namespace=namespace, label_selector=label_selector).to_dict()
+        for item in listed["items"]:
+            yield "LISTED", item
+        yield "SYNCED", {}
+        for event in resource.watch(
+            namespace=namespace,
+            label_selector=label_selector,
+            resource_version=listed["metadata"]["resourceVersion"],
+            timeout=timeout_s,
+        ):
+            if event["type"] == "ERROR":
+                raise ApiException(reason=str(event["raw_object"]))
+            yield str(event["type"]), dict(event["raw_object"])
 
     def get(
         self, api_version: str, kind: str, name: str, namespace: str | None = None

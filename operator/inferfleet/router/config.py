@@ -1,0 +1,140 @@
+"""What one router serves: its InferenceService, the backends (a ModelDeployment's role each),
+the SLO it judges requests by, and its limits. Pure.
+
+A backend is given as comma-separated `key=value` pairs, as the renderer writes them:
+
+    deployment=NAME,role=ROLE,engine=ENGINE,weight=W,model=SERVED_NAME,service=SVC,port=8000
+
+`service` names the Kubernetes Service whose EndpointSlices list the role's pods. Outside a
+cluster, `urls=URL;URL` lists the replicas instead (each `http://host:port`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from inferfleet.api.model_deployment import EngineName, Role
+from inferfleet.slo import Slo
+
+_BACKEND_KEYS = ("deployment", "role", "engine", "weight", "model", "service", "port", "urls")
+_REQUIRED_KEYS = ("deployment", "role", "engine", "model")
+
+
+class RouterConfigError(ValueError):
+    """A router flag that cannot be used, with what is wrong."""
+
+
+@dataclass(frozen=True, slots=True)
+class Backend:
+    """One role of one ModelDeployment behind the service."""
+
+    deployment: str
+    role: Role
+    engine: EngineName
+    model: str
+    weight: int = 100
+    service: str | None = None
+    port: int = 8000
+    urls: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> tuple[str, Role]:
+        return (self.deployment, self.role)
+
+
+def _url(text: str) -> str:
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.port is None:
+        raise RouterConfigError(f"a backend url must be http(s)://host:port, got {text!r}")
+    if parts.path not in ("", "/"):
+        raise RouterConfigError(f"a backend url takes no path, got {text!r}")
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def parse_backend(text: str) -> Backend:
+    """A `--backend` flag's value."""
+    fields: dict[str, str] = {}
+    for item in text.split(","):
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or key not in _BACKEND_KEYS:
+            raise RouterConfigError(
+                f"backend {text!r}: {item!r} is not one of {', '.join(_BACKEND_KEYS)} as key=value"
+            )
+        if key in fields:
+            raise RouterConfigError(f"backend {text!r}: {key} given twice")
+        fields[key] = value.strip()
+    missing = [key for key in _REQUIRED_KEYS if not fields.get(key)]
+    if missing:
+        raise RouterConfigError(f"backend {text!r}: missing {', '.join(missing)}")
+    try:
+        role = Role(fields["role"])
+        engine = EngineName(fields["engine"])
+    except ValueError as error:
+        raise RouterConfigError(f"backend {text!r}: {error}") from error
+    try:
+        weight = int(fields.get("weight", "100"))
+        port = int(fields.get("port", "8000"))
+    except ValueError as error:
+        raise RouterConfigError(f"backend {text!r}: weight and port are integers") from error
+    if weight < 0 or not 0 < port < 65536:
+        raise RouterConfigError(f"backend {text!r}: weight >= 0 and a port in 1..65535")
+    urls = tuple(_url(url) for url in fields.get("urls", "").split(";") if url.strip())
+    service = fields.get("service") or None
+    if not urls and service is None:
+        raise RouterConfigError(f"backend {text!r}: give service= (Kubernetes) or urls=")
+    return Backend(fields["deployment"], role, engine, fields["model"], weight, service, port, urls)
+
+
+@dataclass(frozen=True, slots=True)
+class RouterConfig:
+    service: str
+    """The InferenceService: the `service` label of every series."""
+    backends: tuple[Backend, ...]
+    slo: Slo = field(default_factory=Slo)
+    namespace: str | None = None
+    max_request_bytes: int = 16 * 1024**2
+    """Larger bodies get 413 before they are read."""
+    max_attempts: int = 3
+    """Replicas tried for a request before giving up; only while nothing has been sent back."""
+    retry_after_s: int = 1
+    """The Retry-After of a 503 when no replica can take a request."""
+    health_interval_s: float = 2.0
+    upstream_connect_timeout_s: float = 5.0
+    request_timeout_s: float = 600.0
+    drain_delay_s: float = 5.0
+    """After SIGTERM: how long the router keeps taking requests while /health says 503, so
+    that endpoints stop sending it traffic before it closes its listener."""
+    drain_timeout_s: float = 120.0
+    """After the listener closes: how long in-flight streams may run on."""
+    affinity_slack_tokens: int = 8192
+    """How many more outstanding tokens a replica holding a request's prefix may carry than
+    the least loaded one and still be chosen for it."""
+
+    def __post_init__(self) -> None:
+        if not self.backends:
+            raise RouterConfigError("the router needs at least one --backend")
+        keys = [backend.key for backend in self.backends]
+        if len(set(keys)) != len(keys):
+            raise RouterConfigError("each deployment and role may be given once")
+        for deployment in {backend.deployment for backend in self.backends}:
+            roles = {b.role for b in self.backends if b.deployment == deployment}
+            if roles not in ({Role.AGGREGATED}, {Role.PREFILL, Role.DECODE}):
+                raise RouterConfigError(
+                    f"deployment {deployment}: roles must be aggregated, or prefill and decode;"
+                    f" got {', '.join(sorted(roles))}"
+                )
+        if self.max_attempts < 1 or self.max_request_bytes < 1:
+            raise RouterConfigError("max attempts and max request bytes must be positive")
+
+    def deployments(self) -> list[str]:
+        return sorted({backend.deployment for backend in self.backends})
+
+    def roles_of(self, deployment: str) -> list[Backend]:
+        return [b for b in self.backends if b.deployment == deployment]
+
+
+def parse_backends(values: Sequence[str]) -> tuple[Backend, ...]:
+    return tuple(parse_backend(value) for value in values)

@@ -1,0 +1,160 @@
+"""Where a backend's replicas are: the ready endpoints of its Service's EndpointSlices.
+
+The router lists and watches the EndpointSlices labelled `kubernetes.io/service-name` with its
+backends' Services in its namespace (it needs `get`, `list` and `watch` on
+`discovery.k8s.io/endpointslices` there) and routes to the ready addresses, on the port named
+`http` of the slice (else the backend's port). The watch runs on a thread of its own through
+the official client, re-listing after each watch timeout and backing off when the API server
+cannot be reached; each change is handed to the router's event loop. Backends given with
+`urls=` are fixed and need no discovery.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from tenacity import Retrying, retry_if_exception_type, wait_exponential
+
+from inferfleet.api.model_deployment import Role
+from inferfleet.engines import PORT_NAME
+from inferfleet.kube import Kube
+from inferfleet.router.config import Backend, RouterConfig
+from inferfleet.router.proxy import Discovery, Router
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+_SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+def ready_urls(slices: Iterable[Mapping[str, Any]], default_port: int) -> list[str]:
+    """The URLs of the ready endpoints of a Service's EndpointSlices (an unset `ready`
+    counts as ready, as the API says)."""
+    urls: set[str] = set()
+    for endpoint_slice in slices:
+        if endpoint_slice.get("addressType") not in ("IPv4", "IPv6"):
+            continue
+        port = default_port
+        for candidate in endpoint_slice.get("ports") or []:
+            if candidate.get("name") == PORT_NAME and candidate.get("port"):
+                port = int(candidate["port"])
+        ipv6 = endpoint_slice["addressType"] == "IPv6"
+        for endpoint in endpoint_slice.get("endpoints") or []:
+            conditions = endpoint.get("conditions") or {}
+            if conditions.get("ready") is False:
+                continue
+            for address in endpoint.get("addresses") or []:
+                host = f"[{address}]" if ipv6 else address
+                urls.add(f"http://{host}:{port}")
+    return sorted(urls)
+
+
+class EndpointSliceWatcher:
+    """Keeps, per Service, its current slices; calls `publish(service, urls)` on change."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        namespace: str,
+        backends: Mapping[str, Backend],
+        publish: Callable[[Backend, list[str]], None],
+    ) -> None:
+        self.kube = kube
+        self.namespace = namespace
+        self.backends = dict(backends)
+        self.publish = publish
+        self.stopped = threading.Event()
+        self._slices: dict[str, dict[str, Mapping[str, Any]]] = {}
+
+    @property
+    def selector(self) -> str:
+        return f"{SERVICE_NAME_LABEL} in ({','.join(sorted(self.backends))})"
+
+    def _apply(self, kind: str, item: Mapping[str, Any]) -> str | None:
+        """Account for one event; the Service it changed."""
+        metadata = item.get("metadata") or {}
+        service = (metadata.get("labels") or {}).get(SERVICE_NAME_LABEL)
+        if service not in self.backends:
+            return None
+        slices = self._slices.setdefault(service, {})
+        if kind == "DELETED":
+            slices.pop(metadata.get("name", ""), None)
+        else:
+            slices[metadata.get("name", "")] = item
+        return str(service)
+
+    def _publish(self, service: str) -> None:
+        backend = self.backends[service]
+        self.publish(backend, ready_urls(self._slices.get(service, {}).values(), backend.port))
+
+    def _sync_once(self) -> None:
+        listed: dict[str, dict[str, Mapping[str, Any]]] = {}
+        events = self.kube.list_and_watch(
+            "discovery.k8s.io/v1", "EndpointSlice", self.namespace, self.selector
+        )
+        for kind, item in events:
+            if self.stopped.is_set():
+                return
+            if kind == "LISTED":
+                service = (item.get("metadata", {}).get("labels") or {}).get(SERVICE_NAME_LABEL)
+                if service in self.backends:
+                    listed.setdefault(service, {})[item["metadata"]["name"]] = item
+            elif kind == "SYNCED":
+                self._slices = listed
+                for service in self.backends:
+                    self._publish(service)
+            else:
+                changed = self._apply(kind, item)
+                if changed is not None:
+                    self._publish(changed)
+
+    def run(self) -> None:
+        """List and watch until stopped; the API server unreachable: back off and retry."""
+        retrying = Retrying(
+            retry=retry_if_exception_type(Exception),
+            wait=wait_exponential(multiplier=0.5, max=30),
+            before_sleep=lambda state: log.warning(
+                "EndpointSlice watch failed (%s); retrying",
+                state.outcome and state.outcome.exception(),
+            ),
+        )
+        while not self.stopped.is_set():
+            retrying(self._sync_once)
+
+
+def _own_namespace(config: RouterConfig) -> str:
+    if config.namespace:
+        return config.namespace
+    if _SERVICE_ACCOUNT_NAMESPACE.exists():
+        return _SERVICE_ACCOUNT_NAMESPACE.read_text().strip()
+    return "default"
+
+
+def discovery_for(config: RouterConfig, kube: Kube | None = None) -> Discovery | None:
+    """The discovery task for the backends that name a Service; None when all are fixed."""
+    backends = {b.service: b for b in config.backends if b.service is not None and not b.urls}
+    if not backends:
+        return None
+
+    async def discover(router: Router) -> None:
+        loop = asyncio.get_running_loop()
+        client = kube if kube is not None else await asyncio.to_thread(Kube.from_environment)
+
+        def publish(backend: Backend, urls: list[str]) -> None:
+            role: Role = backend.role
+            loop.call_soon_threadsafe(router.set_replicas, backend.deployment, role, urls)
+
+        watcher = EndpointSliceWatcher(client, _own_namespace(config), backends, publish)
+        thread = threading.Thread(target=watcher.run, name="endpointslice-watch", daemon=True)
+        thread.start()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            watcher.stopped.set()
+
+    return discover

@@ -1,0 +1,138 @@
+"""The router's Prometheus series: each request's SLO outcome, measured where users see it.
+
+Engine histograms give TTFT and TPOT separately; whether a request met the SLO needs both for
+the same request, so the router counts outcomes itself. Every series carries `service` (the
+InferenceService); the controller reads, over a window `w`:
+
+* attainment: `sum(rate(inferfleet_router_requests_total{service="S",outcome="met"}[w]))
+  / sum(rate(inferfleet_router_requests_total{service="S"}[w]))`;
+* goodput: the numerator alone (requests per second that met the SLO);
+* p95 TTFT / TPOT: `histogram_quantile(0.95, sum by (le) (rate(
+  inferfleet_router_ttft_seconds_bucket{service="S"}[w])))` (and `..._tpot_seconds_...`);
+* the mix: `rate(inferfleet_router_prompt_tokens_total[w])` and `..._output_tokens_total`
+  over the request rate.
+
+`role` on the per-role series: `aggregated`, or `prefill` and `decode` for a disaggregated
+pair, so time spent in each pool is visible (`inferfleet_router_upstream_seconds`: prefill =
+the prefill call, decode and aggregated = time to the first token of that call).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from inferfleet.slo import Outcome
+
+TTFT_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
+    1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)  # fmt: skip
+TPOT_BUCKETS = (
+    0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.06, 0.075, 0.1,
+    0.125, 0.15, 0.2, 0.3, 0.5, 1.0,
+)  # fmt: skip
+E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
+
+
+class RouterMetrics:
+    def __init__(self, service: str, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        self.service = service
+        labels = ("service", "deployment")
+        self.requests = Counter(
+            "inferfleet_router_requests",
+            "Requests finished, by SLO outcome: met, missed_ttft, missed_tpot, missed_both, "
+            "failed (an error answered, or a stream cut).",
+            (*labels, "outcome"),
+            registry=self.registry,
+        )
+        self.cancelled = Counter(
+            "inferfleet_router_cancelled_requests",
+            "Requests the client abandoned before the answer ended (not judged).",
+            labels,
+            registry=self.registry,
+        )
+        self.rejected = Counter(
+            "inferfleet_router_rejected_requests",
+            "Requests answered without reaching a replica, by reason.",
+            ("service", "reason"),
+            registry=self.registry,
+        )
+        self.ttft = Histogram(
+            "inferfleet_router_ttft_seconds",
+            "Time to first token, from the request's arrival at the router.",
+            labels,
+            buckets=TTFT_BUCKETS,
+            registry=self.registry,
+        )
+        self.tpot = Histogram(
+            "inferfleet_router_tpot_seconds",
+            "Time per output token after the first, per request of two tokens or more.",
+            labels,
+            buckets=TPOT_BUCKETS,
+            registry=self.registry,
+        )
+        self.e2e = Histogram(
+            "inferfleet_router_e2e_seconds",
+            "Time from arrival to the end of the answer.",
+            labels,
+            buckets=E2E_BUCKETS,
+            registry=self.registry,
+        )
+        self.prompt_tokens = Counter(
+            "inferfleet_router_prompt_tokens",
+            "Prompt tokens of finished requests, as the engine reported them.",
+            labels,
+            registry=self.registry,
+        )
+        self.output_tokens = Counter(
+            "inferfleet_router_output_tokens",
+            "Output tokens sent to clients.",
+            labels,
+            registry=self.registry,
+        )
+        self.in_flight = Gauge(
+            "inferfleet_router_in_flight_requests",
+            "Requests between arrival and the end of their answer.",
+            ("service",),
+            registry=self.registry,
+        )
+        self.upstream = Histogram(
+            "inferfleet_router_upstream_seconds",
+            "Per role: a prefill call's duration, or the time to first token of a serving call.",
+            (*labels, "role"),
+            buckets=TTFT_BUCKETS,
+            registry=self.registry,
+        )
+        self.upstream_errors = Counter(
+            "inferfleet_router_upstream_errors",
+            "Failed calls to replicas, by role and kind (connect, status, stream, handoff).",
+            (*labels, "role", "kind"),
+            registry=self.registry,
+        )
+        self.retries = Counter(
+            "inferfleet_router_retries",
+            "Calls sent again to another replica (only before anything reached the client).",
+            (*labels, "role"),
+            registry=self.registry,
+        )
+        self.replicas = Gauge(
+            "inferfleet_router_replicas",
+            "Replicas known per role, by health.",
+            (*labels, "role", "state"),
+            registry=self.registry,
+        )
+        self.in_flight.labels(service).set(0)
+
+    def declare(self, deployment: str) -> None:
+        """Create a deployment's outcome series at zero, so that `rate()` and `increase()`
+        see the first request of each outcome (a series born at 1 hides it)."""
+        for outcome in Outcome:
+            self.requests.labels(self.service, deployment, outcome.value)
+        for series in (self.cancelled, self.ttft, self.tpot, self.e2e):
+            series.labels(self.service, deployment)
+        for series in (self.prompt_tokens, self.output_tokens):
+            series.labels(self.service, deployment)
+
+    def outcome(self, deployment: str, outcome: Outcome) -> None:
+        self.requests.labels(self.service, deployment, outcome.value).inc()

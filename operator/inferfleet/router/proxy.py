@@ -1,0 +1,658 @@
+"""The router's HTTP face: an OpenAI-compatible streaming proxy in front of engine replicas.
+
+Endpoints: `POST /v1/completions` and `/v1/chat/completions` (JSON or server-sent events,
+passed through as the engine writes them), `GET /v1/models` (the served models of the
+backends), `GET /health` (200 while some deployment can take requests and the router is not
+draining, else 503), `GET /metrics` (see `router.metrics`), `GET /debug/replicas` (what the
+router knows of each replica, as JSON).
+
+Per request: choose a deployment and replicas (`router.balancer`); for a disaggregated
+deployment, call a prefill replica, then hand its answer over to a decode replica
+(`router.requests`); stream the answer back, timing the first token and the tokens after it
+as they pass (`inferfleet.streaming`), and count the SLO outcome.
+
+Failures:
+* no replica healthy for a role the request needs: 503 with `Retry-After`;
+* a replica that refuses the connection, breaks it or answers 502/503/504 before anything
+  reached the client: the call goes to another replica (up to `max_attempts` replicas in
+  all), and a refused or broken connection marks the replica unhealthy until its health check
+  passes again. Once a byte has been sent back, nothing is retried;
+* a stream cut after it started: the client gets an error event (vLLM's shape) and `[DONE]`,
+  and the request counts as failed;
+* a body over `max_request_bytes`: 413, before it is read.
+Answers the engine refuses (4xx) pass through unchanged and are not judged against the SLO.
+A client that hangs up cancels its handler, which closes the upstream call (the engine then
+aborts the request); such requests are counted as cancelled, not judged.
+
+Non-streamed requests have no observable first token: their TTFT is taken as the whole
+answer's time (an upper bound) and TPOT is not judged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from inferfleet.api.model_deployment import EngineName, Role
+from inferfleet.router.balancer import Balancer, Replica
+from inferfleet.router.config import Backend, RouterConfig
+from inferfleet.router.metrics import RouterMetrics
+from inferfleet.router.requests import (
+    BadRequestError,
+    HandoffError,
+    RoutedRequest,
+    decode_body,
+    prefill_body,
+    read_request,
+    upstream_body,
+)
+from inferfleet.slo import Outcome
+from inferfleet.streaming import DONE_EVENT, TokenStream
+
+log = logging.getLogger(__name__)
+
+RETRYABLE_STATUSES = frozenset({502, 503, 504})
+_CALL_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError)
+HEALTH_TIMEOUT_S = 2.0
+_SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
+
+ROUTER: web.AppKey[Router] = web.AppKey("router")
+
+
+def error_body(message: str, status: int, kind: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": None, "code": status}}
+
+
+def error_response(
+    message: str, status: int, kind: str, headers: dict[str, str] | None = None
+) -> web.Response:
+    return web.json_response(error_body(message, status, kind), status=status, headers=headers)
+
+
+class _NoReplicaError(Exception):
+    def __init__(self, role: Role, tried: int) -> None:
+        super().__init__(role, tried)
+        self.role = role
+        self.tried = tried
+
+
+class _UpstreamFailedError(Exception):
+    """A replica call failed after the retries, before anything reached the client."""
+
+    def __init__(self, message: str, status: int = 502) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+
+@dataclass(slots=True)
+class _Charge:
+    """Tokens a request adds to a replica's load, given back as the work gets done."""
+
+    replica: Replica
+    remaining: float
+
+    def release(self, tokens: float) -> None:
+        tokens = min(tokens, self.remaining)
+        if tokens > 0:
+            self.remaining -= tokens
+            self.replica.outstanding_tokens -= tokens
+
+    def close(self) -> None:
+        self.release(self.remaining)
+        self.replica.in_flight -= 1
+
+
+@dataclass(slots=True)
+class _Timing:
+    arrived: float
+    first_token: float | None = None
+    last_token: float | None = None
+    tokens: int = 0
+    prompt_tokens: int | None = None
+    streamed: bool = False
+
+
+class Router:
+    """One service's router: replicas, choice, calls, metrics."""
+
+    def __init__(self, config: RouterConfig, metrics: RouterMetrics | None = None) -> None:
+        self.config = config
+        self.metrics = metrics or RouterMetrics(config.service)
+        self.balancer = Balancer(
+            {name: config.roles_of(name)[0].weight for name in config.deployments()},
+            slack_tokens=config.affinity_slack_tokens,
+        )
+        self.backends: dict[tuple[str, Role], Backend] = {b.key: b for b in config.backends}
+        for backend in config.backends:
+            self.balancer.declare(backend.deployment, backend.role)
+            self.metrics.declare(backend.deployment)
+        self.draining = False
+        self._session: aiohttp.ClientSession | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # Lifecycle.
+
+    async def start(self) -> None:
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30.0)
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(
+                total=self.config.request_timeout_s,
+                sock_connect=self.config.upstream_connect_timeout_s,
+            ),
+            auto_decompress=False,
+        )
+        for backend in self.config.backends:
+            if backend.urls:
+                self.set_replicas(backend.deployment, backend.role, backend.urls)
+        self._spawn(self._health_loop())
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._session is not None:
+            await self._session.close()
+
+    def _spawn(self, coroutine: Awaitable[None]) -> None:
+        task: asyncio.Task[None] = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        assert self._session is not None, "the router is not started"
+        return self._session
+
+    # Replicas and their health.
+
+    def set_replicas(self, deployment: str, role: Role, urls: Sequence[str]) -> None:
+        """What discovery found; new replicas are checked at once."""
+        added = self.balancer.set_replicas(deployment, role, urls)
+        if added:
+            self._spawn(self._check_all(added))
+        self._publish_replicas()
+
+    async def _check(self, replica: Replica) -> None:
+        try:
+            async with self.session.get(
+                f"{replica.url}/health", timeout=aiohttp.ClientTimeout(total=HEALTH_TIMEOUT_S)
+            ) as response:
+                healthy = response.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            healthy = False
+        if healthy != replica.healthy:
+            log.info(
+                "replica %s (%s) is %s", replica.url, replica.role, "up" if healthy else "down"
+            )
+        replica.healthy = healthy
+
+    async def _check_all(self, replicas: Sequence[Replica]) -> None:
+        await asyncio.gather(*(self._check(replica) for replica in replicas))
+        self._publish_replicas()
+
+    async def _health_loop(self) -> None:
+        while True:
+            await self._check_all(self.balancer.all_replicas())
+            await asyncio.sleep(self.config.health_interval_s)
+
+    def _publish_replicas(self) -> None:
+        for (deployment, role), pool in self.balancer.replicas.items():
+            healthy = sum(1 for replica in pool.values() if replica.healthy)
+            series = self.metrics.replicas
+            series.labels(self.config.service, deployment, role.value, "healthy").set(healthy)
+            series.labels(self.config.service, deployment, role.value, "unhealthy").set(
+                len(pool) - healthy
+            )
+
+    def _mark_down(self, replica: Replica) -> None:
+        if replica.healthy:
+            log.warning(
+                "replica %s (%s) failed a call; out until it checks healthy",
+                replica.url,
+                replica.role,
+            )
+        replica.healthy = False
+        self._publish_replicas()
+
+    def routable(self) -> bool:
+        return any(self.balancer.routable(name) for name in self.config.deployments())
+
+    # Requests.
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self.generate(request, chat=False)
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self.generate(request, chat=True)
+
+    async def generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+        loop = asyncio.get_running_loop()
+        service = self.config.service
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            self.metrics.rejected.labels(service, "too_large").inc()
+            return error_response(
+                f"the request body exceeds {self.config.max_request_bytes} bytes",
+                413,
+                "RequestEntityTooLargeError",
+            )
+        timing = _Timing(arrived=loop.time())
+        try:
+            routed = read_request(json.loads(raw), chat=chat)
+        except (ValueError, BadRequestError) as error:
+            self.metrics.rejected.labels(service, "bad_request").inc()
+            return error_response(str(error), 400, "BadRequestError")
+        deployment = self.balancer.choose_deployment()
+        if deployment is None:
+            return self._unavailable("no replica of any deployment is healthy")
+
+        self.metrics.in_flight.labels(service).inc()
+        judged: Outcome | None = None
+        try:
+            response, judged = await self._serve(request, routed, deployment, timing)
+            return response
+        except asyncio.CancelledError:
+            self.metrics.cancelled.labels(service, deployment).inc()
+            raise
+        except _NoReplicaError as error:
+            if error.tried == 0:
+                return self._unavailable(
+                    f"no {error.role.value} replica of {deployment} is healthy"
+                )
+            judged = Outcome.FAILED
+            return error_response(
+                f"every {error.role.value} replica tried failed ({error.tried})",
+                502,
+                "BadGatewayError",
+            )
+        except _UpstreamFailedError as error:
+            judged = Outcome.FAILED
+            return error_response(error.message, error.status, "BadGatewayError")
+        finally:
+            self.metrics.in_flight.labels(service).dec()
+            if judged is not None:
+                self._record(deployment, judged, timing, loop.time())
+
+    def _unavailable(self, message: str) -> web.Response:
+        self.metrics.rejected.labels(self.config.service, "no_replica").inc()
+        return error_response(
+            message,
+            503,
+            "ServiceUnavailableError",
+            headers={"Retry-After": str(self.config.retry_after_s)},
+        )
+
+    def _record(self, deployment: str, outcome: Outcome, timing: _Timing, now: float) -> None:
+        labels = (self.config.service, deployment)
+        metrics = self.metrics
+        metrics.outcome(deployment, outcome)
+        metrics.e2e.labels(*labels).observe(now - timing.arrived)
+        if timing.first_token is not None:
+            metrics.ttft.labels(*labels).observe(timing.first_token - timing.arrived)
+        tpot = self._tpot(timing)
+        if tpot is not None:
+            metrics.tpot.labels(*labels).observe(tpot)
+        if timing.prompt_tokens is not None:
+            metrics.prompt_tokens.labels(*labels).inc(timing.prompt_tokens)
+        if timing.tokens:
+            metrics.output_tokens.labels(*labels).inc(timing.tokens)
+
+    @staticmethod
+    def _tpot(timing: _Timing) -> float | None:
+        if not timing.streamed or timing.first_token is None or timing.last_token is None:
+            return None
+        if timing.tokens < 2:
+            return None
+        return (timing.last_token - timing.first_token) / (timing.tokens - 1)
+
+    def _judge(self, timing: _Timing, ok: bool) -> Outcome:
+        ttft = None if timing.first_token is None else timing.first_token - timing.arrived
+        return self.config.slo.outcome(ok=ok, ttft_s=ttft, tpot_s=self._tpot(timing))
+
+    async def _serve(
+        self, request: web.Request, routed: RoutedRequest, deployment: str, timing: _Timing
+    ) -> tuple[web.StreamResponse, Outcome | None]:
+        roles = self.balancer.roles_of(deployment)
+        body = upstream_body(routed)
+        serving_role = Role.AGGREGATED
+        if roles == [Role.PREFILL, Role.DECODE]:
+            serving_role = Role.DECODE
+            body = await self._prefill(request.path, routed, deployment, body)
+        return await self._call_serving(
+            request,
+            routed=routed,
+            deployment=deployment,
+            role=serving_role,
+            body=body,
+            timing=timing,
+        )
+
+    async def _prefill(
+        self, path: str, routed: RoutedRequest, deployment: str, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        engine = self.backends[(deployment, Role.PREFILL)].engine
+        payload = json.dumps(prefill_body(engine, body)).encode()
+        labels = (self.config.service, deployment, Role.PREFILL.value)
+        tried: list[str] = []
+        loop = asyncio.get_running_loop()
+        while len(tried) < self.config.max_attempts:
+            replica = self.balancer.choose(deployment, Role.PREFILL, routed.prefix_blocks, tried)
+            if replica is None:
+                break
+            if tried:
+                self.metrics.retries.labels(*labels).inc()
+            tried.append(replica.url)
+            charge = self._charge(replica, routed.prompt_tokens_estimate)
+            started = loop.time()
+            try:
+                async with self.session.post(
+                    replica.url + path, data=payload, headers={"Content-Type": "application/json"}
+                ) as response:
+                    answer = await response.read()
+                    if response.status in RETRYABLE_STATUSES:
+                        self.metrics.upstream_errors.labels(*labels, "status").inc()
+                        continue
+                    if response.status != 200:
+                        raise _UpstreamFailedError(
+                            _message_of(answer, f"prefill answered {response.status}"),
+                            response.status,
+                        )
+                self.balancer.record_prefix(replica, routed.prefix_blocks)
+                self.metrics.upstream.labels(*labels).observe(loop.time() - started)
+                try:
+                    return decode_body(engine, body, json.loads(answer))
+                except (ValueError, HandoffError) as error:
+                    self.metrics.upstream_errors.labels(*labels, "handoff").inc()
+                    raise _UpstreamFailedError(f"prefill -> decode hand-off: {error}") from error
+            except _CALL_ERRORS:
+                self.metrics.upstream_errors.labels(*labels, "connect").inc()
+                self._mark_down(replica)
+            finally:
+                charge.close()
+        raise _NoReplicaError(Role.PREFILL, len(tried))
+
+    def _charge(self, replica: Replica, tokens: float) -> _Charge:
+        replica.outstanding_tokens += tokens
+        replica.in_flight += 1
+        replica.served += 1
+        return _Charge(replica, tokens)
+
+    async def _call_serving(
+        self,
+        request: web.Request,
+        *,
+        routed: RoutedRequest,
+        deployment: str,
+        role: Role,
+        body: dict[str, Any],
+        timing: _Timing,
+    ) -> tuple[web.StreamResponse, Outcome | None]:
+        payload = json.dumps(body).encode()
+        labels = (self.config.service, deployment, role.value)
+        prompt_load = routed.prompt_tokens_estimate if role is Role.AGGREGATED else 0
+        tried: list[str] = []
+        loop = asyncio.get_running_loop()
+        while len(tried) < self.config.max_attempts:
+            replica = self.balancer.choose(deployment, role, routed.prefix_blocks, tried)
+            if replica is None:
+                break
+            if tried:
+                self.metrics.retries.labels(*labels).inc()
+            tried.append(replica.url)
+            charge = self._charge(replica, prompt_load + routed.max_tokens_estimate)
+            started = loop.time()
+            client: web.StreamResponse | None = None
+            try:
+                async with self.session.post(
+                    replica.url + request.path,
+                    data=payload,
+                    headers={"Content-Type": "application/json"},
+                ) as upstream:
+                    if upstream.status in RETRYABLE_STATUSES:
+                        self.metrics.upstream_errors.labels(*labels, "status").inc()
+                        continue
+                    self.balancer.record_prefix(replica, routed.prefix_blocks)
+                    if upstream.status != 200:
+                        # The engine refused the request: its answer, unchanged and unjudged.
+                        return web.Response(
+                            body=await upstream.read(),
+                            status=upstream.status,
+                            content_type=upstream.content_type,
+                        ), None
+                    if not routed.stream:
+                        answer = await upstream.read()
+                        now = loop.time()
+                        timing.first_token = timing.last_token = now
+                        _usage_into(timing, answer)
+                        self.metrics.upstream.labels(*labels).observe(now - started)
+                        response = web.Response(body=answer, content_type="application/json")
+                        return response, self._judge(timing, ok=True)
+                    stream = TokenStream(drop_usage=not routed.client_wants_usage)
+                    async for data in upstream.content.iter_any():
+                        now = loop.time()
+                        before = stream.tokens
+                        out = stream.feed(data, now)
+                        if stream.first_token_at is not None and before == 0:
+                            charge.release(prompt_load)
+                            self.metrics.upstream.labels(*labels).observe(now - started)
+                        charge.release(stream.tokens - before)
+                        if out:
+                            if client is None:
+                                client = web.StreamResponse(headers=_SSE_HEADERS)
+                                await client.prepare(request)
+                            await client.write(out)
+                        if stream.error is not None:
+                            break
+                    timing.streamed = True
+                    timing.first_token = stream.first_token_at
+                    timing.last_token = stream.last_token_at
+                    timing.tokens = stream.tokens
+                    timing.prompt_tokens = stream.usage_prompt_tokens
+                    if client is None:
+                        # Nothing came: the replica ended the stream at once; try another.
+                        self.metrics.upstream_errors.labels(*labels, "stream").inc()
+                        continue
+                    ok = stream.done and stream.error is None
+                    if not stream.done:
+                        self.metrics.upstream_errors.labels(*labels, "stream").inc()
+                        await self._write_stream_error(client, "the replica's stream ended early")
+                    await client.write_eof()
+                    return client, self._judge(timing, ok=ok)
+            except _CALL_ERRORS as error:
+                self.metrics.upstream_errors.labels(
+                    *labels, "connect" if client is None else "stream"
+                ).inc()
+                self._mark_down(replica)
+                if client is None:
+                    continue
+                timing.streamed = True
+                await self._write_stream_error(client, f"the replica's stream broke: {error}")
+                with contextlib.suppress(ConnectionError):
+                    await client.write_eof()
+                return client, Outcome.FAILED
+            finally:
+                charge.close()
+        raise _NoReplicaError(role, len(tried))
+
+    @staticmethod
+    async def _write_stream_error(client: web.StreamResponse, message: str) -> None:
+        event = json.dumps(error_body(message, 502, "BadGatewayError"))
+        with contextlib.suppress(ConnectionError):
+            await client.write(b"data: " + event.encode() + b"\n\n" + DONE_EVENT)
+
+    # Informational endpoints.
+
+    async def models(self, request: web.Request) -> web.Response:
+        del request
+        names = sorted({backend.model for backend in self.config.backends})
+        data = [{"id": name, "object": "model", "owned_by": "inferfleet"} for name in names]
+        return web.json_response({"object": "list", "data": data})
+
+    async def health(self, request: web.Request) -> web.Response:
+        del request
+        if self.draining:
+            return web.Response(status=503, text="draining\n")
+        if not self.routable():
+            return web.Response(status=503, text="no healthy replica\n")
+        return web.Response(text="ok\n")
+
+    async def metrics_endpoint(self, request: web.Request) -> web.Response:
+        del request
+        return web.Response(
+            body=generate_latest(self.metrics.registry),
+            headers={"Content-Type": CONTENT_TYPE_LATEST},
+        )
+
+    async def replicas(self, request: web.Request) -> web.Response:
+        del request
+        return web.json_response(
+            [
+                {
+                    "url": replica.url,
+                    "deployment": replica.deployment,
+                    "role": replica.role.value,
+                    "healthy": replica.healthy,
+                    "outstandingTokens": replica.outstanding_tokens,
+                    "inFlight": replica.in_flight,
+                    "served": replica.served,
+                }
+                for replica in self.balancer.all_replicas()
+            ]
+        )
+
+
+def _message_of(answer: bytes, fallback: str) -> str:
+    with contextlib.suppress(ValueError, TypeError, KeyError):
+        return str(json.loads(answer)["error"]["message"])
+    return fallback
+
+
+def _usage_into(timing: _Timing, answer: bytes) -> None:
+    with contextlib.suppress(ValueError, TypeError, AttributeError):
+        usage = json.loads(answer).get("usage") or {}
+        if isinstance(usage.get("completion_tokens"), int):
+            timing.tokens = usage["completion_tokens"]
+        if isinstance(usage.get("prompt_tokens"), int):
+            timing.prompt_tokens = usage["prompt_tokens"]
+
+
+Discovery = Callable[[Router], Awaitable[None]]
+"""A task that keeps the router's replica lists current (`Router.set_replicas`)."""
+
+
+def create_app(config: RouterConfig, discovery: Discovery | None = None) -> web.Application:
+    """The router as an aiohttp application; `discovery` runs while the app does."""
+    router = Router(config)
+    app = web.Application(client_max_size=config.max_request_bytes)
+    app[ROUTER] = router
+    app.router.add_post("/v1/completions", router.completions)
+    app.router.add_post("/v1/chat/completions", router.chat_completions)
+    app.router.add_get("/v1/models", router.models)
+    app.router.add_get("/health", router.health)
+    app.router.add_get("/metrics", router.metrics_endpoint)
+    app.router.add_get("/debug/replicas", router.replicas)
+
+    async def start(app: web.Application) -> None:
+        await router.start()
+        if discovery is not None:
+            router._spawn(discovery(router))
+
+    async def stop(app: web.Application) -> None:
+        await router.close()
+
+    app.on_startup.append(start)
+    app.on_cleanup.append(stop)
+    return app
+
+
+class RouterServer:
+    """The router listening on a TCP port, with a graceful drain."""
+
+    def __init__(self, app: web.Application, host: str = "0.0.0.0", port: int = 8000) -> None:
+        self.app = app
+        self.host = host
+        self.port = port
+        config = app[ROUTER].config
+        self._runner = web.AppRunner(
+            app,
+            handler_cancellation=True,
+            shutdown_timeout=config.drain_timeout_s,
+            access_log=None,
+        )
+        self._stopped = False
+
+    @property
+    def router(self) -> Router:
+        return self.app[ROUTER]
+
+    async def start(self) -> int:
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port, backlog=4096)
+        await site.start()
+        self.port = int(self._runner.addresses[0][1])
+        return self.port
+
+    async def stop(self, *, drain: bool = True) -> None:
+        """Say 503 on /health for `drain_delay_s` while still serving, then stop listening and
+        let in-flight streams finish within `drain_timeout_s`. Idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self.router.draining = True
+        if drain and self.router.config.drain_delay_s > 0:
+            await asyncio.sleep(self.router.config.drain_delay_s)
+        await self._runner.cleanup()
+
+
+async def serve(
+    config: RouterConfig,
+    *,
+    host: str = "0.0.0.0",
+    port: int = 8000,
+    discovery: Discovery | None = None,
+    stop: asyncio.Event | None = None,
+    on_ready: Callable[[int], None] | None = None,
+) -> None:
+    """Serve until SIGTERM/SIGINT (or `stop`), then drain."""
+    server = RouterServer(create_app(config, discovery), host, port)
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    installed: list[signal.Signals] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(sig, stop.set)
+            installed.append(sig)
+    try:
+        bound = await server.start()
+        if on_ready is not None:
+            on_ready(bound)
+        await stop.wait()
+        log.info(
+            "draining: /health says 503 for %.0f s, then the listener closes", config.drain_delay_s
+        )
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+        await server.stop()
+
+
+def run(config: RouterConfig, **options: Any) -> None:
+    asyncio.run(serve(config, **options))
+
+
+__all__ = ["EngineName", "Router", "RouterServer", "create_app", "run", "serve"]

@@ -1,0 +1,346 @@
+"""The router's pure parts: flags, choice of replica, request rewriting, SLO outcomes, and the
+stream reader it shares with the load generator."""
+
+from __future__ import annotations
+
+from array import array
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from inferfleet.api.model_deployment import EngineName, Role
+from inferfleet.router.balancer import Balancer, PrefixIndex
+from inferfleet.router.config import Backend, RouterConfig, RouterConfigError, parse_backend
+from inferfleet.router.discovery import ready_urls
+from inferfleet.router.requests import (
+    BadRequestError,
+    HandoffError,
+    decode_body,
+    prefill_body,
+    read_request,
+    upstream_body,
+)
+from inferfleet.slo import Outcome, Slo
+from inferfleet.streaming import TokenStream
+
+# Flags.
+
+RENDERED = (
+    "deployment=chat,role=decode,engine=vllm,weight=100,model=llama,service=chat-decode,port=8000"
+)
+
+
+def test_a_rendered_backend_flag_parses() -> None:
+    backend = parse_backend(RENDERED)
+    assert backend == Backend("chat", Role.DECODE, EngineName.VLLM, "llama", 100, "chat-decode")
+
+
+def test_fixed_urls_parse() -> None:
+    backend = parse_backend(
+        "deployment=a,role=aggregated,engine=sim,model=m,urls=http://127.0.0.1:1;http://[::1]:2/"
+    )
+    assert backend.urls == ("http://127.0.0.1:1", "http://[::1]:2")
+
+
+@pytest.mark.parametrize(
+    ("flag", "says"),
+    [
+        ("deployment=a,role=aggregated,engine=sim", "missing model"),
+        ("deployment=a,role=middle,engine=sim,model=m,service=s", "middle"),
+        ("deployment=a,role=aggregated,engine=ollama,model=m,service=s", "ollama"),
+        ("deployment=a,role=aggregated,engine=sim,model=m", "service= (Kubernetes) or urls="),
+        ("deployment=a,role=aggregated,engine=sim,model=m,colour=red", "'colour=red'"),
+        ("deployment=a,role=aggregated,engine=sim,model=m,urls=127.0.0.1:80", "http(s)://"),
+        ("deployment=a,role=aggregated,engine=sim,model=m,service=s,port=x", "integers"),
+        ("deployment=a,deployment=b,role=aggregated,engine=sim,model=m,service=s", "twice"),
+    ],
+)
+def test_bad_backend_flags_say_what_is_wrong(flag: str, says: str) -> None:
+    with pytest.raises(RouterConfigError, match=None) as caught:
+        parse_backend(flag)
+    assert says in str(caught.value)
+
+
+def test_a_deployment_needs_aggregated_or_both_disaggregated_roles() -> None:
+    prefill = parse_backend("deployment=a,role=prefill,engine=sim,model=m,service=p")
+    with pytest.raises(RouterConfigError, match="prefill and decode"):
+        RouterConfig("svc", (prefill,))
+    with pytest.raises(RouterConfigError, match="at least one"):
+        RouterConfig("svc", ())
+
+
+# Choice of replica.
+
+
+def balancer(loads: dict[str, float], slack: int = 100) -> Balancer:
+    chooser = Balancer({"d": 1}, slack_tokens=slack)
+    chooser.set_replicas("d", Role.AGGREGATED, loads)
+    for replica in chooser.all_replicas():
+        replica.healthy = True
+        replica.outstanding_tokens = loads[replica.url]
+    return chooser
+
+
+def test_the_least_outstanding_tokens_win() -> None:
+    chooser = balancer({"a": 500.0, "b": 20.0, "c": 300.0})
+    assert chooser.choose("d", Role.AGGREGATED).url == "b"  # type: ignore[union-attr]
+
+
+def test_prefix_affinity_holds_within_the_slack_and_yields_past_it() -> None:
+    chooser = balancer({"a": 0.0, "b": 0.0}, slack=100)
+    [a, b] = sorted(chooser.all_replicas(), key=lambda r: r.url)
+    chooser.record_prefix(a, (1, 2, 3))
+    a.outstanding_tokens = 80.0  # within 100 of b's 0
+    assert chooser.choose("d", Role.AGGREGATED, (1, 2, 3, 4)) is a
+    a.outstanding_tokens = 150.0  # past the slack: the least loaded
+    assert chooser.choose("d", Role.AGGREGATED, (1, 2, 3, 4)) is b
+    # The longest shared prefix wins among holders.
+    a.outstanding_tokens = 0.0
+    chooser.record_prefix(b, (1, 2))
+    assert chooser.choose("d", Role.AGGREGATED, (1, 2, 3)) is a
+    assert chooser.choose("d", Role.AGGREGATED, (9,)) in (a, b)
+
+
+def test_unhealthy_and_excluded_replicas_are_never_chosen() -> None:
+    chooser = balancer({"a": 0.0, "b": 10.0})
+    replicas = {r.url: r for r in chooser.all_replicas()}
+    replicas["a"].healthy = False
+    assert chooser.choose("d", Role.AGGREGATED) is replicas["b"]
+    assert chooser.choose("d", Role.AGGREGATED, exclude=["b"]) is None
+
+
+def test_ties_go_round_robin() -> None:
+    chooser = balancer({"a": 0.0, "b": 0.0, "c": 0.0})
+    picks = {chooser.choose("d", Role.AGGREGATED).url for _ in range(3)}  # type: ignore[union-attr]
+    assert picks == {"a", "b", "c"}
+
+
+def test_deployments_share_traffic_by_weight() -> None:
+    chooser = Balancer({"stable": 90, "canary": 10, "off": 0})
+    for name in ("stable", "canary", "off"):
+        chooser.set_replicas(name, Role.AGGREGATED, [f"http://{name}:1"])
+    for replica in chooser.all_replicas():
+        replica.healthy = True
+    picks = [chooser.choose_deployment() for _ in range(1000)]
+    assert picks.count("stable") == 900
+    assert picks.count("canary") == 100
+    # A deployment with no healthy replica gets nothing; none at all: None.
+    for replica in chooser.all_replicas():
+        replica.healthy = replica.deployment == "canary"
+    assert {chooser.choose_deployment() for _ in range(10)} == {"canary"}
+    for replica in chooser.all_replicas():
+        replica.healthy = False
+    assert chooser.choose_deployment() is None
+
+
+def test_a_disaggregated_deployment_needs_both_roles_healthy() -> None:
+    chooser = Balancer({"d": 1})
+    chooser.set_replicas("d", Role.PREFILL, ["p"])
+    chooser.set_replicas("d", Role.DECODE, ["q"])
+    assert chooser.roles_of("d") == [Role.PREFILL, Role.DECODE]
+    [p] = chooser.replicas[("d", Role.PREFILL)].values()
+    p.healthy = True
+    assert not chooser.routable("d")
+    [q] = chooser.replicas[("d", Role.DECODE)].values()
+    q.healthy = True
+    assert chooser.routable("d")
+
+
+def test_replicas_that_go_away_are_dropped_with_their_prefixes() -> None:
+    chooser = balancer({"a": 0.0, "b": 0.0})
+    [a, _] = sorted(chooser.all_replicas(), key=lambda r: r.url)
+    chooser.record_prefix(a, (7, 8))
+    added = chooser.set_replicas("d", Role.AGGREGATED, ["b", "c"])
+    assert [r.url for r in added] == ["c"]
+    assert not added[0].healthy
+    assert sorted(r.url for r in chooser.all_replicas()) == ["b", "c"]
+    assert len(chooser.prefixes[("d", Role.AGGREGATED)]) == 0
+
+
+def test_the_prefix_index_is_bounded() -> None:
+    index = PrefixIndex(capacity=10)
+    for block in range(100):
+        index.record((block,), "a")
+    assert len(index) == 10
+    assert index.matches((99,), ["a"]) == {"a": 1}
+    assert index.matches((0,), ["a"]) == {"a": 0}
+
+
+# Requests.
+
+
+def test_a_prompt_is_estimated_and_its_prefix_hashed() -> None:
+    text = "x" * 2000
+    request = read_request({"prompt": text, "max_tokens": 7}, chat=False)
+    assert request.prompt_tokens_estimate == 501
+    assert request.max_tokens_estimate == 7
+    assert len(request.prefix_blocks) == 3  # whole 512-character blocks
+    again = read_request({"prompt": text + "y" * 100, "max_tokens": 7}, chat=False)
+    assert again.prefix_blocks[:3] == request.prefix_blocks
+    other = read_request({"prompt": "z" + text, "max_tokens": 7}, chat=False)
+    assert set(other.prefix_blocks).isdisjoint(request.prefix_blocks)
+    ids = read_request({"prompt": [1, 2, 3]}, chat=False)
+    assert (ids.prompt_tokens_estimate, ids.max_tokens_estimate) == (3, 16)
+    given_hashes = {"prompt": "a", "inferfleet": {"prefix_hashes": [5, 6]}}
+    assert read_request(given_hashes, chat=False).prefix_blocks == (5, 6)
+
+
+@pytest.mark.parametrize(
+    ("body", "chat", "says"),
+    [
+        ([], False, "JSON object"),
+        ({"prompt": 3}, False, "prompt"),
+        ({"messages": []}, True, "messages"),
+        ({"prompt": "a", "stream": "yes"}, False, "stream"),
+        ({"prompt": "a", "max_tokens": "many"}, False, "max_tokens"),
+    ],
+)
+def test_unroutable_bodies_are_refused(body: Any, chat: bool, says: str) -> None:
+    with pytest.raises(BadRequestError, match=says):
+        read_request(body, chat=chat)
+
+
+def test_a_stream_always_asks_for_usage_upstream() -> None:
+    quiet = read_request({"prompt": "a", "stream": True}, chat=False)
+    assert upstream_body(quiet)["stream_options"] == {"include_usage": True}
+    assert not quiet.client_wants_usage
+    asked = read_request(
+        {"prompt": "a", "stream": True, "stream_options": {"include_usage": True}}, chat=False
+    )
+    assert asked.client_wants_usage
+    assert upstream_body(asked) is asked.body
+    plain = read_request({"prompt": "a"}, chat=False)
+    assert "stream_options" not in upstream_body(plain)
+
+
+def test_the_vllm_hand_off_follows_the_nixl_proxy_protocol() -> None:
+    body = {"model": "m", "prompt": "a", "max_tokens": 50, "stream": True, "stream_options": {}}
+    prefill = prefill_body(EngineName.VLLM, body)
+    assert prefill["stream"] is False
+    assert prefill["max_tokens"] == 1
+    assert "stream_options" not in prefill
+    assert prefill["kv_transfer_params"]["do_remote_decode"] is True
+    assert prefill["kv_transfer_params"]["do_remote_prefill"] is False
+    params = {"do_remote_prefill": True, "remote_engine_id": "e", "remote_block_ids": [1]}
+    decode = decode_body(EngineName.VLLM, body, {"kv_transfer_params": params})
+    assert decode["kv_transfer_params"] == params
+    assert decode["max_tokens"] == 50
+    assert decode["stream"] is True
+    assert "kv_transfer_params" not in body  # the client's body is left alone
+    with pytest.raises(HandoffError, match="kv_transfer_params"):
+        decode_body(EngineName.SIM, body, {"choices": []})
+
+
+def test_the_tensorrt_llm_hand_off_uses_disaggregated_params() -> None:
+    body = {"model": "m", "prompt": "a", "max_tokens": 50, "stream": True}
+    context = prefill_body(EngineName.TENSORRT_LLM, body)
+    assert context["disaggregated_params"] == {"request_type": "context_only"}
+    assert context["stream"] is False
+    handed = {"request_type": "context_only", "ctx_request_id": 7, "opaque_state": "x"}
+    generation = decode_body(
+        EngineName.TENSORRT_LLM, body, {"choices": [{"disaggregated_params": handed}]}
+    )
+    assert generation["disaggregated_params"] == {**handed, "request_type": "generation_only"}
+    with pytest.raises(HandoffError, match="disaggregated_params"):
+        decode_body(EngineName.TENSORRT_LLM, body, {"choices": [{}]})
+
+
+# EndpointSlices.
+
+
+def test_only_ready_endpoints_are_routed_to_on_the_named_port() -> None:
+    slices = [
+        {
+            "addressType": "IPv4",
+            "ports": [{"name": "http", "port": 8000, "protocol": "TCP"}],
+            "endpoints": [
+                {"addresses": ["10.0.0.1"], "conditions": {"ready": True}},
+                {"addresses": ["10.0.0.2"], "conditions": {"ready": False}},
+                {"addresses": ["10.0.0.3"]},
+            ],
+        },
+        {"addressType": "IPv6", "ports": None, "endpoints": [{"addresses": ["fd00::1"]}]},
+        {"addressType": "FQDN", "endpoints": [{"addresses": ["example.com"]}]},
+    ]
+    assert ready_urls(slices, 9000) == [
+        "http://10.0.0.1:8000",
+        "http://10.0.0.3:8000",
+        "http://[fd00::1]:9000",
+    ]
+
+
+# SLO outcomes.
+
+
+@pytest.mark.parametrize(
+    ("ok", "ttft", "tpot", "outcome"),
+    [
+        (True, 0.4, 0.04, Outcome.MET),
+        (True, 0.6, 0.04, Outcome.MISSED_TTFT),
+        (True, 0.4, 0.06, Outcome.MISSED_TPOT),
+        (True, 0.6, 0.06, Outcome.MISSED_BOTH),
+        (True, 0.5, 0.05, Outcome.MET),  # at the target is met
+        (True, 0.4, None, Outcome.MET),  # one token: no TPOT to judge
+        (True, None, None, Outcome.MISSED_TTFT),  # succeeded with no token
+        (False, 0.1, 0.01, Outcome.FAILED),
+    ],
+)
+def test_each_request_gets_one_outcome(
+    ok: bool, ttft: float | None, tpot: float | None, outcome: Outcome
+) -> None:
+    slo = Slo(ttft_p95_ms=500.0, tpot_p95_ms=50.0)
+    assert slo.outcome(ok=ok, ttft_s=ttft, tpot_s=tpot) is outcome
+
+
+def test_targets_left_unset_are_not_judged() -> None:
+    assert Slo().outcome(ok=True, ttft_s=99.0, tpot_s=9.0) is Outcome.MET
+
+
+# The stream reader.
+
+
+def token_event(index: int, chat: bool = False) -> bytes:
+    if chat:
+        return b'data: {"choices":[{"index":0,"delta":{"content":" t%d"}}]}\n\n' % index
+    return b'data: {"choices":[{"index":0,"text":" t%d"}]}\n\n' % index
+
+
+USAGE = b'data: {"id":"x","choices":[],"usage":{"prompt_tokens":9,"completion_tokens":4}}\n\n'
+DONE = b"data: [DONE]\n\n"
+
+
+@given(
+    cuts=st.lists(st.integers(min_value=1, max_value=400), max_size=12),
+    chat=st.booleans(),
+    drop_usage=st.booleans(),
+)
+def test_any_split_of_a_stream_reads_the_same(
+    cuts: list[int], chat: bool, drop_usage: bool
+) -> None:
+    role = b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
+    whole = (role if chat else b"") + b"".join(token_event(i, chat) for i in range(1, 5))
+    whole += USAGE + DONE
+    positions = sorted({min(cut, len(whole)) for cut in cuts})
+    pieces = [whole[a:b] for a, b in zip([0, *positions], [*positions, len(whole)], strict=True)]
+    stream = TokenStream(drop_usage=drop_usage, gaps=array("d"))
+    passed = b"".join(stream.feed(piece, float(n)) for n, piece in enumerate(pieces))
+    assert stream.done
+    assert stream.error is None
+    assert stream.chunks == 4
+    assert stream.tokens == 4
+    assert stream.usage_prompt_tokens == 9
+    assert len(stream.gaps or ()) == 3
+    assert passed == (whole.replace(USAGE, b"") if drop_usage else whole)
+
+
+def test_usage_wins_over_counted_chunks_and_errors_end_the_stream() -> None:
+    stream = TokenStream()
+    stream.feed(token_event(1) + USAGE, 1.0)
+    assert (stream.chunks, stream.tokens) == (1, 4)  # several tokens in one event
+    failing = TokenStream()
+    failing.feed(token_event(1) + b'data: {"error":{"message":"engine died"}}\n\n', 2.0)
+    assert failing.error == "engine died"
+    assert failing.first_token_at == 2.0
+    assert not failing.done

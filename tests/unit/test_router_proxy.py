@@ -1,0 +1,294 @@
+"""The router in front of real HTTP servers on loopback: emulated engines and scripted
+upstreams that fail in the ways replicas do."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import httpx
+import pytest
+from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
+
+from inferfleet.api.catalog import GpuType
+from inferfleet.api.model_deployment import Role
+from inferfleet.router.config import RouterConfig, parse_backend
+from inferfleet.router.proxy import RouterServer, create_app
+from inferfleet.sim.openai_api import SimServer
+from inferfleet.sim.openai_api import create_app as create_engine
+from inferfleet.slo import Slo
+from tests.unit.planning_fixtures import replica
+
+MODEL = "llama-3.1-8b"
+CONFIG = replica(MODEL, GpuType.H200_141GB)
+Start = Callable[..., Awaitable[str]]
+
+
+@pytest.fixture
+async def servers() -> AsyncIterator[dict[str, Any]]:
+    """Engines, scripted upstreams and routers started by a test; all stopped after it."""
+    started: dict[str, Any] = {"engines": [], "runners": [], "routers": [], "clients": []}
+    yield started
+    for client in started["clients"]:
+        await client.aclose()
+    for router in started["routers"]:
+        await router.stop(drain=False)
+    for engine in started["engines"]:
+        await engine.stop()
+    for runner in started["runners"]:
+        await runner.cleanup()
+
+
+async def start_engine(servers: dict[str, Any], role: Role = Role.AGGREGATED) -> str:
+    server = SimServer(create_engine(CONFIG, MODEL, role), "127.0.0.1", 0, drain_timeout_s=1.0)
+    port = await server.start()
+    servers["engines"].append(server)
+    return f"http://127.0.0.1:{port}"
+
+
+async def scripted(request: web.Request, mode: str) -> web.StreamResponse:
+    """An upstream replica that behaves as `mode` says."""
+    await request.read()
+    if mode == "busy":
+        return web.json_response({"error": {"message": "draining"}}, status=503)
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    await response.write(b'data: {"choices":[{"index":0,"text":" tok1"}]}\n\n')
+    if mode == "die":
+        assert request.transport is not None
+        request.transport.abort()  # the replica's process dies mid-stream
+    return response  # "cut": the stream ends without [DONE]
+
+
+async def start_scripted(servers: dict[str, Any], mode: str) -> str:
+    async def completions(request: web.Request) -> web.StreamResponse:
+        return await scripted(request, mode)
+
+    async def health(request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/health", health)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    servers["runners"].append(runner)
+    return f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+
+def config(*backends: str, **options: Any) -> RouterConfig:
+    settings = {"health_interval_s": 0.05, "drain_delay_s": 0.0, "drain_timeout_s": 5.0}
+    return RouterConfig("chat", tuple(parse_backend(b) for b in backends), **(settings | options))
+
+
+async def start_router(servers: dict[str, Any], router_config: RouterConfig) -> httpx.AsyncClient:
+    server = RouterServer(create_app(router_config), "127.0.0.1", 0)
+    port = await server.start()
+    servers["routers"].append(server)
+    client = httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10.0, verify=False)
+    servers["clients"].append(client)
+    for _ in range(200):  # until the first health checks pass
+        if (await client.get("/health")).status_code == 200:
+            break
+        await asyncio.sleep(0.01)
+    return client
+
+
+def aggregated(*urls: str) -> str:
+    return f"deployment=d,role=aggregated,engine=sim,model={MODEL},urls={';'.join(urls)}"
+
+
+async def stream_lines(client: httpx.AsyncClient, body: dict[str, Any]) -> list[str]:
+    async with client.stream("POST", "/v1/completions", json=body) as response:
+        assert response.status_code == 200, await response.aread()
+        return [line async for line in response.aiter_lines() if line]
+
+
+def series(text: str, name: str, **labels: str) -> float:
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for item in family.samples:
+            if item.name == name and all(item.labels.get(k) == v for k, v in labels.items()):
+                total += item.value
+    return total
+
+
+async def metrics(client: httpx.AsyncClient) -> str:
+    return (await client.get("/metrics")).text
+
+
+async def test_a_stream_passes_through_timed_and_judged(servers: dict[str, Any]) -> None:
+    engine = await start_engine(servers)
+    client = await start_router(
+        servers, config(aggregated(engine), slo=Slo(ttft_p95_ms=5_000.0, tpot_p95_ms=1_000.0))
+    )
+    lines = await stream_lines(
+        client, {"model": MODEL, "prompt": "w " * 100, "max_tokens": 8, "stream": True}
+    )
+    assert lines[-1] == "data: [DONE]"
+    tokens = [json.loads(line[6:]) for line in lines[:-1]]
+    assert [t["choices"][0]["text"] for t in tokens] == [f" tok{i}" for i in range(1, 9)]
+    assert all("usage" not in t for t in tokens)  # asked for upstream, not passed on
+    text = await metrics(client)
+    assert series(text, "inferfleet_router_requests_total", outcome="met") == 1
+    assert series(text, "inferfleet_router_requests_total") == 1
+    assert series(text, "inferfleet_router_output_tokens_total") == 8
+    assert series(text, "inferfleet_router_prompt_tokens_total") == 100
+    assert series(text, "inferfleet_router_tpot_seconds_count") == 1
+    assert series(text, "inferfleet_router_in_flight_requests") == 0
+
+    asked = await stream_lines(
+        client,
+        {"prompt": "w", "max_tokens": 2, "stream": True, "stream_options": {"include_usage": True}},
+    )
+    assert json.loads(asked[-2][6:])["usage"]["completion_tokens"] == 2
+    whole = await client.post(
+        "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+    )
+    assert whole.status_code == 200
+    assert whole.json()["usage"]["completion_tokens"] == 3
+    models = (await client.get("/v1/models")).json()
+    assert [m["id"] for m in models["data"]] == [MODEL]
+
+
+async def test_a_tight_slo_counts_misses_by_their_cause(servers: dict[str, Any]) -> None:
+    engine = await start_engine(servers)
+    client = await start_router(
+        servers, config(aggregated(engine), slo=Slo(ttft_p95_ms=5_000.0, tpot_p95_ms=0.001))
+    )
+    await stream_lines(client, {"prompt": "w", "max_tokens": 4, "stream": True})
+    assert (
+        series(await metrics(client), "inferfleet_router_requests_total", outcome="missed_tpot")
+        == 1
+    )
+
+
+async def test_prefill_hands_over_to_decode(servers: dict[str, Any]) -> None:
+    prefill = await start_engine(servers, Role.PREFILL)
+    decode = await start_engine(servers, Role.DECODE)
+    client = await start_router(
+        servers,
+        config(
+            f"deployment=d,role=prefill,engine=sim,model={MODEL},urls={prefill}",
+            f"deployment=d,role=decode,engine=sim,model={MODEL},urls={decode}",
+        ),
+    )
+    lines = await stream_lines(client, {"prompt": "w " * 300, "max_tokens": 5, "stream": True})
+    assert len(lines) == 6
+    text = await metrics(client)
+    assert series(text, "inferfleet_router_upstream_seconds_count", role="prefill") == 1
+    assert series(text, "inferfleet_router_upstream_seconds_count", role="decode") == 1
+    async with httpx.AsyncClient() as direct:
+        for url, role in ((prefill, "prefill"), (decode, "decode")):
+            engine_metrics = (await direct.get(f"{url}/metrics")).text
+            assert series(engine_metrics, "vllm:request_success_total") == 1, role
+
+
+async def test_no_healthy_replica_is_503_with_retry_after(servers: dict[str, Any]) -> None:
+    client = await start_router(servers, config(aggregated("http://127.0.0.1:9"), retry_after_s=7))
+    assert (await client.get("/health")).status_code == 503
+    response = await client.post("/v1/completions", json={"prompt": "w"})
+    assert response.status_code == 503
+    assert response.headers["Retry-After"] == "7"
+    assert response.json()["error"]["type"] == "ServiceUnavailableError"
+    text = await metrics(client)
+    assert series(text, "inferfleet_router_rejected_requests_total", reason="no_replica") == 1
+    assert series(text, "inferfleet_router_requests_total") == 0
+
+
+async def test_a_refused_call_goes_to_another_replica(servers: dict[str, Any]) -> None:
+    engine = await start_engine(servers)
+    busy = await start_scripted(servers, "busy")
+    client = await start_router(servers, config(aggregated(busy, engine)))
+    for _ in range(4):
+        lines = await stream_lines(client, {"prompt": "w", "max_tokens": 2, "stream": True})
+        assert lines[-1] == "data: [DONE]"
+    text = await metrics(client)
+    assert series(text, "inferfleet_router_requests_total", outcome="met") == 4
+    assert series(text, "inferfleet_router_retries_total") >= 1
+    assert series(text, "inferfleet_router_upstream_errors_total", kind="status") >= 1
+
+
+async def test_a_dead_replica_is_skipped_and_marked_down(servers: dict[str, Any]) -> None:
+    engine = await start_engine(servers)
+    client = await start_router(servers, config(aggregated("http://127.0.0.1:9", engine)))
+    app_router = servers["routers"][-1].router
+    dead = app_router.balancer.replicas[("d", Role.AGGREGATED)]["http://127.0.0.1:9"]
+    dead.healthy = True  # as if it died after its last health check
+    dead.outstanding_tokens = -1e9  # and looked like the best choice
+    lines = await stream_lines(client, {"prompt": "w", "max_tokens": 2, "stream": True})
+    assert lines[-1] == "data: [DONE]"
+    assert not dead.healthy
+    assert (
+        series(await metrics(client), "inferfleet_router_upstream_errors_total", kind="connect")
+        == 1
+    )
+
+
+@pytest.mark.parametrize("mode", ["cut", "die"])
+async def test_a_stream_broken_after_it_started_ends_in_an_error_event(
+    servers: dict[str, Any], mode: str
+) -> None:
+    upstream = await start_scripted(servers, mode)
+    client = await start_router(servers, config(aggregated(upstream)))
+    lines = await stream_lines(client, {"prompt": "w", "max_tokens": 5, "stream": True})
+    assert json.loads(lines[0][6:])["choices"][0]["text"] == " tok1"
+    assert json.loads(lines[1][6:])["error"]["type"] == "BadGatewayError"
+    assert lines[2:] == ["data: [DONE]"]
+    text = await metrics(client)
+    assert series(text, "inferfleet_router_requests_total", outcome="failed") == 1
+    assert series(text, "inferfleet_router_retries_total") == 0  # a token was sent: no retry
+
+
+async def test_limits_and_refusals(servers: dict[str, Any]) -> None:
+    engine = await start_engine(servers)
+    client = await start_router(servers, config(aggregated(engine), max_request_bytes=1000))
+    too_large = await client.post("/v1/completions", json={"prompt": "w " * 1000})
+    assert too_large.status_code == 413
+    bad = await client.post("/v1/completions", content=b"{not json")
+    assert bad.status_code == 400
+    other_model = await client.post("/v1/completions", json={"model": "gpt-9", "prompt": "w"})
+    assert other_model.status_code == 404  # the engine's answer, passed through
+    text = await metrics(client)
+    assert series(text, "inferfleet_router_requests_total") == 0  # refusals are not judged
+    assert series(text, "inferfleet_router_rejected_requests_total", reason="too_large") == 1
+
+
+async def test_a_client_that_hangs_up_is_counted_cancelled(servers: dict[str, Any]) -> None:
+    engine = await start_engine(servers)
+    client = await start_router(servers, config(aggregated(engine)))
+    async with client.stream(
+        "POST", "/v1/completions", json={"prompt": "w", "max_tokens": 2000, "stream": True}
+    ) as response:
+        async for _ in response.aiter_lines():
+            break
+    for _ in range(200):
+        if series(await metrics(client), "inferfleet_router_cancelled_requests_total") == 1:
+            break
+        await asyncio.sleep(0.01)
+    text = await metrics(client)
+    assert series(text, "inferfleet_router_cancelled_requests_total") == 1
+    assert series(text, "inferfleet_router_in_flight_requests") == 0
+
+
+async def test_drain_says_503_and_lets_streams_finish(servers: dict[str, Any]) -> None:
+    engine = await start_engine(servers)
+    client = await start_router(servers, config(aggregated(engine), drain_delay_s=0.3))
+    server: RouterServer = servers["routers"][-1]
+    body = {"prompt": "w", "max_tokens": 40, "stream": True}
+    in_flight = asyncio.ensure_future(stream_lines(client, body))
+    await asyncio.sleep(0.05)
+    stopping = asyncio.ensure_future(server.stop())
+    await asyncio.sleep(0.05)
+    assert (await client.get("/health")).status_code == 503
+    lines = await in_flight
+    assert len(lines) == 41
+    await stopping
+    with pytest.raises(httpx.ConnectError):
+        await client.get("/health")
