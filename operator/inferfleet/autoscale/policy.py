@@ -27,6 +27,7 @@ Stale or missing metrics hold the last decision.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -333,12 +334,8 @@ class _Demand:
     input_tokens: int
     output_tokens: int
     backlog_requests: float
-
-    @property
-    def growth(self) -> float:
-        if self.requests_per_s <= 0:
-            return 1.0
-        return self.forecast_requests_per_s / self.requests_per_s
+    growth: float
+    """How much the trend alone grows the load within a cold start (1: no trend)."""
 
 
 @dataclass(frozen=True)
@@ -409,11 +406,17 @@ def _demand(spec: PolicySpec, snapshot: MetricsSnapshot, history: PolicyHistory)
         fallback.output_tokens,
     )
     # Completions lag arrivals when the fleet falls behind: what piles up in flight also arrived.
-    previous = history.demand[-1] if history.demand else None
+    # Measured against a sample at least a rate window old, as noisy as the rates themselves.
+    in_flight = service.in_flight_requests * share
+    baseline = next(
+        (s for s in reversed(history.demand) if s.at_s <= snapshot.taken_at_s - snapshot.window_s),
+        None,
+    )
     growing = 0.0
-    if previous is not None and snapshot.taken_at_s > previous.at_s:
-        piled = service.in_flight_requests * share - previous.in_flight_requests
-        growing = max(0.0, piled / (snapshot.taken_at_s - previous.at_s))
+    if baseline is not None:
+        growing = max(
+            0.0, (in_flight - baseline.in_flight_requests) / (snapshot.taken_at_s - baseline.at_s)
+        )
     arriving = max(completed + growing, prefill.prompt_tokens_per_s / input_tokens)
     # Queued requests are drained by the replicas that start within a cold start.
     backlog = prefill.waiting_requests + (decode.waiting_requests if spec.disaggregated else 0.0)
@@ -428,15 +431,17 @@ def _demand(spec: PolicySpec, snapshot: MetricsSnapshot, history: PolicyHistory)
     # A rate over a window lags the load by half the window, and a replica ordered now serves
     # after a cold start: project the trend that far.
     rise = _sustained_rise(recent) * (spec.cold_start_s + snapshot.window_s / 2)
-    forecast = current
+    forecast, growth = current, 1.0
     if current > 0 and rise > spec.trend_tolerance * current:
-        forecast = min(current + rise, current * spec.max_trend_growth)
+        growth = min(1 + rise / current, spec.max_trend_growth)
+        forecast = current * growth
     return _Demand(
         requests_per_s=arriving,
         forecast_requests_per_s=forecast,
         input_tokens=input_tokens,
         output_tokens=output_tokens,
         backlog_requests=backlog,
+        growth=growth,
     )
 
 
@@ -452,17 +457,56 @@ def _meets(point: OperatingPoint, slo: Slo, extra_ttft_s: float = 0.0) -> bool:
     return slo.tpot_p95_s is None or point.tpot_s <= slo.tpot_p95_s
 
 
+# Per-replica rates are rounded up to a geometric grid (0.5% apart) before the planner sees
+# them: a noisy load then reuses cached operating points, and rounding up only errs towards
+# more capacity.
+_RATE_GRID = 1.005
+
+
+@functools.lru_cache(maxsize=8192)
+def _cached_point(
+    config: ReplicaConfig,
+    *,
+    grid_index: int,
+    input_tokens: int,
+    output_tokens: int,
+    efficiency: EfficiencyTerms,
+    role: Role,
+) -> OperatingPoint:
+    return operating_point(
+        config,
+        _RATE_GRID**grid_index,
+        input_tokens,
+        output_tokens,
+        efficiency=efficiency,
+        prefill=role in PREFILLING_ROLES,
+        decode=role in DECODING_ROLES,
+    )
+
+
 def _point(
     spec: PolicySpec, policy: RolePolicy, rate: float, count: int, demand: _Demand
 ) -> OperatingPoint:
-    return operating_point(
+    """One replica's operating point when `count` replicas share `rate` req/s."""
+    per_replica = rate / max(count, 1)
+    if per_replica <= 0:
+        return operating_point(
+            policy.replica,
+            0.0,
+            demand.input_tokens,
+            demand.output_tokens,
+            efficiency=spec.efficiency,
+            prefill=policy.role in PREFILLING_ROLES,
+            decode=policy.role in DECODING_ROLES,
+        )
+    grid_index = math.ceil(math.log(per_replica) / math.log(_RATE_GRID) - 1e-9)
+    return _cached_point(
         policy.replica,
-        rate / max(count, 1),
-        demand.input_tokens,
-        demand.output_tokens,
+        grid_index=grid_index,
+        input_tokens=demand.input_tokens,
+        output_tokens=demand.output_tokens,
         efficiency=spec.efficiency,
-        prefill=policy.role in PREFILLING_ROLES,
-        decode=policy.role in DECODING_ROLES,
+        role=policy.role,
     )
 
 
@@ -482,9 +526,12 @@ def _transfer_s(spec: PolicySpec, policy: RolePolicy, demand: _Demand) -> float:
     return demand.input_tokens * kv_bytes_per_token(policy.replica) / KV_TRANSFER_BYTES_PER_S
 
 
-def _fewest_meeting(spec: PolicySpec, policy: RolePolicy, rate: float, demand: _Demand) -> int:
+def _fewest_meeting(
+    spec: PolicySpec, policy: RolePolicy, rate: float, demand: _Demand, hint: int
+) -> int:
     """Fewest replicas (up to max_replicas + 1, meaning 'not enough') that hold the role's SLO
-    at `rate` req/s: galloping then bisection, a handful of planner calls."""
+    at `rate` req/s. The search gallops from `hint` (the current count: under a steady load the
+    answer is there, and two planner calls confirm it), then bisects."""
     if rate <= 0:
         return 1
     slo = _role_slo(spec, policy.role)
@@ -494,11 +541,21 @@ def _fewest_meeting(spec: PolicySpec, policy: RolePolicy, rate: float, demand: _
     def meets(count: int) -> bool:
         return _meets(_point(spec, policy, rate, count, demand), slo, extra)
 
-    low, high = 0, 1
-    while not meets(high):
-        if high >= limit:
-            return limit
-        low, high = high, min(limit, high * 2)
+    start = min(max(hint, 1), limit)
+    step = 1
+    if meets(start):
+        # Invariant: `high` meets, `low` does not (zero replicas never meet).
+        high, low = start, start - 1
+        while low > 0 and meets(low):
+            high, step = low, step * 2
+            low = max(0, high - step)
+    else:
+        low, high = start, min(limit, start + 1)
+        while not meets(high):
+            if high >= limit:
+                return limit
+            low, step = high, step * 2
+            high = min(limit, high + step)
     while high - low > 1:
         middle = (low + high) // 2
         if meets(middle):
@@ -541,7 +598,7 @@ def _size_role(
     correction: float,
 ) -> _Sizing:
     rate = demand.forecast_requests_per_s * (1 + spec.load_margin) * correction
-    by_model = _fewest_meeting(spec, policy, rate, demand)
+    by_model = _fewest_meeting(spec, policy, rate, demand, hint=max(1, metrics.ready_replicas))
     why = f"{rate:.3g} req/s of {demand.input_tokens}/{demand.output_tokens} tokens"
     needed = by_model
     if policy.role in DECODING_ROLES:
@@ -650,6 +707,7 @@ def _stabilised(
 class _Constrained:
     replicas: dict[Role, int]
     pinned: frozenset[Role]
+    """Pinned roles whose pin overrode the recommendation."""
     budget_cut: frozenset[Role]
     max_cut: frozenset[Role]
 
@@ -685,16 +743,21 @@ def _constrain(
 def _fit_budget(
     spec: PolicySpec, replicas: dict[Role, int], pins: Mapping[Role, int], priority: frozenset[Role]
 ) -> set[Role]:
-    """Cut unpinned roles to the budget, in place: each keeps one replica, then the roles whose
-    SLO is missed are filled first, the rest after, evenly by the share of their want."""
+    """Cut unpinned roles to the budget, in place: each keeps its minReplicas (one replica when
+    even those exceed the budget), then the roles whose SLO is missed are filled first, the rest
+    after, evenly by the share of their want."""
     assert spec.gpu_budget is not None
     gpus = {p.role: p.gpus_per_replica for p in spec.roles}
     if sum(replicas[r] * gpus[r] for r in replicas) <= spec.gpu_budget:
         return set()
     wanted = dict(replicas)
     free = [r for r in spec.role_names if r not in pins]
+    pinned_gpus = sum(replicas[r] * gpus[r] for r in replicas if r in pins)
+    # minReplicas holds while the budget has room for it; one replica per role always does.
+    minimums = {r: spec.role(r).min_replicas for r in free}
+    fits_minimums = pinned_gpus + sum(minimums[r] * gpus[r] for r in free) <= spec.gpu_budget
     for role in free:
-        replicas[role] = 1
+        replicas[role] = min(wanted[role], minimums[role]) if fits_minimums else 1
     left = spec.gpu_budget - sum(replicas[r] * gpus[r] for r in replicas)
     for tier in ([r for r in free if r in priority], [r for r in free if r not in priority]):
         while True:
@@ -856,6 +919,7 @@ def _decide_fresh(
         estimates=estimates,
         feedback=feedback,
         constrained=constrained,
+        pins=pins,
     )
     last_scale_up = dict(history.last_scale_up_s) | dict.fromkeys(grew, now)
     in_flight = snapshot.service.in_flight_requests * spec.traffic_share
@@ -887,16 +951,16 @@ def _reason(
         return Reason.PINNED
     if constrained.budget_cut:
         return Reason.BUDGET_EXHAUSTED
+    if constrained.max_cut:
+        return Reason.AT_MAX
     if grew and feedback.reason is not None and grew & feedback.raise_roles:
         return feedback.reason
-    if grew and shrank:
+    if grew and (shrank or held_down):
         return Reason.REBALANCE
     if grew:
         return Reason.SCALE_UP_LOAD
     if shrank:
         return Reason.SCALE_DOWN_STABLE
-    if constrained.max_cut:
-        return Reason.AT_MAX
     if held_down:
         return Reason.STABILIZING
     return Reason.STEADY
@@ -934,6 +998,7 @@ def _message(
     estimates: Mapping[Role, RoleEstimate],
     feedback: _Feedback,
     constrained: _Constrained,
+    pins: Mapping[Role, int],
 ) -> str:
     arriving = demand.requests_per_s
     load = (
@@ -952,7 +1017,7 @@ def _message(
         detail = f"{change}: sized for {sizings[role].why}, {effect}"
         if not sizings[role].feasible:
             detail += f" (short: max {spec.role(role).max_replicas} replicas cannot hold the SLO)"
-        if role in constrained.pinned:
+        if role in pins:
             detail += " (pinned)"
         if role in constrained.budget_cut:
             detail += f" (GPU budget {spec.gpu_budget} exhausted)"

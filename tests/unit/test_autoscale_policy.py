@@ -1,0 +1,671 @@
+"""The goodput autoscaling policy on hand-made snapshots: a table of cases, then properties."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from inferfleet.api.inference_service import InferenceServiceSpec
+from inferfleet.api.model_deployment import ModelDeploymentSpec, Role
+from inferfleet.autoscale import (
+    Decision,
+    MetricsSnapshot,
+    PolicyHistory,
+    PolicySpec,
+    Reason,
+    RoleMetrics,
+    RolePolicy,
+    ServiceMetrics,
+    decide,
+    policy_spec,
+)
+from inferfleet.autoscale.policy import DemandSample, LastDecision, Recommendation
+from inferfleet.planning.capacity import Slo, Workload, plan_replica
+from inferfleet.planning.replica import ReplicaConfig
+from tests.unit.planning_fixtures import replica
+
+CONFIG = replica()  # Llama 3.1 8B on one H100
+TP2 = replace(CONFIG, tensor=2)
+SLO = Slo(ttft_p95_s=0.5, tpot_p95_s=0.05)
+NOW = 10_000.0
+WINDOW_S = 60.0
+AGGREGATED = (Role.AGGREGATED,)
+DISAGGREGATED = (Role.PREFILL, Role.DECODE)
+
+
+def policy(
+    roles: tuple[Role, ...] = AGGREGATED,
+    *,
+    config: ReplicaConfig = CONFIG,
+    min_replicas: int = 1,
+    max_replicas: int = 50,
+    **settings: object,
+) -> PolicySpec:
+    pools = tuple(RolePolicy(r, config, min_replicas, max_replicas) for r in roles)
+    return PolicySpec(roles=pools, slo=SLO, **settings)  # type: ignore[arg-type]
+
+
+def planned(
+    spec: PolicySpec, rate: float, input_tokens: int = 1000, output_tokens: int = 200
+) -> dict[Role, int]:
+    """What the capacity planner (its own search) says each pool needs for `rate` plus the
+    policy's margin: the feed-forward answer the policy must agree with."""
+    capacity = plan_replica(
+        spec.roles[0].replica,
+        disaggregated=spec.disaggregated,
+        replicas=1,
+        prefill_replicas=1,
+        workload=Workload(rate * (1 + spec.load_margin), input_tokens, output_tokens),
+        slo=spec.slo,
+    )
+    assert capacity.meets_slo, capacity.reason
+    return {r.role: r.replicas for r in capacity.roles}
+
+
+def running_at(rate: float, output_tokens: int = 200) -> float:
+    return rate * (0.1 + output_tokens * 0.02)
+
+
+def snapshot(
+    rate: float,
+    replicas: Mapping[Role, int],
+    *,
+    at_s: float = NOW,
+    input_tokens: int = 1000,
+    output_tokens: int = 200,
+    attainment: float | None = 0.995,
+    ttft_p95_s: float | None = 0.2,
+    tpot_p95_s: float | None = 0.02,
+    age_s: float = 5.0,
+    waiting: float = 0.0,
+    kv_cache_usage: float | Mapping[Role, float] = 0.3,
+    in_flight: float | None = None,
+) -> MetricsSnapshot:
+    """A fleet at `rate` req/s: engine token rates as the mix gives them, and the sequences
+    running as Little's law gives them for a typical latency."""
+    running = running_at(rate, output_tokens)
+    kv = (
+        kv_cache_usage
+        if isinstance(kv_cache_usage, Mapping)
+        else dict.fromkeys(replicas, kv_cache_usage)
+    )
+    roles = {
+        role: RoleMetrics(
+            role=role,
+            ready_replicas=count,
+            running_requests=running if role != Role.PREFILL else 0.0,
+            waiting_requests=waiting,
+            kv_cache_usage=kv.get(role, 0.3),
+            prompt_tokens_per_s=rate * input_tokens if role != Role.DECODE else 0.0,
+            generation_tokens_per_s=rate * output_tokens if role != Role.PREFILL else 0.0,
+        )
+        for role, count in replicas.items()
+    }
+    service = ServiceMetrics(
+        requests_per_s=rate,
+        in_flight_requests=running + waiting if in_flight is None else in_flight,
+        attainment=attainment,
+        ttft_p95_s=ttft_p95_s,
+        tpot_p95_s=tpot_p95_s,
+        mean_prompt_tokens=input_tokens,
+        mean_output_tokens=output_tokens,
+    )
+    return MetricsSnapshot(at_s, WINDOW_S, age_s, service, roles)
+
+
+def recommended(at_s: float, replicas: Mapping[Role, int]) -> PolicyHistory:
+    """A history whose only recommendation was `replicas`, at `at_s`."""
+    return PolicyHistory(
+        recommendations=(Recommendation(at_s, dict(replicas)),),
+        last_decision=LastDecision(at_s, dict(replicas), Reason.STEADY),
+    )
+
+
+def gpus(spec: PolicySpec, replicas: Mapping[Role, int]) -> int:
+    return sum(n * spec.role(r).gpus_per_replica for r, n in replicas.items())
+
+
+@dataclass(frozen=True)
+class Case:
+    reason: str
+    spec: PolicySpec
+    snapshot: Callable[[], MetricsSnapshot | None]
+    current: Mapping[Role, int]
+    want: Callable[[], Mapping[Role, int]]
+    want_reason: Reason
+    history: PolicyHistory = field(default_factory=PolicyHistory)
+    pins: Mapping[Role, int] = field(default_factory=dict)
+
+
+AGG = policy()
+DIS = policy(DISAGGREGATED)
+LOW, HIGH = 20.0, 160.0
+BUDGET = 4
+AGG_LOW, AGG_HIGH = planned(AGG, LOW), planned(AGG, HIGH)
+DIS_LOW, DIS_HIGH = planned(DIS, LOW), planned(DIS, HIGH)
+# Long-lived history: demand far in the past, recommendations outside every window.
+SETTLED = NOW - 3600
+
+
+CASES = [
+    Case(
+        reason="steady load at the planned replicas holds them",
+        spec=AGG,
+        snapshot=lambda: snapshot(HIGH, AGG_HIGH),
+        current=AGG_HIGH,
+        history=recommended(NOW - 30, AGG_HIGH),
+        want=lambda: AGG_HIGH,
+        want_reason=Reason.STEADY,
+    ),
+    Case(
+        reason="a step up scales at once to what the planner sizes for the new load",
+        spec=AGG,
+        snapshot=lambda: snapshot(HIGH, AGG_LOW),
+        current=AGG_LOW,
+        history=recommended(NOW - 30, AGG_LOW),
+        want=lambda: AGG_HIGH,
+        want_reason=Reason.SCALE_UP_LOAD,
+    ),
+    Case(
+        reason="a step up of a disaggregated service grows both pools as planned",
+        spec=DIS,
+        snapshot=lambda: snapshot(HIGH, DIS_LOW),
+        current=DIS_LOW,
+        history=recommended(NOW - 30, DIS_LOW),
+        want=lambda: DIS_HIGH,
+        want_reason=Reason.SCALE_UP_LOAD,
+    ),
+    Case(
+        reason="a step down within the stabilisation window holds the replicas",
+        spec=AGG,
+        snapshot=lambda: snapshot(LOW, AGG_HIGH),
+        current=AGG_HIGH,
+        history=recommended(NOW - 100, AGG_HIGH),
+        want=lambda: AGG_HIGH,
+        want_reason=Reason.STABILIZING,
+    ),
+    Case(
+        reason="a step down after the stabilisation window scales down to the planned replicas",
+        spec=AGG,
+        snapshot=lambda: snapshot(LOW, AGG_HIGH),
+        current=AGG_HIGH,
+        history=recommended(NOW - 400, AGG_HIGH),
+        want=lambda: AGG_LOW,
+        want_reason=Reason.SCALE_DOWN_STABLE,
+    ),
+    Case(
+        reason="an empty history (a restart) never scales down at once",
+        spec=AGG,
+        snapshot=lambda: snapshot(LOW, AGG_HIGH),
+        current=AGG_HIGH,
+        want=lambda: AGG_HIGH,
+        want_reason=Reason.STABILIZING,
+    ),
+    Case(
+        reason="stale metrics hold the last decision, not the current replicas",
+        spec=AGG,
+        snapshot=lambda: snapshot(HIGH, AGG_LOW, age_s=600),
+        current={Role.AGGREGATED: 2},
+        history=recommended(NOW - 30, {Role.AGGREGATED: 7}),
+        want=lambda: {Role.AGGREGATED: 7},
+        want_reason=Reason.STALE_METRICS,
+    ),
+    Case(
+        reason="a missing snapshot holds the last decision",
+        spec=DIS,
+        snapshot=lambda: None,
+        current={Role.PREFILL: 1, Role.DECODE: 1},
+        history=recommended(NOW - 30, {Role.PREFILL: 3, Role.DECODE: 4}),
+        want=lambda: {Role.PREFILL: 3, Role.DECODE: 4},
+        want_reason=Reason.NO_METRICS,
+    ),
+    Case(
+        reason="a missing snapshot with nothing decided yet never scales to zero",
+        spec=DIS,
+        snapshot=lambda: None,
+        current={Role.PREFILL: 0, Role.DECODE: 0},
+        want=lambda: {Role.PREFILL: 1, Role.DECODE: 1},
+        want_reason=Reason.NO_METRICS,
+    ),
+    Case(
+        reason="a pinned role keeps its pin against the load; the other follows the load",
+        spec=DIS,
+        snapshot=lambda: snapshot(HIGH, DIS_LOW),
+        current=DIS_LOW,
+        history=recommended(NOW - 30, DIS_LOW),
+        pins={Role.DECODE: 9},
+        want=lambda: {Role.PREFILL: DIS_HIGH[Role.PREFILL], Role.DECODE: 9},
+        want_reason=Reason.PINNED,
+    ),
+    Case(
+        reason="a pin wins over stale metrics too",
+        spec=AGG,
+        snapshot=lambda: snapshot(HIGH, AGG_LOW, age_s=600),
+        current=AGG_LOW,
+        history=recommended(NOW - 30, AGG_LOW),
+        pins={Role.AGGREGATED: 6},
+        want=lambda: {Role.AGGREGATED: 6},
+        want_reason=Reason.STALE_METRICS,
+    ),
+    Case(
+        reason="maxReplicas caps a scale-up and the reason says so",
+        spec=policy(max_replicas=AGG_HIGH[Role.AGGREGATED] - 1),
+        snapshot=lambda: snapshot(HIGH, AGG_LOW),
+        current=AGG_LOW,
+        history=recommended(NOW - 30, AGG_LOW),
+        want=lambda: {Role.AGGREGATED: AGG_HIGH[Role.AGGREGATED] - 1},
+        want_reason=Reason.AT_MAX,
+    ),
+    Case(
+        reason="minReplicas holds a floor under a light load",
+        spec=policy(min_replicas=AGG_LOW[Role.AGGREGATED] + 2),
+        snapshot=lambda: snapshot(LOW, {Role.AGGREGATED: AGG_LOW[Role.AGGREGATED] + 2}),
+        current={Role.AGGREGATED: AGG_LOW[Role.AGGREGATED] + 2},
+        history=recommended(SETTLED, AGG_HIGH),
+        want=lambda: {Role.AGGREGATED: AGG_LOW[Role.AGGREGATED] + 2},
+        want_reason=Reason.STABILIZING,
+    ),
+    Case(
+        reason="the GPU budget goes first to the pool whose target is missed (TTFT: prefill)",
+        spec=policy(DISAGGREGATED, gpu_budget=BUDGET),
+        snapshot=lambda: snapshot(HIGH, DIS_LOW, attainment=0.7, ttft_p95_s=2.0),
+        current=DIS_LOW,
+        history=recommended(NOW - 30, DIS_LOW),
+        want=lambda: {Role.PREFILL: BUDGET - 1, Role.DECODE: 1},
+        want_reason=Reason.BUDGET_EXHAUSTED,
+    ),
+    Case(
+        reason="the GPU budget goes first to the pool whose target is missed (TPOT: decode)",
+        spec=policy(DISAGGREGATED, gpu_budget=BUDGET),
+        snapshot=lambda: snapshot(HIGH, DIS_LOW, attainment=0.7, tpot_p95_s=0.2),
+        current=DIS_LOW,
+        history=recommended(NOW - 30, DIS_LOW),
+        want=lambda: {Role.PREFILL: 1, Role.DECODE: BUDGET - 1},
+        want_reason=Reason.BUDGET_EXHAUSTED,
+    ),
+    Case(
+        reason="TTFT misses at a steady load add an aggregated replica (feedback)",
+        spec=AGG,
+        snapshot=lambda: snapshot(HIGH, AGG_HIGH, attainment=0.9, ttft_p95_s=0.8),
+        current=AGG_HIGH,
+        history=recommended(NOW - 30, AGG_HIGH),
+        want=lambda: {
+            Role.AGGREGATED: max(
+                AGG_HIGH[Role.AGGREGATED] + 1,
+                planned(AGG, HIGH * AGG.feedback_gain)[Role.AGGREGATED],
+            )
+        },
+        want_reason=Reason.SCALE_UP_TTFT,
+    ),
+    Case(
+        reason="TPOT misses grow the decode pool, not the prefill pool",
+        spec=DIS,
+        snapshot=lambda: snapshot(HIGH, DIS_HIGH, attainment=0.9, tpot_p95_s=0.07),
+        current=DIS_HIGH,
+        history=recommended(NOW - 30, DIS_HIGH),
+        want=lambda: (
+            DIS_HIGH
+            | {
+                Role.DECODE: max(
+                    DIS_HIGH[Role.DECODE] + 1,
+                    planned(DIS, HIGH * DIS.feedback_gain)[Role.DECODE],
+                )
+            }
+        ),
+        want_reason=Reason.SCALE_UP_TPOT,
+    ),
+    Case(
+        reason="misses within a cold start of the last scale-up wait for the new replicas",
+        spec=AGG,
+        snapshot=lambda: snapshot(HIGH, AGG_HIGH, attainment=0.9, ttft_p95_s=0.8),
+        current=AGG_HIGH,
+        history=replace(
+            recommended(NOW - 30, AGG_HIGH), last_scale_up_s={Role.AGGREGATED: NOW - 60}
+        ),
+        want=lambda: AGG_HIGH,
+        want_reason=Reason.STEADY,
+    ),
+    Case(
+        reason="a role whose target is missed never shrinks, whatever the model says",
+        spec=AGG,
+        snapshot=lambda: snapshot(LOW, AGG_HIGH, attainment=0.9, ttft_p95_s=0.8),
+        current=AGG_HIGH,
+        history=replace(recommended(SETTLED, AGG_LOW), last_scale_up_s={Role.AGGREGATED: NOW - 60}),
+        want=lambda: AGG_HIGH,
+        want_reason=Reason.STEADY,
+    ),
+    Case(
+        reason="a full KV cache on the decode pool asks for replicas in proportion",
+        spec=DIS,
+        snapshot=lambda: snapshot(
+            LOW, {Role.PREFILL: 1, Role.DECODE: 4}, kv_cache_usage={Role.DECODE: 0.97}
+        ),
+        current={Role.PREFILL: 1, Role.DECODE: 4},
+        history=recommended(NOW - 30, {Role.PREFILL: 1, Role.DECODE: 4}),
+        want=lambda: {Role.PREFILL: 1, Role.DECODE: math.ceil(4 * 0.97 / 0.85)},
+        want_reason=Reason.SCALE_UP_LOAD,
+    ),
+    Case(
+        reason="policy none leaves the declared replicas alone",
+        spec=policy(enabled=False),
+        snapshot=lambda: snapshot(HIGH, {Role.AGGREGATED: 1}),
+        current={Role.AGGREGATED: 1},
+        want=lambda: {Role.AGGREGATED: 1},
+        want_reason=Reason.DISABLED,
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.reason for c in CASES])
+def test_policy_cases(case: Case) -> None:
+    decision = decide(case.spec, case.snapshot(), case.current, case.history, pins=case.pins)
+    assert dict(decision.replicas) == dict(case.want()), decision.message
+    assert decision.reason == case.want_reason, decision.message
+
+
+def test_the_sizes_under_test_differ() -> None:
+    """The table only means something if low and high load need different fleets."""
+    assert AGG_LOW[Role.AGGREGATED] < AGG_HIGH[Role.AGGREGATED]
+    assert DIS_LOW[Role.PREFILL] < DIS_HIGH[Role.PREFILL]
+    assert DIS_LOW[Role.DECODE] < DIS_HIGH[Role.DECODE]
+    # Both pools want more than the budget leaves them.
+    assert min(DIS_HIGH.values()) > BUDGET - 1
+
+
+def test_message_quotes_inputs_and_predicted_effect() -> None:
+    decision = decide(DIS, snapshot(HIGH, DIS_LOW), DIS_LOW, recommended(NOW - 30, DIS_LOW))
+    prefill = DIS_HIGH[Role.PREFILL]
+    assert f"prefill {DIS_LOW[Role.PREFILL]} -> {prefill}" in decision.message
+    assert f"{HIGH:g} req/s arriving" in decision.message
+    assert f"{HIGH * 1000 / 1e3:.3g}k prompt tok/s" in decision.message
+    point = decision.estimates[Role.PREFILL].predicted
+    assert point is not None
+    assert point.stable
+    assert f"p95 TTFT {point.ttft_p95_s * 1e3:.0f} ms of 500" in decision.message
+    assert point.ttft_p95_s <= 0.5
+
+
+def test_budget_with_no_missed_role_is_shared_by_need() -> None:
+    spec = policy(DISAGGREGATED, config=TP2, gpu_budget=2 * BUDGET)
+    decision = decide(spec, snapshot(HIGH, DIS_LOW), DIS_LOW, recommended(NOW - 30, DIS_LOW))
+    assert decision.reason == Reason.BUDGET_EXHAUSTED
+    assert gpus(spec, decision.replicas) == 2 * BUDGET
+    assert all(n >= 2 for n in decision.replicas.values())
+    assert f"GPU budget {2 * BUDGET} exhausted" in decision.message
+
+
+SHIFT_RATE = 60.0
+MIX_BEFORE, MIX_AFTER = (1000, 400), (3000, 50)
+
+
+def test_mix_shift_to_longer_prompts_raises_the_prefill_to_decode_ratio() -> None:
+    rate = SHIFT_RATE
+    before = planned(DIS, rate, *MIX_BEFORE)
+    history = recommended(SETTLED, before)
+    shifted = snapshot(rate, before, input_tokens=MIX_AFTER[0], output_tokens=MIX_AFTER[1])
+    decision = decide(DIS, shifted, before, history)
+    after = decision.replicas
+    assert after[Role.PREFILL] > before[Role.PREFILL]
+    assert after[Role.PREFILL] / after[Role.DECODE] > before[Role.PREFILL] / before[Role.DECODE]
+    assert dict(after) == planned(DIS, rate, *MIX_AFTER)
+    assert decision.reason in {Reason.REBALANCE, Reason.SCALE_UP_LOAD}
+
+
+def test_mix_shift_within_the_window_is_a_rebalance() -> None:
+    """Prefill grows at once; decode's lower need waits out the stabilisation window."""
+    rate = SHIFT_RATE
+    before = planned(DIS, rate, *MIX_BEFORE)
+    after_shift = planned(DIS, rate, *MIX_AFTER)
+    assert after_shift[Role.DECODE] < before[Role.DECODE]
+    decision = decide(
+        DIS,
+        snapshot(rate, before, input_tokens=MIX_AFTER[0], output_tokens=MIX_AFTER[1]),
+        before,
+        recommended(NOW - 30, before),
+    )
+    assert decision.reason == Reason.REBALANCE
+    assert decision.replicas == {Role.PREFILL: after_shift[Role.PREFILL]} | {
+        Role.DECODE: before[Role.DECODE]
+    }
+
+
+def test_rising_trend_sizes_for_the_load_a_cold_start_ahead() -> None:
+    """A ramp seen over the last minutes: replicas ordered now serve after the cold start, so
+    they are sized for the load expected then, not the load now."""
+    slope = 0.2  # req/s gained per second: 30 req/s within a cold start
+    samples = tuple(
+        DemandSample(NOW - age, HIGH - slope * age, running_at(HIGH))
+        for age in (150, 120, 90, 60, 30)
+    )
+    history = replace(recommended(NOW - 30, AGG_HIGH), demand=samples)
+    decision = decide(AGG, snapshot(HIGH, AGG_HIGH), AGG_HIGH, history)
+    ahead = HIGH + slope * (AGG.cold_start_s + WINDOW_S / 2)
+    assert dict(decision.replicas) == planned(AGG, ahead)
+    assert decision.replicas[Role.AGGREGATED] > AGG_HIGH[Role.AGGREGATED]
+    assert "forecast in 120 s" in decision.message
+
+
+def test_a_step_is_not_extrapolated_as_a_trend() -> None:
+    samples = tuple(DemandSample(NOW - age, LOW, running_at(HIGH)) for age in (120, 90, 60, 30))
+    history = replace(recommended(NOW - 30, AGG_LOW), demand=samples)
+    decision = decide(AGG, snapshot(HIGH, AGG_LOW), AGG_LOW, history)
+    assert dict(decision.replicas) == AGG_HIGH
+
+
+def test_requests_piling_up_in_flight_count_as_arrivals() -> None:
+    """Completions lag arrivals when the fleet falls behind; the growth of the requests in
+    flight is load that arrived too."""
+    piled = 600.0
+    samples = (DemandSample(NOW - WINDOW_S, HIGH, running_at(HIGH)),)
+    history = replace(recommended(NOW - 30, AGG_HIGH), demand=samples)
+    in_flight = running_at(HIGH) + piled
+    decision = decide(AGG, snapshot(HIGH, AGG_HIGH, in_flight=in_flight), AGG_HIGH, history)
+    assert dict(decision.replicas) == planned(AGG, HIGH + piled / WINDOW_S)
+
+
+def test_queued_requests_are_drained_within_a_cold_start() -> None:
+    waiting = 1200.0
+    decision = decide(
+        AGG, snapshot(HIGH, AGG_HIGH, waiting=waiting), AGG_HIGH, recommended(NOW - 30, AGG_HIGH)
+    )
+    assert dict(decision.replicas) == planned(AGG, HIGH + waiting / AGG.cold_start_s)
+
+
+@pytest.mark.parametrize("spec", [AGG, DIS], ids=["aggregated", "disaggregated"])
+def test_steady_noisy_load_never_changes_direction(spec: PolicySpec) -> None:
+    """Four hours of a stationary load with measurement noise (deterministic, +-8%), one tick
+    every 30 s: the replicas may settle once, then never turn, and settle where the planner
+    puts the load."""
+    current = dict(planned(spec, LOW))
+    history = PolicyHistory()
+    counts: list[tuple[int, ...]] = []
+    for tick in range(4 * 120):
+        noise = 0.08 * math.sin(tick * 2.3) * math.cos(tick * 0.7)
+        rate = HIGH * (1 + noise)
+        observed = snapshot(
+            rate,
+            current,
+            at_s=NOW + 30 * tick,
+            input_tokens=round(1000 * (1 - noise / 2)),
+            ttft_p95_s=0.2 * (1 + noise),
+        )
+        decision = decide(spec, observed, current, history)
+        current, history = dict(decision.replicas), decision.history
+        counts.append(tuple(current[r] for r in spec.role_names))
+    for index in range(len(spec.role_names)):
+        series = [c[index] for c in counts]
+        steps = [b - a for a, b in itertools.pairwise(series) if b != a]
+        assert all(s > 0 for s in steps) or all(s < 0 for s in steps), series
+        assert len(steps) <= 2, series
+    for role in spec.role_names:
+        low, high = planned(spec, HIGH * 0.92)[role], planned(spec, HIGH * 1.08)[role]
+        assert low <= current[role] <= high
+
+
+def test_corrections_decay_while_the_target_is_met() -> None:
+    history = replace(recommended(NOW - 30, AGG_HIGH), corrections={Role.AGGREGATED: 2.0})
+    later = NOW + AGG.correction_half_life_s - 30
+    decision = decide(AGG, snapshot(HIGH, AGG_HIGH, at_s=later), AGG_HIGH, history)
+    assert decision.history.corrections[Role.AGGREGATED] == pytest.approx(1.5)
+
+
+def test_feedback_raises_the_correction_of_the_missed_role_only() -> None:
+    decision = decide(
+        DIS,
+        snapshot(HIGH, DIS_HIGH, attainment=0.9, ttft_p95_s=0.9),
+        DIS_HIGH,
+        recommended(NOW - 30, DIS_HIGH),
+    )
+    assert decision.history.corrections == {Role.PREFILL: DIS.feedback_gain}
+    assert decision.history.last_scale_up_s == {Role.PREFILL: NOW}
+
+
+def test_now_past_the_snapshot_makes_it_stale() -> None:
+    fresh = snapshot(HIGH, AGG_LOW)
+    history = recommended(NOW - 30, AGG_LOW)
+    assert decide(AGG, fresh, AGG_LOW, history).reason == Reason.SCALE_UP_LOAD
+    late = NOW + AGG.stale_after_s
+    decision = decide(AGG, fresh, AGG_LOW, history, now_s=late)
+    assert decision.reason == Reason.STALE_METRICS
+    assert decision.history == history
+
+
+def test_history_survives_its_wire_form() -> None:
+    decision = decide(
+        DIS,
+        snapshot(HIGH, DIS_HIGH, attainment=0.9, ttft_p95_s=0.9),
+        DIS_HIGH,
+        replace(recommended(NOW - 30, DIS_HIGH), demand=(DemandSample(NOW - 30, HIGH, 12.0),)),
+    )
+    wire = decision.history.to_wire()
+    assert PolicyHistory.from_wire(wire) == decision.history
+    assert wire["lastDecision"]["reason"] == decision.reason.value
+
+
+def test_policy_spec_from_the_resources() -> None:
+    md = ModelDeploymentSpec.model_validate(
+        {
+            "model": {"name": "llama-3.3-70b", "source": "hf://meta-llama/Llama-3.3-70B-Instruct"},
+            "engine": {"name": "vllm"},
+            "gpu": {"type": "H100-80GB"},
+            "parallelism": {"tensor": 4},
+            "batching": {"maxModelLength": 16384},
+            "topology": {"mode": "disaggregated", "prefill": {"replicas": 2}},
+        }
+    )
+    isvc = InferenceServiceSpec.model_validate(
+        {
+            "deployments": [{"name": "llama"}],
+            "slo": {"ttftP95Ms": 800, "tpotP95Ms": 60, "attainmentTarget": 0.95},
+            "autoscaling": {
+                "policy": "goodput",
+                "prefill": {"minReplicas": 2, "maxReplicas": 6},
+                "gpuBudget": 64,
+                "scaleDownStabilizationSeconds": 600,
+                "coldStartSeconds": 240,
+            },
+        }
+    )
+    spec = policy_spec(isvc, md)
+    assert spec.role_names == DISAGGREGATED
+    assert spec.enabled
+    assert (spec.role(Role.PREFILL).min_replicas, spec.role(Role.PREFILL).max_replicas) == (2, 6)
+    assert spec.role(Role.DECODE).gpus_per_replica == 4
+    assert spec.slo == Slo(ttft_p95_s=0.8, tpot_p95_s=0.06)
+    assert (spec.attainment_target, spec.gpu_budget) == (0.95, 64)
+    assert (spec.scale_down_stabilization_s, spec.cold_start_s) == (600, 240)
+    declared = InferenceServiceSpec.model_validate(
+        {"deployments": [{"name": "llama"}], "slo": {"ttftP95Ms": 800}}
+    )
+    assert not policy_spec(declared, md).enabled
+
+
+# --- Properties.
+
+ROLE_SETS = st.sampled_from([AGGREGATED, DISAGGREGATED])
+Scenario = tuple[
+    PolicySpec, MetricsSnapshot | None, dict[Role, int], PolicyHistory, dict[Role, int]
+]
+
+
+@st.composite
+def scenarios(draw: st.DrawFn) -> Scenario:
+    roles = draw(ROLE_SETS)
+    tensor = draw(st.sampled_from([1, 2]))
+    config = replace(CONFIG, tensor=tensor)
+    pools = []
+    for role in roles:
+        low = draw(st.integers(1, 4))
+        pools.append(RolePolicy(role, config, low, draw(st.integers(low, 12))))
+    floor = len(roles) * tensor
+    budget = draw(st.none() | st.integers(floor, floor * 12))
+    spec = PolicySpec(
+        roles=tuple(pools),
+        slo=SLO,
+        gpu_budget=budget,
+        attainment_target=draw(st.sampled_from([0.9, 0.99])),
+    )
+    current = {r: draw(st.integers(0, 15)) for r in roles}
+    at_s = NOW + draw(st.floats(0, 600))
+    observed: MetricsSnapshot | None = snapshot(
+        draw(st.floats(0, 200)),
+        current,
+        at_s=at_s,
+        input_tokens=draw(st.integers(1, 8000)),
+        output_tokens=draw(st.integers(1, 2000)),
+        attainment=draw(st.none() | st.floats(0, 1)),
+        ttft_p95_s=draw(st.none() | st.floats(0.01, 5)),
+        tpot_p95_s=draw(st.none() | st.floats(0.001, 0.5)),
+        age_s=draw(st.floats(0, 300)),
+        waiting=draw(st.floats(0, 500)),
+        kv_cache_usage=draw(st.floats(0, 1)),
+    )
+    if draw(st.integers(0, 4)) == 0:
+        observed = None
+    previous = {r: draw(st.integers(1, 15)) for r in roles}
+    history = replace(
+        recommended(NOW - draw(st.floats(0, 900)), previous),
+        demand=(DemandSample(NOW - 60, draw(st.floats(0, 200)), draw(st.floats(0, 500))),),
+    )
+    pins = {r: draw(st.integers(0, 20)) for r in roles if draw(st.integers(0, 4)) == 0}
+    return spec, observed, current, history, pins
+
+
+@settings(max_examples=150, deadline=None)
+@given(scenarios())
+def test_replicas_stay_within_one_and_max(scenario: Scenario) -> None:
+    spec, observed, current, history, pins = scenario
+    decision = decide(spec, observed, current, history, pins=pins)
+    assert set(decision.replicas) == set(spec.role_names)
+    for role, count in decision.replicas.items():
+        if role in pins:
+            assert count == pins[role]
+            continue
+        assert 1 <= count <= spec.role(role).max_replicas
+        floors = sum(pins.get(p.role, p.min_replicas) * p.gpus_per_replica for p in spec.roles)
+        if spec.gpu_budget is None or spec.gpu_budget >= floors:
+            assert count >= spec.role(role).min_replicas
+
+
+@settings(max_examples=150, deadline=None)
+@given(scenarios())
+def test_never_exceeds_the_gpu_budget(scenario: Scenario) -> None:
+    spec, observed, current, history, _ = scenario
+    decision = decide(spec, observed, current, history)
+    if spec.gpu_budget is not None:
+        assert gpus(spec, decision.replicas) <= spec.gpu_budget
+
+
+@settings(max_examples=60, deadline=None)
+@given(scenarios())
+def test_deterministic(scenario: Scenario) -> None:
+    spec, observed, current, history, pins = scenario
+    first: Decision = decide(spec, observed, current, history, pins=pins)
+    again = decide(spec, observed, dict(current), history, pins=dict(pins))
+    assert first == again
