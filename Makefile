@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit e2e control-plane bench-operator crds calibration clean
+.PHONY: demo test lint typecheck unit e2e control-plane prometheus bench-operator crds calibration clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,7 +38,11 @@ unit: $(STAMP)
 control-plane:
 	bash tools/devcluster/build.sh
 
-e2e: $(STAMP) control-plane
+# Prometheus from Debian's package at a pinned version, unpacked once into a cache.
+prometheus:
+	bash tools/prometheus/fetch.sh
+
+e2e: $(STAMP) control-plane prometheus
 	$(BIN)/pytest tests/e2e
 
 # Performance, kept out of the tests: 200 InferenceServices applied at once on the dev cluster.

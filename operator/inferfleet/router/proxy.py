@@ -242,6 +242,7 @@ class Router:
     async def generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
         loop = asyncio.get_running_loop()
         service = self.config.service
+        timing = _Timing(arrived=loop.time())
         try:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
@@ -251,7 +252,6 @@ class Router:
                 413,
                 "RequestEntityTooLargeError",
             )
-        timing = _Timing(arrived=loop.time())
         try:
             routed = read_request(json.loads(raw), chat=chat)
         except (ValueError, BadRequestError) as error:
