@@ -1,0 +1,464 @@
+"""What the router adds to a request, against the same engines reached directly, in one run.
+
+    .venv/bin/python -m benchmarks.router_overhead [--streams 100,500,1000] [--engines 2]
+
+Starts `--engines` emulated engines (`inferfleet sim-engine`) and one router in front of them
+(`inferfleet router`, static URLs), each its own process; the load generator
+(`inferfleet.bench.loadgen.LoadGenerator`) runs in this process. For each stream count C it
+runs the same schedule twice, first straight to the engines (the schedule dealt round-robin,
+one load generator per engine, in one event loop) and then through the router, and compares
+TTFT p50/p99, TPOT and output tokens/s between the two.
+
+The load is open-loop, sized to hold C streams: fixed-length requests at evenly spaced
+arrivals, at the rate at which the planner's closed-loop operating point
+(`planning.load.closed_loop_point`, C / engines streams per replica) says requests last long
+enough for C to be in flight. Only requests sent after one request lifetime (the ramp) and
+before the last arrival are measured; the report gives the streams actually in flight then
+(measured, per path), so a path that stretches latency shows as more streams, not hidden.
+
+It writes `router_overhead.json` and `router_overhead.md` to `--out`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import resource
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks.serving_harness import (
+    RESULTS,
+    CpuMeter,
+    EngineShape,
+    Service,
+    delta,
+    machine,
+    machine_line,
+    other_busy_cores,
+    ratio,
+    running,
+    scrape,
+    start_engine,
+    start_router,
+    table,
+)
+from inferfleet.bench.loadgen import LoadGenerator, RunResult
+from inferfleet.bench.report import Distribution, RequestResult
+from inferfleet.bench.traces import TraceRequest
+from inferfleet.planning.load import closed_loop_point
+
+
+@dataclass(frozen=True, slots=True)
+class PathResult:
+    """One path (direct or routed) at one stream count, over the measured window."""
+
+    path: str
+    requests: int
+    measured: int
+    errors: dict[str, int]
+    in_flight_mean: float
+    ttft_ms: Distribution | None
+    tpot_ms: Distribution | None
+    e2e_ms: Distribution | None
+    output_tokens_per_s: float
+    window_s: float
+    cpu_cores: dict[str, float]
+    cpu_us_per_token: dict[str, float]
+    engine_queue_ms_mean: float
+    engine_preemptions: float
+    engine_late_ms_per_step: float
+    engine_schedule_resets: float
+    client_peak_in_flight: int
+    send_lag_ms: Distribution | None
+    """Actual minus scheduled send time: how well the open loop kept its schedule."""
+    other_work: dict[str, float]
+    """CPU seconds of the busiest processes outside the benchmark, by command name."""
+
+
+def schedule(
+    rate: float, duration_s: float, input_tokens: int, output_tokens: int
+) -> list[TraceRequest]:
+    count = max(1, math.floor(rate * duration_s))
+    return [TraceRequest(index / rate, input_tokens, output_tokens) for index in range(count)]
+
+
+def in_flight_mean(results: Sequence[RequestResult], start: float, end: float) -> float:
+    """Mean streams open over [start, end]: each request's open time inside it, over its span."""
+    open_s = 0.0
+    for result in results:
+        if result.sent_s is None:
+            continue
+        finish = result.end_s if result.end_s is not None else end
+        open_s += max(0.0, min(finish, end) - max(result.sent_s, start))
+    return open_s / (end - start)
+
+
+def tokens_in_window(results: Sequence[RequestResult], start: float, end: float) -> float:
+    """Output tokens delivered in [start, end], each stream's spread evenly over its life."""
+    total = 0.0
+    for result in results:
+        first, last = result.first_token_s, result.last_token_s
+        if first is None or last is None or result.tokens == 0:
+            continue
+        if last <= first:
+            total += result.tokens if start <= first <= end else 0
+            continue
+        overlap = max(0.0, min(last, end) - max(first, start))
+        total += result.tokens * overlap / (last - first)
+    return total
+
+
+def engine_figures(
+    engines: Sequence[Service], before: list[dict[str, float]], after: list[dict[str, float]]
+) -> tuple[float, float, float, float]:
+    queued_s = queued = preemptions = late_s = steps = resets = 0.0
+    for _, old, new in zip(engines, before, after, strict=True):
+        queued_s += delta(new, old, "vllm:request_queue_time_seconds_sum")
+        queued += delta(new, old, "vllm:request_queue_time_seconds_count")
+        preemptions += delta(new, old, "vllm:num_preemptions_total")
+        late_s += delta(new, old, "inferfleet_sim_late_seconds_total")
+        steps += delta(new, old, "vllm:iteration_tokens_total_count")
+        resets += delta(new, old, "inferfleet_sim_schedule_resets_total")
+    return (
+        1e3 * queued_s / queued if queued else math.nan,
+        preemptions,
+        1e3 * late_s / steps if steps else math.nan,
+        resets,
+    )
+
+
+async def run_direct(
+    engines: Sequence[Service], requests: Sequence[TraceRequest], model: str
+) -> list[RunResult]:
+    """The schedule dealt round-robin over the engines, one load generator each."""
+    generators = [LoadGenerator(engine.url, model=model) for engine in engines]
+    shares = [list(requests[index :: len(engines)]) for index in range(len(engines))]
+    return list(
+        await asyncio.gather(
+            *(
+                generator.run(share, drain_s=120.0)
+                for generator, share in zip(generators, shares, strict=True)
+            )
+        )
+    )
+
+
+async def run_routed(
+    router: Service, requests: Sequence[TraceRequest], model: str
+) -> list[RunResult]:
+    return [await LoadGenerator(router.url, model=model).run(requests, drain_s=120.0)]
+
+
+def measure(
+    path: str,
+    engines: Sequence[Service],
+    router: Service,
+    *,
+    requests: Sequence[TraceRequest],
+    model: str,
+    ramp_s: float,
+    end_s: float,
+) -> PathResult:
+    pids = {f"engine {i}": engine.pid for i, engine in enumerate(engines)} | {"router": router.pid}
+    meter = CpuMeter(pids)
+    before = [scrape(engine.url) for engine in engines]
+    meter.start()
+    if path == "direct":
+        runs = asyncio.run(run_direct(engines, requests, model))
+    else:
+        runs = asyncio.run(run_routed(router, requests, model))
+    meter.stop()
+    after = [scrape(engine.url) for engine in engines]
+    results = [result for run in runs for result in run.results]
+    window = [r for r in results if r.sent_s is not None and ramp_s <= r.sent_s <= end_s]
+    measured = [r for r in window if r.ok]
+    errors: dict[str, int] = {}
+    for result in results:
+        if not result.ok:
+            errors[result.error or "unknown"] = errors.get(result.error or "unknown", 0) + 1
+    tokens = tokens_in_window(results, ramp_s, end_s)
+    used = meter.used
+    cores = meter.cores()
+    engine_cores = sum(value for name, value in cores.items() if name.startswith("engine"))
+    engine_cpu = sum(value for name, value in used.items() if name.startswith("engine"))
+    grouped = {
+        "engines": engine_cores,
+        "router": cores["router"],
+        "load generator": cores["load generator"],
+        "other processes": cores["other processes"],
+        "machine": cores["machine"],
+    }
+    total_tokens = sum(result.tokens for result in results)
+    per_token = {
+        "engines": 1e6 * engine_cpu / total_tokens if total_tokens else math.nan,
+        "router": 1e6 * used["router"] / total_tokens if total_tokens else math.nan,
+        "load generator": 1e6 * used["load generator"] / total_tokens if total_tokens else math.nan,
+    }
+    queue_ms, preemptions, late_ms, resets = engine_figures(engines, before, after)
+    return PathResult(
+        path=path,
+        requests=len(results),
+        measured=len(measured),
+        errors=errors,
+        in_flight_mean=in_flight_mean(results, ramp_s, end_s),
+        ttft_ms=Distribution.of(1e3 * r.ttft_s for r in measured if r.ttft_s is not None),
+        tpot_ms=Distribution.of(1e3 * r.tpot_s for r in measured if r.tpot_s is not None),
+        e2e_ms=Distribution.of(1e3 * r.e2e_s for r in measured if r.e2e_s is not None),
+        output_tokens_per_s=tokens / (end_s - ramp_s),
+        window_s=end_s - ramp_s,
+        cpu_cores=grouped,
+        cpu_us_per_token=per_token,
+        engine_queue_ms_mean=queue_ms,
+        engine_preemptions=preemptions,
+        engine_late_ms_per_step=late_ms,
+        engine_schedule_resets=resets,
+        client_peak_in_flight=sum(run.client.peak_in_flight for run in runs),
+        send_lag_ms=Distribution.of(1e3 * r.send_lag_s for r in window if r.send_lag_s is not None),
+        other_work=meter.others,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--streams", default="100,500,1000", help="Stream counts, comma-separated.")
+    parser.add_argument("--engines", type=int, default=2, help="Engine processes (replicas).")
+    parser.add_argument("--model", default="llama-3.1-8b")
+    parser.add_argument("--gpu", default="L40S-48GB", help="Emulated GPU of each engine.")
+    parser.add_argument("--max-sequences", type=int, default=1024)
+    parser.add_argument("--input-tokens", type=int, default=256)
+    parser.add_argument("--output-tokens", type=int, default=64)
+    parser.add_argument("--measure-seconds", type=float, default=15.0)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    levels = [int(value) for value in args.streams.split(",")]
+    shape = EngineShape(args.model, args.gpu, args.max_sequences)
+    config = shape.replica_config()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    # Each stream holds two sockets through the router; children inherit the limit.
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+    info = machine()
+    info["busy_cores_before"] = round(other_busy_cores(), 2)
+    levels_out: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="router-overhead-") as logs:
+        log_dir = Path(logs)
+        engines = [start_engine(f"engine-{i}", shape, log_dir) for i in range(args.engines)]
+        router = start_router("router", engines, args.model, log_dir)
+        with running([*engines, router]):
+            # Warm-up: connections, imports, the router's first upstream calls.
+            warm = schedule(20.0, 3.0, args.input_tokens, args.output_tokens)
+            for path in ("direct", "router"):
+                measure(
+                    path, engines, router, requests=warm, model=args.model, ramp_s=0.0, end_s=3.0
+                )
+            for streams in levels:
+                point = closed_loop_point(
+                    config,
+                    max(1, round(streams / args.engines)),
+                    args.input_tokens,
+                    args.output_tokens,
+                )
+                lifetime = point.ttft_mean_s + args.output_tokens * point.tpot_s
+                rate = streams / lifetime
+                ramp = lifetime
+                end = ramp + args.measure_seconds
+                requests = schedule(rate, end, args.input_tokens, args.output_tokens)
+                print(
+                    f"{streams} streams: {rate:.1f} req/s, predicted request {lifetime:.2f} s",
+                    file=sys.stderr,
+                )
+                paths = {}
+                for path in ("direct", "router"):
+                    started = time.monotonic()
+                    paths[path] = measure(
+                        path,
+                        engines,
+                        router,
+                        requests=requests,
+                        model=args.model,
+                        ramp_s=ramp,
+                        end_s=end,
+                    )
+                    result = paths[path]
+                    print(
+                        f"  {path}: {time.monotonic() - started:.0f} s, in flight "
+                        f"{result.in_flight_mean:.0f}, TTFT p50 "
+                        f"{result.ttft_ms.p50 if result.ttft_ms else math.nan:.1f} ms, "
+                        f"{result.output_tokens_per_s:.0f} tok/s, cores {result.cpu_cores}",
+                        file=sys.stderr,
+                    )
+                levels_out.append(
+                    {
+                        "streams": streams,
+                        "rate_rps": rate,
+                        "predicted_request_s": lifetime,
+                        "predicted_tpot_ms": point.tpot_s * 1e3,
+                        "predicted_ttft_ms": point.ttft_mean_s * 1e3,
+                        "ramp_s": ramp,
+                        "paths": {name: asdict(value) for name, value in paths.items()},
+                    }
+                )
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    info["busy_cores_after"] = round(other_busy_cores(), 2)
+    document = {
+        "machine": info,
+        "engines": args.engines,
+        "engine": shape.describe(),
+        "request": {"input_tokens": args.input_tokens, "output_tokens": args.output_tokens},
+        "measure_seconds": args.measure_seconds,
+        "levels": levels_out,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "router_overhead.json").write_text(json.dumps(document, indent=2) + "\n")
+    (args.out / "router_overhead.md").write_text(markdown(document))
+    print(markdown(document))
+    return 0
+
+
+def _p(dist: dict[str, Any] | None, key: str) -> float:
+    return math.nan if dist is None else float(dist[key])
+
+
+def markdown(document: dict[str, Any]) -> str:
+    info = document["machine"]
+    request = document["request"]
+    lines = [
+        "# Router overhead against direct-to-engine",
+        "",
+        machine_line(info),
+        f"Busy cores before the run (other work on the machine): {info['busy_cores_before']}; "
+        f"after: {info['busy_cores_after']}.",
+        "",
+        f"{document['engines']} engine processes ({document['engine']}), one router process, "
+        "and the load generator in the benchmark process, all on 127.0.0.1 and sharing the "
+        f"{info['cores']} cores. Requests: {request['input_tokens']} prompt tokens, "
+        f"{request['output_tokens']} output tokens, streamed. Open-loop, evenly spaced "
+        "arrivals at the rate that holds the stream count (from the planner's closed-loop "
+        f"operating point); measured: requests sent in a {document['measure_seconds']:g} s "
+        "window after a ramp of one request lifetime. Direct first, then routed, same schedule.",
+        "",
+    ]
+    rows = []
+    for level in document["levels"]:
+        direct, routed = level["paths"]["direct"], level["paths"]["router"]
+        d50, r50 = _p(direct["ttft_ms"], "p50"), _p(routed["ttft_ms"], "p50")
+        d99, r99 = _p(direct["ttft_ms"], "p99"), _p(routed["ttft_ms"], "p99")
+        rows.append(
+            [
+                level["streams"],
+                f"{direct['in_flight_mean']:.0f} / {routed['in_flight_mean']:.0f}",
+                f"{d50:.1f} / {r50:.1f}",
+                f"{r50 - d50:+.1f} ({ratio(r50, d50):.2f}x)",
+                f"{d99:.1f} / {r99:.1f}",
+                f"{r99 - d99:+.1f} ({ratio(r99, d99):.2f}x)",
+                f"{_p(direct['tpot_ms'], 'p50'):.1f} / {_p(routed['tpot_ms'], 'p50'):.1f}",
+                f"{direct['output_tokens_per_s']:.0f} / {routed['output_tokens_per_s']:.0f} "
+                f"({ratio(routed['output_tokens_per_s'], direct['output_tokens_per_s']):.3f}x)",
+                f"{sum(direct['errors'].values())} / {sum(routed['errors'].values())}",
+            ]
+        )
+    lines += [
+        "## Added latency and throughput (direct / routed)",
+        "",
+        table(
+            [
+                "streams",
+                "in flight",
+                "TTFT p50 ms",
+                "added p50 ms",
+                "TTFT p99 ms",
+                "added p99 ms",
+                "TPOT p50 ms",
+                "output tok/s",
+                "errors",
+            ],
+            rows,
+        ),
+        "",
+        "## Where the CPU went (cores used over each run; direct / routed)",
+        "",
+    ]
+    cpu_rows = []
+    for level in document["levels"]:
+        direct, routed = level["paths"]["direct"], level["paths"]["router"]
+        cpu_rows.append(
+            [
+                level["streams"],
+                f"{direct['cpu_cores']['engines']:.2f} / {routed['cpu_cores']['engines']:.2f}",
+                f"{direct['cpu_cores']['router']:.2f} / {routed['cpu_cores']['router']:.2f}",
+                f"{direct['cpu_cores']['load generator']:.2f} / "
+                f"{routed['cpu_cores']['load generator']:.2f}",
+                f"{direct['cpu_cores']['other processes']:.2f} / "
+                f"{routed['cpu_cores']['other processes']:.2f}",
+                f"{direct['cpu_cores']['machine']:.2f} / {routed['cpu_cores']['machine']:.2f}",
+                f"{_p(direct['send_lag_ms'], 'p99'):.1f} / {_p(routed['send_lag_ms'], 'p99'):.1f}",
+                f"{routed['cpu_us_per_token']['router']:.0f}",
+                f"{direct['cpu_us_per_token']['engines']:.0f} / "
+                f"{routed['cpu_us_per_token']['engines']:.0f}",
+                f"{direct['cpu_us_per_token']['load generator']:.0f} / "
+                f"{routed['cpu_us_per_token']['load generator']:.0f}",
+            ]
+        )
+    lines += [
+        table(
+            [
+                "streams",
+                "engines",
+                "router",
+                "load generator",
+                "other",
+                "machine",
+                "send lag p99 ms",
+                "router us/token",
+                "engines us/token",
+                "load gen us/token",
+            ],
+            cpu_rows,
+        ),
+        "",
+        "## Was the engine side the bottleneck?",
+        "",
+    ]
+    engine_rows = []
+    for level in document["levels"]:
+        direct, routed = level["paths"]["direct"], level["paths"]["router"]
+        engine_rows.append(
+            [
+                level["streams"],
+                f"{level['predicted_tpot_ms']:.1f}",
+                f"{level['rate_rps']:.1f}",
+                f"{direct['engine_queue_ms_mean']:.2f} / {routed['engine_queue_ms_mean']:.2f}",
+                f"{direct['engine_preemptions']:.0f} / {routed['engine_preemptions']:.0f}",
+                f"{direct['engine_late_ms_per_step']:.2f} / "
+                f"{routed['engine_late_ms_per_step']:.2f}",
+                f"{direct['engine_schedule_resets']:.0f} / {routed['engine_schedule_resets']:.0f}",
+            ]
+        )
+    lines += [
+        table(
+            [
+                "streams",
+                "planner TPOT ms",
+                "req/s",
+                "engine queue ms, mean",
+                "preemptions",
+                "engine loop late ms/step",
+                "schedule resets",
+            ],
+            engine_rows,
+        ),
+        "",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
