@@ -170,6 +170,22 @@ def test_aggregated_example_becomes_ready_on_h100_nodes(
     )
     assert len(routers["items"]) == 2
     assert all(p["spec"]["nodeName"] == "cpu-0" for p in routers["items"])
+    # The routers' identity reads EndpointSlices of their namespace, and nothing else.
+    identity = f"--as=system:serviceaccount:{namespace}:chat-router"
+    for verb, resource, allowed in (
+        ("watch", "endpointslices.discovery.k8s.io", "yes"),
+        ("get", "secrets", "no"),
+        ("list", "pods", "no"),
+    ):
+        answer = kubectl.run(
+            "auth", "can-i", verb, resource, "-n", namespace, identity, check=False
+        )
+        assert answer.stdout.strip() == allowed, (verb, resource, answer.stdout, answer.stderr)
+    answer = kubectl.run(
+        "auth", "can-i", "watch", "endpointslices.discovery.k8s.io", "-n", "default", identity,
+        check=False,
+    )  # fmt: skip
+    assert answer.stdout.strip() == "no"
 
 
 def test_disaggregated_example_runs_both_pools(

@@ -68,6 +68,9 @@ def test_router_objects_and_endpoint() -> None:
     md, isvc = example_objects(AGGREGATED_EXAMPLE)
     objects = render_inference_service(isvc, {"llama-3-1-8b": md})
     assert [(o["kind"], o["metadata"]["name"]) for o in objects] == [
+        ("ServiceAccount", "chat-router"),
+        ("Role", "chat-router"),
+        ("RoleBinding", "chat-router"),
         ("Service", "chat"),
         ("PodDisruptionBudget", "chat-router"),
         ("Deployment", "chat-router"),
@@ -109,7 +112,7 @@ def test_router_pods_two_replicas_no_gpu_non_root() -> None:
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] == 1000
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
-    assert pod["automountServiceAccountToken"] is False
+    assert pod["serviceAccountName"] == "chat-router"
     assert deployment["spec"]["selector"]["matchLabels"] == {
         "app.kubernetes.io/name": "inferfleet-router",
         "inferfleet.io/inference-service": "chat",
@@ -134,7 +137,9 @@ def test_router_args_list_backends_per_role_and_the_slo() -> None:
         {"deployment": "llama-pd", "role": "decode", "engine": "tensorrt-llm", "weight": "90",
          "model": "llama-3.3-70b", "service": "llama-pd-decode", "port": "8000"},
     ]  # fmt: skip
-    assert args[:4] == ["--port", "8000", "--namespace", "$(POD_NAMESPACE)"]
+    assert args[:6] == [
+        "--service", "chat", "--port", "8000", "--namespace", "$(POD_NAMESPACE)"
+    ]  # fmt: skip
     assert args[-6:] == [
         "--slo-ttft-p95-ms", "1500", "--slo-tpot-p95-ms", "62.5",
         "--slo-attainment-target", "0.95",
@@ -192,3 +197,26 @@ def test_router_spec_hash_follows_the_backends() -> None:
     assert one["metadata"]["annotations"][key] != other["metadata"]["annotations"][key]
     again = router(render_inference_service(service([{"name": "llama"}]), {"llama": md}))
     assert one == again
+
+
+def test_the_router_may_read_endpointslices_of_its_namespace_and_nothing_else() -> None:
+    md, isvc = example_objects(AGGREGATED_EXAMPLE)
+    objects = {o["kind"]: o for o in render_inference_service(isvc, {"llama-3-1-8b": md})}
+    assert objects["Role"]["rules"] == [
+        {
+            "apiGroups": ["discovery.k8s.io"],
+            "resources": ["endpointslices"],
+            "verbs": ["get", "list", "watch"],
+        }
+    ]
+    binding = objects["RoleBinding"]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": "chat-router",
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "chat-router", "namespace": "serving"}
+    ]
+    pod = objects["Deployment"]["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == objects["ServiceAccount"]["metadata"]["name"]

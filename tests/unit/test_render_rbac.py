@@ -71,6 +71,10 @@ EXPECTED: Grants = {
     ("", "configmaps"): WRITE,
     ("policy", "poddisruptionbudgets"): WRITE,
     ("", "pods"): {"get", "list", "watch"},
+    ("", "serviceaccounts"): WRITE,
+    ("rbac.authorization.k8s.io", "roles"): WRITE,
+    ("rbac.authorization.k8s.io", "rolebindings"): WRITE,
+    ("discovery.k8s.io", "endpointslices"): {"get", "list", "watch"},
     ("", "events"): {"create", "patch"},
     ("events.k8s.io", "events"): {"create", "patch"},
 }
@@ -105,6 +109,9 @@ def test_the_operator_writes_every_kind_it_renders() -> None:
         "Service": ("", "services"),
         "PodDisruptionBudget": ("policy", "poddisruptionbudgets"),
         "Deployment": ("apps", "deployments"),
+        "ServiceAccount": ("", "serviceaccounts"),
+        "Role": ("rbac.authorization.k8s.io", "roles"),
+        "RoleBinding": ("rbac.authorization.k8s.io", "rolebindings"),
     }
     for rendered in KIND_ORDER:
         assert {"create", "patch", "delete"} <= granted[resources[rendered]]
@@ -116,7 +123,15 @@ def test_nothing_beyond_least_privilege() -> None:
     assert all("*" not in key for key in granted)
     assert ("", "secrets") not in granted
     assert ("coordination.k8s.io", "leases") not in granted
-    assert not any(group == "rbac.authorization.k8s.io" for group, _ in granted)
+    # RBAC only for routers' Roles: no cluster roles, no bind or escalate (so the operator can
+    # grant only what it holds itself).
+    rbac = {resource for group, resource in granted if group == "rbac.authorization.k8s.io"}
+    assert rbac == {"roles", "rolebindings"}
+    assert all(
+        not {"bind", "escalate"} & verbs
+        for (group, _), verbs in granted.items()
+        if group == "rbac.authorization.k8s.io"
+    )
     # The spec of a user's resource is never written; patch serves kopf's annotations.
     assert "update" not in granted[("inferfleet.io", "modeldeployments")]
 

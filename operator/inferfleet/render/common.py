@@ -172,7 +172,15 @@ def pod_disruption_budget(
     }
 
 
-KIND_ORDER: Final = ("ConfigMap", "Service", "PodDisruptionBudget", "Deployment")
+KIND_ORDER: Final = (
+    "ServiceAccount",
+    "Role",
+    "RoleBinding",
+    "ConfigMap",
+    "Service",
+    "PodDisruptionBudget",
+    "Deployment",
+)
 
 
 def apply_order(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:

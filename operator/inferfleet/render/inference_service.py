@@ -1,15 +1,17 @@
 """An InferenceService -> its router: a Deployment of `inferfleet router`, the Service users
 call (port 80 -> 8000) and a PodDisruptionBudget.
 
-The router is told its backends on the command line, one `--backend` per ModelDeployment and
-role, as comma-separated `key=value` pairs in a fixed order:
+The router is told its service (`--service`, the `service` label of its metrics) and its
+backends on the command line, one `--backend` per ModelDeployment and role, as
+comma-separated `key=value` pairs in a fixed order:
 
     deployment=NAME,role=ROLE,engine=ENGINE,weight=W,model=SERVED_NAME,service=SVC,port=8000
 
-`service` is the role's headless Service in the router's own namespace: the router finds the
-ready engine pods by resolving it in DNS, so it needs no Kubernetes API access (and mounts no
-token). Pods behind it carry the labels `inferfleet.io/model-deployment=NAME` and
-`inferfleet.io/role=ROLE`. `engine` tells the router which prefill -> decode hand-off protocol
+`service` is the role's headless Service in the router's own namespace: the router watches its
+EndpointSlices for the ready engine pods (they change as soon as a pod's readiness does, where
+DNS answers are cached), through a ServiceAccount of its own bound to a Role that reads
+EndpointSlices in that namespace and nothing else. Pods behind it carry the labels
+`inferfleet.io/model-deployment=NAME` and `inferfleet.io/role=ROLE`. `engine` tells the router which prefill -> decode hand-off protocol
 a disaggregated pair speaks (vLLM's kv_transfer_params or TensorRT-LLM's disaggregated
 params); `weight` is the deployment's share of traffic. Then the SLO: `--slo-ttft-p95-ms`,
 `--slo-tpot-p95-ms` (each only when set) and `--slo-attainment-target`, which the router uses
@@ -134,7 +136,8 @@ def router_args(
     isvc: InferenceService, resolved: Sequence[tuple[DeploymentRef, ModelDeployment]]
 ) -> list[str]:
     slo = isvc.spec.slo
-    args = ["--port", str(ROUTER_PORT), "--namespace", "$(POD_NAMESPACE)"]
+    args = ["--service", isvc.metadata["name"], "--port", str(ROUTER_PORT)]
+    args += ["--namespace", "$(POD_NAMESPACE)"]
     args += backend_args(resolved)
     if slo.ttft_p95_ms is not None:
         args += ["--slo-ttft-p95-ms", f"{slo.ttft_p95_ms:g}"]
@@ -194,7 +197,9 @@ def router_deployment(
             },
         },
         "spec": {
-            "automountServiceAccountToken": False,
+            "serviceAccountName": router_name(owner.name),
+            # The token reads EndpointSlices of this namespace, nothing else (see the Role).
+            "automountServiceAccountToken": True,
             "enableServiceLinks": False,
             "securityContext": pod_security_context(ROUTER_UID),
             "containers": [_router_container(image, router_args(isvc, resolved))],
@@ -253,6 +258,43 @@ def router_service(owner: Owner) -> dict[str, Any]:
     }
 
 
+def router_service_account(owner: Owner) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": object_meta(router_name(owner.name), owner, router_labels(owner.name)),
+        "automountServiceAccountToken": False,
+    }
+
+
+def router_role(owner: Owner) -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": object_meta(router_name(owner.name), owner, router_labels(owner.name)),
+        "rules": [
+            {
+                "apiGroups": ["discovery.k8s.io"],
+                "resources": ["endpointslices"],
+                "verbs": ["get", "list", "watch"],
+            }
+        ],
+    }
+
+
+def router_role_binding(owner: Owner) -> dict[str, Any]:
+    name = router_name(owner.name)
+    # A ServiceAccount subject must name its namespace; with none given, kubectl's default.
+    namespace = owner.namespace or "default"
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": object_meta(name, owner, router_labels(owner.name)),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
+    }
+
+
 def router_pod_disruption_budget(owner: Owner) -> dict[str, Any]:
     return pod_disruption_budget(
         router_name(owner.name),
@@ -276,6 +318,9 @@ def render_inference_service(
     resolved = resolve_deployments(isvc, owner, deployments)
     return apply_order(
         [
+            router_service_account(owner),
+            router_role(owner),
+            router_role_binding(owner),
             router_service(owner),
             router_pod_disruption_budget(owner),
             router_deployment(owner, isvc, resolved, router_image),

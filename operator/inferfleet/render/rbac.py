@@ -10,8 +10,9 @@ Every rule carries its reason, printed in the files' headers. Not granted, on pu
 spec of a user's resource is never written (only `patch` for kopf's finalizer and progress
 annotations, and the status subresource); no Secrets (engines read the Hugging Face token by
 reference, the kubelet resolves it); no leases (kopf peering is off: one operator replica,
-`settings.peering.standalone`); no RBAC objects (routers and engines use no Kubernetes API);
-no `update` (everything is server-side apply, which is `patch`; `create` is kept for clients
+`settings.peering.standalone`); RBAC objects only to give each router a ServiceAccount that
+reads EndpointSlices (which the operator must then read itself: RBAC lets one grant only what
+one holds); no `update` (everything is server-side apply, which is `patch`; `create` is kept for clients
 that create first).
 
 `rbac_files` is pure; a unit test compares the committed files with it.
@@ -100,6 +101,24 @@ NAMESPACED_RULES: Final = (
         ("pods",),
         ("get", "list", "watch"),
         "pod readiness and failures (crash loops, unschedulable) for conditions",
+    ),
+    Rule(
+        ("",),
+        ("serviceaccounts",),
+        _WRITE,
+        "each router's own identity, for reading its EndpointSlices",
+    ),
+    Rule(
+        ("rbac.authorization.k8s.io",),
+        ("rolebindings", "roles"),
+        _WRITE,
+        "each router's read access to the EndpointSlices of its namespace",
+    ),
+    Rule(
+        ("discovery.k8s.io",),
+        ("endpointslices",),
+        ("get", "list", "watch"),
+        "held to be granted on to routers (RBAC forbids granting what one lacks)",
     ),
     Rule(("",), ("events",), ("create", "patch"), "decisions and errors as Events (core/v1)"),
     Rule(
