@@ -136,7 +136,7 @@ def router_args(
     isvc: InferenceService, resolved: Sequence[tuple[DeploymentRef, ModelDeployment]]
 ) -> list[str]:
     slo = isvc.spec.slo
-    args = ["--service", isvc.metadata["name"], "--port", str(ROUTER_PORT)]
+    args = ["--service", str(isvc.metadata["name"]), "--port", str(ROUTER_PORT)]
     args += ["--namespace", "$(POD_NAMESPACE)"]
     args += backend_args(resolved)
     if slo.ttft_p95_ms is not None:
