@@ -11,9 +11,9 @@ comma-separated `key=value` pairs in a fixed order:
 EndpointSlices for the ready engine pods (they change as soon as a pod's readiness does, where
 DNS answers are cached), through a ServiceAccount of its own bound to a Role that reads
 EndpointSlices in that namespace and nothing else. Pods behind it carry the labels
-`inferfleet.io/model-deployment=NAME` and `inferfleet.io/role=ROLE`. `engine` tells the router which prefill -> decode hand-off protocol
-a disaggregated pair speaks (vLLM's kv_transfer_params or TensorRT-LLM's disaggregated
-params); `weight` is the deployment's share of traffic. Then the SLO: `--slo-ttft-p95-ms`,
+`inferfleet.io/model-deployment=NAME` and `inferfleet.io/role=ROLE`. `engine` tells the router
+which prefill -> decode hand-off protocol a disaggregated pair speaks (vLLM's
+kv_transfer_params or TensorRT-LLM's disaggregated params); `weight` is the deployment's share of traffic. Then the SLO: `--slo-ttft-p95-ms`,
 `--slo-tpot-p95-ms` (each only when set) and `--slo-attainment-target`, which the router uses
 to count each request's SLO outcome.
 
