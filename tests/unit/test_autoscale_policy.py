@@ -25,8 +25,14 @@ from inferfleet.autoscale import (
     decide,
     policy_spec,
 )
-from inferfleet.autoscale.policy import DemandSample, LastDecision, Recommendation
+from inferfleet.autoscale.policy import (
+    DemandSample,
+    LastDecision,
+    LatencyFactors,
+    Recommendation,
+)
 from inferfleet.planning.capacity import Slo, Workload, plan_replica
+from inferfleet.planning.load import operating_point
 from inferfleet.planning.replica import ReplicaConfig
 from tests.unit.planning_fixtures import replica
 
@@ -52,17 +58,23 @@ def policy(
 
 
 def planned(
-    spec: PolicySpec, rate: float, input_tokens: int = 1000, output_tokens: int = 200
+    spec: PolicySpec,
+    rate: float,
+    input_tokens: int = 1000,
+    output_tokens: int = 200,
+    *,
+    slo: Slo | None = None,
 ) -> dict[Role, int]:
     """What the capacity planner (its own search) says each pool needs for `rate` plus the
-    policy's margin: the feed-forward answer the policy must agree with."""
+    policy's margin, under `slo` (default: the spec's): the feed-forward answer the policy must
+    agree with."""
     capacity = plan_replica(
         spec.roles[0].replica,
         disaggregated=spec.disaggregated,
         replicas=1,
         prefill_replicas=1,
         workload=Workload(rate * (1 + spec.load_margin), input_tokens, output_tokens),
-        slo=spec.slo,
+        slo=slo or spec.slo,
     )
     assert capacity.meets_slo, capacity.reason
     return {r.role: r.replicas for r in capacity.roles}
@@ -80,8 +92,8 @@ def snapshot(
     input_tokens: int = 1000,
     output_tokens: int = 200,
     attainment: float | None = 0.995,
-    ttft_p95_s: float | None = 0.2,
-    tpot_p95_s: float | None = 0.02,
+    ttft_p95_s: float | None = None,
+    tpot_p95_s: float | None = None,
     age_s: float = 5.0,
     waiting: float = 0.0,
     kv_cache_usage: float | Mapping[Role, float] = 0.3,
@@ -119,6 +131,13 @@ def snapshot(
     return MetricsSnapshot(at_s, WINDOW_S, age_s, service, roles)
 
 
+def tightened(ttft: float = 1.0, tpot: float = 1.0, slo: Slo = SLO) -> Slo:
+    """The SLO with each target divided by its factor."""
+    assert slo.ttft_p95_s is not None
+    assert slo.tpot_p95_s is not None
+    return Slo(ttft_p95_s=slo.ttft_p95_s / ttft, tpot_p95_s=slo.tpot_p95_s / tpot)
+
+
 def recommended(at_s: float, replicas: Mapping[Role, int]) -> PolicyHistory:
     """A history whose only recommendation was `replicas`, at `at_s`."""
     return PolicyHistory(
@@ -145,6 +164,9 @@ class Case:
 
 AGG = policy()
 DIS = policy(DISAGGREGATED)
+# Feedback on attainment alone, without the latency calibration.
+AGG_FEEDBACK = policy(calibrate=False)
+DIS_FEEDBACK = policy(DISAGGREGATED, calibrate=False)
 LOW, HIGH = 20.0, 160.0
 BUDGET = 4
 AGG_LOW, AGG_HIGH = planned(AGG, LOW), planned(AGG, HIGH)
@@ -291,21 +313,21 @@ CASES = [
     ),
     Case(
         reason="TTFT misses at a steady load add an aggregated replica (feedback)",
-        spec=AGG,
+        spec=AGG_FEEDBACK,
         snapshot=lambda: snapshot(HIGH, AGG_HIGH, attainment=0.9, ttft_p95_s=0.8),
         current=AGG_HIGH,
         history=recommended(NOW - 30, AGG_HIGH),
         want=lambda: {
             Role.AGGREGATED: max(
                 AGG_HIGH[Role.AGGREGATED] + 1,
-                planned(AGG, HIGH * AGG.feedback_gain)[Role.AGGREGATED],
+                planned(AGG, HIGH, slo=tightened(ttft=AGG_FEEDBACK.feedback_gain))[Role.AGGREGATED],
             )
         },
         want_reason=Reason.SCALE_UP_TTFT,
     ),
     Case(
         reason="TPOT misses grow the decode pool, not the prefill pool",
-        spec=DIS,
+        spec=DIS_FEEDBACK,
         snapshot=lambda: snapshot(HIGH, DIS_HIGH, attainment=0.9, tpot_p95_s=0.07),
         current=DIS_HIGH,
         history=recommended(NOW - 30, DIS_HIGH),
@@ -314,7 +336,7 @@ CASES = [
             | {
                 Role.DECODE: max(
                     DIS_HIGH[Role.DECODE] + 1,
-                    planned(DIS, HIGH * DIS.feedback_gain)[Role.DECODE],
+                    planned(DIS, HIGH, slo=tightened(tpot=DIS_FEEDBACK.feedback_gain))[Role.DECODE],
                 )
             }
         ),
@@ -322,7 +344,7 @@ CASES = [
     ),
     Case(
         reason="misses within a cold start of the last scale-up wait for the new replicas",
-        spec=AGG,
+        spec=AGG_FEEDBACK,
         snapshot=lambda: snapshot(HIGH, AGG_HIGH, attainment=0.9, ttft_p95_s=0.8),
         current=AGG_HIGH,
         history=replace(
@@ -333,7 +355,7 @@ CASES = [
     ),
     Case(
         reason="a role whose target is missed never shrinks, whatever the model says",
-        spec=AGG,
+        spec=AGG_FEEDBACK,
         snapshot=lambda: snapshot(LOW, AGG_HIGH, attainment=0.9, ttft_p95_s=0.8),
         current=AGG_HIGH,
         history=replace(recommended(SETTLED, AGG_LOW), last_scale_up_s={Role.AGGREGATED: NOW - 60}),
@@ -369,6 +391,16 @@ def test_policy_cases(case: Case) -> None:
     assert decision.reason == case.want_reason, decision.message
 
 
+def test_a_restart_holds_for_a_whole_stabilisation_window() -> None:
+    history = PolicyHistory()
+    for at_s in range(0, int(AGG.scale_down_stabilization_s), 30):
+        decision = decide(AGG, snapshot(LOW, AGG_HIGH, at_s=NOW + at_s), AGG_HIGH, history)
+        assert decision.replicas == AGG_HIGH, at_s
+        history = decision.history
+    later = NOW + AGG.scale_down_stabilization_s + 1
+    assert decide(AGG, snapshot(LOW, AGG_HIGH, at_s=later), AGG_HIGH, history).replicas == AGG_LOW
+
+
 def test_the_sizes_under_test_differ() -> None:
     """The table only means something if low and high load need different fleets."""
     assert AGG_LOW[Role.AGGREGATED] < AGG_HIGH[Role.AGGREGATED]
@@ -384,11 +416,13 @@ def test_message_quotes_inputs_and_predicted_effect() -> None:
     assert f"prefill {DIS_LOW[Role.PREFILL]} -> {prefill}" in decision.message
     assert f"{HIGH:g} req/s arriving" in decision.message
     assert f"{HIGH * 1000 / 1e3:.3g}k prompt tok/s" in decision.message
-    point = decision.estimates[Role.PREFILL].predicted
-    assert point is not None
-    assert point.stable
-    assert f"p95 TTFT {point.ttft_p95_s * 1e3:.0f} ms of 500" in decision.message
-    assert point.ttft_p95_s <= 0.5
+    estimate = decision.estimates[Role.PREFILL]
+    assert estimate.predicted is not None
+    assert estimate.predicted.stable
+    assert estimate.predicted_ttft_s is not None
+    assert estimate.predicted_ttft_s >= estimate.predicted.ttft_p95_s  # with the KV transfer
+    assert f"TTFT {estimate.predicted_ttft_s * 1e3:.0f} ms of 500" in decision.message
+    assert estimate.predicted_ttft_s <= 0.5
 
 
 def test_budget_with_no_missed_role_is_shared_by_need() -> None:
@@ -438,14 +472,14 @@ def test_mix_shift_within_the_window_is_a_rebalance() -> None:
 def test_rising_trend_sizes_for_the_load_a_cold_start_ahead() -> None:
     """A ramp seen over the last minutes: replicas ordered now serve after the cold start, so
     they are sized for the load expected then, not the load now."""
-    slope = 0.2  # req/s gained per second: 30 req/s within a cold start
+    slope = 0.3  # req/s gained per second: 36 req/s within a cold start
     samples = tuple(
         DemandSample(NOW - age, HIGH - slope * age, running_at(HIGH))
         for age in (150, 120, 90, 60, 30)
     )
     history = replace(recommended(NOW - 30, AGG_HIGH), demand=samples)
     decision = decide(AGG, snapshot(HIGH, AGG_HIGH), AGG_HIGH, history)
-    ahead = HIGH + slope * (AGG.cold_start_s + WINDOW_S / 2)
+    ahead = HIGH + slope * AGG.cold_start_s
     assert dict(decision.replicas) == planned(AGG, ahead)
     assert decision.replicas[Role.AGGREGATED] > AGG_HIGH[Role.AGGREGATED]
     assert "forecast in 120 s" in decision.message
@@ -477,6 +511,26 @@ def test_queued_requests_are_drained_within_a_cold_start() -> None:
     assert dict(decision.replicas) == planned(AGG, HIGH + waiting / AGG.cold_start_s)
 
 
+def fleet_latency(
+    spec: PolicySpec, rate: float, current: Mapping[Role, int]
+) -> tuple[float, float]:
+    """The planner's TTFT p95 and TPOT for the fleet `current` at `rate` req/s."""
+    ttft = tpot = 0.0
+    for role, count in current.items():
+        point = operating_point(
+            spec.role(role).replica,
+            rate / count,
+            1000,
+            200,
+            prefill=role != Role.DECODE,
+            decode=role != Role.PREFILL,
+        )
+        ttft = max(ttft, point.ttft_p95_s)
+        tpot = max(tpot, point.tpot_s)
+    # An overloaded fleet has long latencies, not infinite ones.
+    return min(ttft, 30.0), min(tpot, 1.0)
+
+
 @pytest.mark.parametrize("spec", [AGG, DIS], ids=["aggregated", "disaggregated"])
 def test_steady_noisy_load_never_changes_direction(spec: PolicySpec) -> None:
     """Four hours of a stationary load with measurement noise (deterministic, +-8%), one tick
@@ -488,12 +542,15 @@ def test_steady_noisy_load_never_changes_direction(spec: PolicySpec) -> None:
     for tick in range(4 * 120):
         noise = 0.08 * math.sin(tick * 2.3) * math.cos(tick * 0.7)
         rate = HIGH * (1 + noise)
+        # Latencies 20% above the planner's, noisy too: the calibration is in the loop.
+        ttft, tpot = fleet_latency(spec, rate, current)
         observed = snapshot(
             rate,
             current,
             at_s=NOW + 30 * tick,
             input_tokens=round(1000 * (1 - noise / 2)),
-            ttft_p95_s=0.2 * (1 + noise),
+            ttft_p95_s=ttft * 1.2 * (1 + noise),
+            tpot_p95_s=tpot * 1.2 * (1 - noise),
         )
         decision = decide(spec, observed, current, history)
         current, history = dict(decision.replicas), decision.history
@@ -503,27 +560,124 @@ def test_steady_noisy_load_never_changes_direction(spec: PolicySpec) -> None:
         steps = [b - a for a, b in itertools.pairwise(series) if b != a]
         assert all(s > 0 for s in steps) or all(s < 0 for s in steps), series
         assert len(steps) <= 2, series
+    # Learned where the latency came near its target, never beyond the error there is.
+    calibration = history.calibration
+    assert 1.0 <= calibration.tpot <= 1.2 * 1.1
+    slo = tightened(ttft=calibration.ttft, tpot=calibration.tpot)
     for role in spec.role_names:
-        low, high = planned(spec, HIGH * 0.92)[role], planned(spec, HIGH * 1.08)[role]
+        low = planned(spec, HIGH * 0.92, slo=slo)[role]
+        high = planned(spec, HIGH * 1.08, slo=slo)[role]
         assert low <= current[role] <= high
 
 
-def test_corrections_decay_while_the_target_is_met() -> None:
-    history = replace(recommended(NOW - 30, AGG_HIGH), corrections={Role.AGGREGATED: 2.0})
-    later = NOW + AGG.correction_half_life_s - 30
+def test_tightening_relaxes_while_the_target_is_met() -> None:
+    history = replace(
+        recommended(NOW - 30, AGG_HIGH), tightening=LatencyFactors(ttft=2.0, tpot=3.0)
+    )
+    later = NOW + AGG.tightening_half_life_s - 30
     decision = decide(AGG, snapshot(HIGH, AGG_HIGH, at_s=later), AGG_HIGH, history)
-    assert decision.history.corrections[Role.AGGREGATED] == pytest.approx(1.5)
+    assert decision.history.tightening.ttft == pytest.approx(1.5)
+    assert decision.history.tightening.tpot == pytest.approx(2.0)
 
 
-def test_feedback_raises_the_correction_of_the_missed_role_only() -> None:
+def test_a_miss_tightens_the_latency_that_missed_only() -> None:
     decision = decide(
-        DIS,
+        DIS_FEEDBACK,
         snapshot(HIGH, DIS_HIGH, attainment=0.9, ttft_p95_s=0.9),
         DIS_HIGH,
         recommended(NOW - 30, DIS_HIGH),
     )
-    assert decision.history.corrections == {Role.PREFILL: DIS.feedback_gain}
+    gain = DIS_FEEDBACK.feedback_gain
+    assert decision.history.tightening == LatencyFactors(ttft=gain, tpot=1.0)
+    assert decision.history.tightened_at_s == NOW
     assert decision.history.last_scale_up_s == {Role.PREFILL: NOW}
+
+
+def test_a_miss_the_model_already_explains_teaches_nothing() -> None:
+    """The fleet is short of what the load needs: the miss says nothing about the model."""
+    decision = decide(
+        AGG_FEEDBACK,
+        snapshot(HIGH, AGG_LOW, attainment=0.5, ttft_p95_s=3.0),
+        AGG_LOW,
+        recommended(NOW - 30, AGG_LOW),
+    )
+    assert decision.history.tightening == LatencyFactors()
+    assert dict(decision.replicas) == AGG_HIGH
+    assert decision.reason == Reason.SCALE_UP_TTFT
+
+
+def predicted_latency(spec: PolicySpec, rate: float, count: int) -> tuple[float, float]:
+    """The planner's TTFT p95 and TPOT for one aggregated replica of `count` at `rate`."""
+    point = operating_point(spec.roles[0].replica, rate / count, 1000, 200)
+    return point.ttft_p95_s, point.tpot_s
+
+
+def run_with_model_error(spec: PolicySpec, error: float, ticks: int) -> Decision:
+    """Ticks of a fleet whose latencies are the planner's times `error` at whatever it runs."""
+    start = planned(spec, HIGH)
+    current, history = dict(start), recommended(NOW - 60, start)
+    decision: Decision | None = None
+    for tick in range(ticks):
+        ttft, tpot = predicted_latency(spec, HIGH, current[Role.AGGREGATED])
+        observed = snapshot(
+            HIGH,
+            current,
+            at_s=NOW + 60 * tick,
+            ttft_p95_s=ttft * error,
+            tpot_p95_s=tpot * error,
+        )
+        decision = decide(spec, observed, current, history)
+        current, history = dict(decision.replicas), decision.history
+    assert decision is not None
+    return decision
+
+
+def test_calibration_learns_an_optimistic_model() -> None:
+    error = 1.6
+    _, tpot = predicted_latency(AGG, HIGH, AGG_HIGH[Role.AGGREGATED])
+    # Measured latencies near their targets: the error matters there.
+    assert SLO.tpot_p95_s is not None
+    assert tpot * error > AGG.calibration_floor * SLO.tpot_p95_s
+    decision = run_with_model_error(AGG, error, ticks=12)
+    calibration = decision.history.calibration
+    assert calibration.tpot == pytest.approx(error, rel=0.02)
+    want = planned(AGG, HIGH, slo=tightened(ttft=calibration.ttft, tpot=calibration.tpot))
+    assert dict(decision.replicas) == want
+    assert want[Role.AGGREGATED] > AGG_HIGH[Role.AGGREGATED]
+
+
+def test_calibration_relaxes_a_pessimistic_model() -> None:
+    """Under targets tight enough that latency, not stability, sets the count."""
+    error = 0.7
+    tight = replace(AGG, slo=Slo(ttft_p95_s=0.2, tpot_p95_s=0.018))
+    decision = run_with_model_error(tight, error, ticks=12)
+    calibration = decision.history.calibration
+    assert calibration.tpot == pytest.approx(error, rel=0.02)
+    assert calibration.ttft == pytest.approx(error, rel=0.02)
+    loose = tightened(ttft=calibration.ttft, tpot=calibration.tpot, slo=tight.slo)
+    assert dict(decision.replicas) == planned(tight, HIGH, slo=loose)
+    assert decision.replicas[Role.AGGREGATED] < planned(tight, HIGH)[Role.AGGREGATED]
+
+
+def test_latency_far_below_target_never_tightens_the_calibration() -> None:
+    """Fixed overheads (network, tokenisation) the planner leaves out would otherwise read as
+    an optimistic model, and more replicas would only make the ratio worse."""
+    assert SLO.ttft_p95_s is not None
+    overhead = 0.4 * SLO.ttft_p95_s
+    current, history = dict(AGG_HIGH), recommended(NOW - 60, AGG_HIGH)
+    for tick in range(12):
+        observed = snapshot(HIGH, current, at_s=NOW + 60 * tick, ttft_p95_s=overhead)
+        decision = decide(AGG, observed, current, history)
+        current, history = dict(decision.replicas), decision.history
+    assert history.calibration.ttft == 1.0
+    assert current == AGG_HIGH
+
+
+def test_calibration_waits_for_a_settled_fleet() -> None:
+    starting = AGG_HIGH | {Role.AGGREGATED: AGG_HIGH[Role.AGGREGATED] + 2}
+    observed = snapshot(HIGH, AGG_HIGH, ttft_p95_s=0.45, tpot_p95_s=0.045)
+    decision = decide(AGG, observed, starting, recommended(NOW - 60, starting))
+    assert decision.history.calibration == LatencyFactors()
 
 
 def test_now_past_the_snapshot_makes_it_stale() -> None:

@@ -13,10 +13,12 @@ One tick, in order:
    TPOT, its batch limit and its KV cache, an aggregated pool on both. Measured concurrency and
    KV-cache usage give floors of their own (the decode pool must hold the sequences running
    now). As the mix shifts, each pool follows its own half of the work: prefill:decode rebalances.
-3. Feedback. Measured attainment below target raises a per-role correction (a multiplier on the
-   load that role is sized for) on the role whose target is missed: TTFT -> prefill or
-   aggregated, TPOT -> decode or aggregated; at least one replica more, once per cold start.
-   The correction decays slowly while the SLO is met with room.
+3. Calibration and feedback. The planner plans against target / (calibration x tightening).
+   The calibration is measured latency over predicted latency at the running fleet (the model's
+   error for this workload); the tightening is learned from attainment: a miss tightens the
+   latency that missed (TTFT -> prefill or aggregated, TPOT -> decode or aggregated), at least
+   one replica more for the roles it concerns, once per cold start; it relaxes slowly while the
+   target is met.
 4. Scale-down stabilisation, as the HPA does: a role shrinks only to the highest recommendation
    of the last `scale_down_stabilization_s`, so steady load never oscillates.
 5. Constraints, in one place: bounds, pins (the pinned count wins), GPU budget (given first to
@@ -28,6 +30,7 @@ Stale or missing metrics hold the last decision.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -126,17 +129,26 @@ class PolicySpec:
     """Metrics older than this are not acted on."""
     load_margin: float = 0.1
     """Pools are sized for this fraction more than the forecast load (burstiness above Poisson)."""
-    trend_tolerance: float = 0.1
+    trend_tolerance: float = 0.15
     """A rising trend is acted on when it adds more than this fraction within a cold start."""
-    max_trend_growth: float = 2.0
+    max_trend_growth: float = 1.5
     """The forecast never exceeds this multiple of the current demand."""
     kv_target_usage: float = 0.85
     """Measured KV-cache usage above this asks for more replicas of the role."""
-    feedback_gain: float = 1.25
-    """Each attainment miss multiplies the responsible role's correction by this."""
-    max_correction: float = 4.0
-    correction_half_life_s: float = 1800.0
-    """How fast a correction returns towards 1 while the SLO is met with room."""
+    feedback_gain: float = 1.15
+    """Each attainment miss tightens the latency that missed by this factor."""
+    max_tightening: float = 3.0
+    tightening_half_life_s: float = 1800.0
+    """How fast a tightening relaxes towards 1 while the attainment target is met."""
+    calibrate: bool = True
+    """Plan against the targets over the measured/predicted latency ratio (see
+    PolicyHistory.calibration)."""
+    calibration_bounds: tuple[float, float] = (0.5, 3.0)
+    calibration_floor: float = 0.5
+    """Measured latency below this fraction of its target never makes the calibration stricter
+    (nor undoes what it learned nearer the target)."""
+    min_requests_to_calibrate: float = 50.0
+    """Completed requests in the rate window below which latency quantiles are too noisy."""
     efficiency: EfficiencyTerms = DEFAULT_EFFICIENCY
 
     def __post_init__(self) -> None:
@@ -239,14 +251,45 @@ class LastDecision:
 
 
 @dataclass(frozen=True)
+class LatencyFactors:
+    """One factor per latency target; the planner plans against target / factor."""
+
+    ttft: float = 1.0
+    tpot: float = 1.0
+
+    def __mul__(self, other: LatencyFactors) -> LatencyFactors:
+        return LatencyFactors(self.ttft * other.ttft, self.tpot * other.tpot)
+
+    def planning_slo(self, slo: Slo) -> Slo:
+        return Slo(
+            ttft_p95_s=None if slo.ttft_p95_s is None else slo.ttft_p95_s / self.ttft,
+            tpot_p95_s=None if slo.tpot_p95_s is None else slo.tpot_p95_s / self.tpot,
+        )
+
+    def to_wire(self) -> dict[str, float]:
+        return {"ttft": self.ttft, "tpot": self.tpot}
+
+    @classmethod
+    def from_wire(cls, data: Mapping[str, Any]) -> LatencyFactors:
+        return cls(float(data.get("ttft", 1.0)), float(data.get("tpot", 1.0)))
+
+
+@dataclass(frozen=True)
 class PolicyHistory:
-    """Small and immutable: recent recommendations and demand, when each role last grew, the
-    feedback corrections, and the last decision taken on fresh metrics."""
+    """Small and immutable: recent recommendations and demand, when each role last grew, what
+    the policy learned about latency, and the last decision taken on fresh metrics."""
 
     recommendations: tuple[Recommendation, ...] = ()
     demand: tuple[DemandSample, ...] = ()
     last_scale_up_s: Mapping[Role, float] = field(default_factory=dict)
-    corrections: Mapping[Role, float] = field(default_factory=dict)
+    calibration: LatencyFactors = LatencyFactors()
+    """Measured latency over the planner's prediction at the running fleet (geometric moving
+    average): a model optimistic for this workload is corrected before attainment suffers, and
+    a pessimistic one stops holding GPUs it does not need."""
+    tightening: LatencyFactors = LatencyFactors()
+    """Learned from attainment misses: how far below its target a latency must be planned for
+    the attainment target to hold (the tail beyond the quantile measured)."""
+    tightened_at_s: float | None = None
     last_decision: LastDecision | None = None
 
     def to_wire(self) -> dict[str, Any]:
@@ -265,7 +308,9 @@ class PolicyHistory:
                 for d in self.demand
             ],
             "lastScaleUpS": {role.value: t for role, t in sorted(self.last_scale_up_s.items())},
-            "corrections": {role.value: c for role, c in sorted(self.corrections.items())},
+            "calibration": self.calibration.to_wire(),
+            "tightening": self.tightening.to_wire(),
+            "tightenedAtS": self.tightened_at_s,
             "lastDecision": None
             if last is None
             else {"atS": last.at_s, "replicas": counts(last.replicas), "reason": last.reason.value},
@@ -279,6 +324,7 @@ class PolicyHistory:
             return {Role(role): int(n) for role, n in raw.items()}
 
         last = data.get("lastDecision")
+        tightened = data.get("tightenedAtS")
         return cls(
             recommendations=tuple(
                 Recommendation(float(r["atS"]), counts(r["replicas"]))
@@ -289,7 +335,9 @@ class PolicyHistory:
                 for d in data.get("demand", [])
             ),
             last_scale_up_s={Role(r): float(t) for r, t in data.get("lastScaleUpS", {}).items()},
-            corrections={Role(r): float(c) for r, c in data.get("corrections", {}).items()},
+            calibration=LatencyFactors.from_wire(data.get("calibration", {})),
+            tightening=LatencyFactors.from_wire(data.get("tightening", {})),
+            tightened_at_s=None if tightened is None else float(tightened),
             last_decision=None
             if last is None
             else LastDecision(float(last["atS"]), counts(last["replicas"]), Reason(last["reason"])),
@@ -309,9 +357,15 @@ class RoleEstimate:
     recommended: int
     """After feedback and stabilisation, before constraints."""
     predicted: OperatingPoint | None
-    """Per-replica operating point of the chosen count at the forecast load."""
+    """Per-replica operating point of the chosen count at the forecast load, as the planner
+    gives it (None without load)."""
     feasible: bool
     """False when even max_replicas cannot hold the SLO at the forecast load."""
+    predicted_ttft_s: float | None = None
+    """Expected TTFT at the target's quantile for the chosen count (planner x calibration, KV
+    transfer included); None for a decode pool or without load."""
+    predicted_tpot_s: float | None = None
+    """Expected TPOT likewise; None for a prefill pool or without load."""
 
 
 @dataclass(frozen=True)
@@ -372,15 +426,21 @@ def _trend_slope(samples: Iterable[DemandSample]) -> float:
     return sum((t - mean_t) * (r - mean_r) for t, r in points) / spread
 
 
+# Increments in a row that make a ramp: one rise is a step or noise, three are a trend.
+_RISING_INCREMENTS = 3
+
+
 def _sustained_rise(samples: list[DemandSample]) -> float:
     """Requests/s gained per second by a load that keeps rising: the least-squares slope over
-    the samples, when the last two increments are both rises, and never more per second than
-    the rise seen across the samples (a step is not a ramp, a plateau not a trend)."""
-    if len(samples) < 3:
+    the samples, when the last `_RISING_INCREMENTS` increments are all rises, and never more per
+    second than the rise seen across the samples (a step is not a ramp, a plateau not a
+    trend)."""
+    if len(samples) <= _RISING_INCREMENTS:
         return 0.0
-    last, before, earlier = samples[-1], samples[-2], samples[-3]
-    if not (last.requests_per_s > before.requests_per_s > earlier.requests_per_s):
+    tail = [s.requests_per_s for s in samples[-_RISING_INCREMENTS - 1 :]]
+    if not all(later > earlier for earlier, later in itertools.pairwise(tail)):
         return 0.0
+    last = samples[-1]
     slope = _trend_slope(samples)
     span_s = last.at_s - samples[0].at_s
     seen = (last.requests_per_s - samples[0].requests_per_s) / span_s if span_s > 0 else 0.0
@@ -428,9 +488,8 @@ def _demand(spec: PolicySpec, snapshot: MetricsSnapshot, history: PolicyHistory)
         *(s for s in history.demand if window_start <= s.at_s < snapshot.taken_at_s),
         DemandSample(snapshot.taken_at_s, arriving, 0.0),
     ]
-    # A rate over a window lags the load by half the window, and a replica ordered now serves
-    # after a cold start: project the trend that far.
-    rise = _sustained_rise(recent) * (spec.cold_start_s + snapshot.window_s / 2)
+    # A replica ordered now serves after a cold start: project the trend that far.
+    rise = _sustained_rise(recent) * spec.cold_start_s
     forecast, growth = current, 1.0
     if current > 0 and rise > spec.trend_tolerance * current:
         growth = min(1 + rise / current, spec.max_trend_growth)
@@ -510,13 +569,13 @@ def _point(
     )
 
 
-def _role_slo(spec: PolicySpec, role: Role) -> Slo:
+def _role_slo(slo: Slo, role: Role) -> Slo:
     """The targets a pool answers for: a prefill pool has no TPOT, a decode pool no TTFT."""
     if role == Role.PREFILL:
-        return Slo(ttft_p95_s=spec.slo.ttft_p95_s)
+        return Slo(ttft_p95_s=slo.ttft_p95_s)
     if role == Role.DECODE:
-        return Slo(tpot_p95_s=spec.slo.tpot_p95_s)
-    return spec.slo
+        return Slo(tpot_p95_s=slo.tpot_p95_s)
+    return slo
 
 
 def _transfer_s(spec: PolicySpec, policy: RolePolicy, demand: _Demand) -> float:
@@ -527,14 +586,20 @@ def _transfer_s(spec: PolicySpec, policy: RolePolicy, demand: _Demand) -> float:
 
 
 def _fewest_meeting(
-    spec: PolicySpec, policy: RolePolicy, rate: float, demand: _Demand, hint: int
+    spec: PolicySpec,
+    policy: RolePolicy,
+    *,
+    rate: float,
+    demand: _Demand,
+    slo: Slo,
+    hint: int,
 ) -> int:
     """Fewest replicas (up to max_replicas + 1, meaning 'not enough') that hold the role's SLO
     at `rate` req/s. The search gallops from `hint` (the current count: under a steady load the
     answer is there, and two planner calls confirm it), then bisects."""
     if rate <= 0:
         return 1
-    slo = _role_slo(spec, policy.role)
+    slo = _role_slo(slo, policy.role)
     extra = _transfer_s(spec, policy, demand)
     limit = policy.max_replicas + 1
 
@@ -565,13 +630,13 @@ def _fewest_meeting(
     return high
 
 
-def _sequences_per_replica(spec: PolicySpec, policy: RolePolicy, demand: _Demand) -> int:
+def _sequences_per_replica(spec: PolicySpec, policy: RolePolicy, demand: _Demand, slo: Slo) -> int:
     """Sequences one replica holds at once within its KV cache (whole contexts reserved, as a
     no-eviction scheduler does), its batch limit and the TPOT target of a decode step."""
     config = policy.replica
     context = demand.input_tokens + demand.output_tokens
     slots = max(1, min(config.max_sequences, plan_memory(config).kv_capacity_tokens // context))
-    target = spec.slo.tpot_p95_s
+    target = slo.tpot_p95_s
     mean_context = demand.input_tokens + demand.output_tokens / 2
 
     def within_tpot(batch: int) -> bool:
@@ -593,19 +658,24 @@ def _sequences_per_replica(spec: PolicySpec, policy: RolePolicy, demand: _Demand
 def _size_role(
     spec: PolicySpec,
     policy: RolePolicy,
+    *,
     demand: _Demand,
     metrics: RoleMetrics,
-    correction: float,
+    slo: Slo,
 ) -> _Sizing:
-    rate = demand.forecast_requests_per_s * (1 + spec.load_margin) * correction
-    by_model = _fewest_meeting(spec, policy, rate, demand, hint=max(1, metrics.ready_replicas))
+    """Replicas the forecast load needs: the planner's count for the SLO it is planned against
+    (the targets over the calibration), and floors from the sequences and KV cache in use."""
+    rate = demand.forecast_requests_per_s * (1 + spec.load_margin)
+    by_model = _fewest_meeting(
+        spec, policy, rate=rate, demand=demand, slo=slo, hint=max(1, metrics.ready_replicas)
+    )
     why = f"{rate:.3g} req/s of {demand.input_tokens}/{demand.output_tokens} tokens"
     needed = by_model
     if policy.role in DECODING_ROLES:
         # The sequences running and queued now, grown as the load is, must fit somewhere.
         sequences = (metrics.running_requests + metrics.waiting_requests) * demand.growth
         by_concurrency = math.ceil(
-            sequences * correction / _sequences_per_replica(spec, policy, demand) - 1e-9
+            sequences / _sequences_per_replica(spec, policy, demand, slo) - 1e-9
         )
         if by_concurrency > needed:
             needed = by_concurrency
@@ -621,14 +691,97 @@ def _size_role(
     return _Sizing(max(1, needed), feasible, why)
 
 
+def _observed_latency(spec: PolicySpec, p95: float | None, p99: float | None) -> float | None:
+    """The measured latency at the quantile the attainment target is judged at (p99 when the
+    target asks for 99% and the router reports it), else p95."""
+    if spec.attainment_target >= 0.99 and p99 is not None:
+        return p99
+    return p95
+
+
+def _calibrate(
+    spec: PolicySpec,
+    snapshot: MetricsSnapshot,
+    current: Mapping[Role, int],
+    history: PolicyHistory,
+    demand: _Demand,
+) -> LatencyFactors:
+    """Update the calibration from this snapshot when it describes a settled fleet: every
+    replica asked for is ready, enough requests completed, and the planner predicts a stable
+    operating point at the measured load."""
+    previous = history.calibration
+    service = snapshot.service
+    completed = service.requests_per_s * spec.traffic_share * snapshot.window_s
+    settled = all(
+        current.get(r, 0) > 0 and _role_metrics(snapshot, r).ready_replicas >= current.get(r, 0)
+        for r in spec.role_names
+    )
+    if not spec.calibrate or not settled or completed < spec.min_requests_to_calibrate:
+        return previous
+    low, high = spec.calibration_bounds
+    elapsed = snapshot.taken_at_s - (history.last_decision.at_s if history.last_decision else 0)
+    weight = min(1.0, max(0.0, elapsed) / (2 * snapshot.window_s))
+
+    def blend(
+        old: float, measured: float | None, predicted: float | None, target: float | None
+    ) -> float:
+        if measured is None or predicted is None or target is None:
+            return old
+        if predicted <= 0 or not math.isfinite(predicted):
+            return old
+        ratio = measured / predicted
+        if ratio > 1 and measured < spec.calibration_floor * target:
+            # Far below the target, latency is mostly fixed overheads the planner leaves out
+            # (network, tokenisation): no evidence that more replicas are needed, and acting on
+            # it would feed itself (more replicas, lower prediction, higher ratio).
+            return old
+        ratio = min(high, max(low, ratio))
+        return float(old ** (1 - weight) * ratio**weight)
+
+    ttft_predicted: float | None = None
+    tpot_predicted: float | None = None
+    for role in spec.role_names:
+        policy = spec.role(role)
+        point = _point(spec, policy, demand.requests_per_s, current[role], demand)
+        if not point.stable:
+            return previous
+        if role in PREFILLING_ROLES:
+            ttft_predicted = point.ttft_p95_s + _transfer_s(spec, policy, demand)
+        if role in DECODING_ROLES:
+            tpot_predicted = point.tpot_s
+    return LatencyFactors(
+        ttft=blend(
+            previous.ttft,
+            _observed_latency(spec, service.ttft_p95_s, service.ttft_p99_s),
+            ttft_predicted,
+            spec.slo.ttft_p95_s,
+        ),
+        tpot=blend(
+            previous.tpot,
+            _observed_latency(spec, service.tpot_p95_s, service.tpot_p99_s),
+            tpot_predicted,
+            spec.slo.tpot_p95_s,
+        ),
+    )
+
+
 @dataclass(frozen=True)
 class _Feedback:
     missed: frozenset[Role]
     """Roles whose target is missed (they get the budget first and never shrink)."""
-    raise_roles: frozenset[Role]
-    """Missed roles not cooling down: they get one more step of correction."""
+    tightening: LatencyFactors
+    """The tightening before this tick's lesson (relaxed when the target is met)."""
+    lesson: LatencyFactors | None
+    """The tightening a settled fleet's miss teaches; None when there is nothing to learn."""
     reason: Reason | None
     note: str
+
+
+def _decayed(spec: PolicySpec, factor: float, elapsed_s: float) -> float:
+    if elapsed_s <= 0 or factor <= 1:
+        return max(1.0, factor)
+    remaining: float = 0.5 ** (elapsed_s / spec.tightening_half_life_s)
+    return 1 + (factor - 1) * remaining
 
 
 def _feedback(
@@ -639,8 +792,17 @@ def _feedback(
 ) -> _Feedback:
     service = snapshot.service
     attainment = service.attainment
+    previous = history.tightening
     if attainment is None or attainment >= spec.attainment_target:
-        return _Feedback(frozenset(), frozenset(), None, "")
+        elapsed = snapshot.taken_at_s - (
+            history.last_decision.at_s if history.last_decision else snapshot.taken_at_s
+        )
+        relaxed = previous
+        if attainment is not None:
+            relaxed = LatencyFactors(
+                _decayed(spec, previous.ttft, elapsed), _decayed(spec, previous.tpot, elapsed)
+            )
+        return _Feedback(frozenset(), relaxed, None, None, "")
 
     def ratio(measured: float | None, target: float | None) -> float:
         if measured is None or target is None:
@@ -656,37 +818,38 @@ def _feedback(
         # No latency measured: every pool may be short.
         ttft_missed = spec.slo.ttft_p95_s is not None
         tpot_missed = spec.slo.tpot_p95_s is not None
-    missed: set[Role] = set()
-    for role in spec.role_names:
-        if (ttft_missed and role in PREFILLING_ROLES) or (tpot_missed and role in DECODING_ROLES):
-            missed.add(role)
-    reason = Reason.SCALE_UP_TTFT if ttft_missed and ttft >= tpot else Reason.SCALE_UP_TPOT
-    # New replicas need a cold start and a window of metrics before their effect shows.
-    settle_s = spec.cold_start_s + snapshot.window_s
-    ready = {r: _role_metrics(snapshot, r).ready_replicas for r in spec.role_names}
-    raise_roles = {
+    missed = frozenset(
         role
-        for role in missed
-        if snapshot.taken_at_s - history.last_scale_up_s.get(role, -math.inf) >= settle_s
-        and ready[role] >= current.get(role, 0)
-    }
+        for role in spec.role_names
+        if (ttft_missed and role in PREFILLING_ROLES) or (tpot_missed and role in DECODING_ROLES)
+    )
+    reason = Reason.SCALE_UP_TTFT if ttft_missed and ttft >= tpot else Reason.SCALE_UP_TPOT
+    # Learn only from a settled fleet: every replica asked for is ready, and neither a scale-up
+    # nor an earlier tightening is younger than a cold start and a window of metrics.
+    now = snapshot.taken_at_s
+    settle_s = spec.cold_start_s + snapshot.window_s
+    settled = all(
+        _role_metrics(snapshot, r).ready_replicas >= current.get(r, 0) for r in spec.role_names
+    ) and all(now - history.last_scale_up_s.get(r, -math.inf) >= settle_s for r in missed)
+    if history.tightened_at_s is not None and now - history.tightened_at_s < settle_s:
+        settled = False
+    lesson = None
+    if settled:
+        gain, cap = spec.feedback_gain, spec.max_tightening
+        lesson = LatencyFactors(
+            min(cap, previous.ttft * gain) if ttft_missed else previous.ttft,
+            min(cap, previous.tpot * gain) if tpot_missed else previous.tpot,
+        )
     note = (
         f"attainment {attainment:.1%} below {spec.attainment_target:.1%} "
         f"(p95 TTFT {_ms(service.ttft_p95_s)} of {_ms(spec.slo.ttft_p95_s)}, "
         f"p95 TPOT {_ms(service.tpot_p95_s)} of {_ms(spec.slo.tpot_p95_s)})"
     )
-    return _Feedback(frozenset(missed), frozenset(raise_roles), reason, note)
+    return _Feedback(missed, previous, lesson, reason, note)
 
 
 def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1e3:.0f} ms"
-
-
-def _decayed(spec: PolicySpec, correction: float, elapsed_s: float) -> float:
-    if elapsed_s <= 0 or correction <= 1:
-        return max(1.0, correction)
-    remaining: float = 0.5 ** (elapsed_s / spec.correction_half_life_s)
-    return 1 + (correction - 1) * remaining
 
 
 def _stabilised(
@@ -849,35 +1012,41 @@ def _decide_fresh(
     current_counts = {r: max(0, current.get(r, 0)) for r in roles}
     demand = _demand(spec, snapshot, history)
     feedback = _feedback(spec, snapshot, current_counts, history)
+    calibration = _calibrate(spec, snapshot, current_counts, history, demand)
+    tightening = feedback.tightening
 
-    elapsed = now - history.last_decision.at_s if history.last_decision else 0.0
-    corrections: dict[Role, float] = {}
-    for role in roles:
-        correction = history.corrections.get(role, 1.0)
-        if role in feedback.raise_roles:
-            correction = min(spec.max_correction, correction * spec.feedback_gain)
-        elif role not in feedback.missed:
-            correction = _decayed(spec, correction, elapsed)
-        corrections[role] = correction
-
-    sizings = {
-        role: _size_role(
-            spec, spec.role(role), demand, _role_metrics(snapshot, role), corrections[role]
+    def size(role: Role) -> _Sizing:
+        return _size_role(
+            spec,
+            spec.role(role),
+            demand=demand,
+            metrics=_role_metrics(snapshot, role),
+            slo=(calibration * tightening).planning_slo(spec.slo),
         )
-        for role in roles
-    }
+
+    sizings = {role: size(role) for role in roles}
+    # A miss while the model asks for no more than is running is the model's error: learn it.
+    # A miss while the model already asks for more is explained (the fleet is short, or new
+    # replicas are starting): nothing to learn.
+    learned: frozenset[Role] = frozenset()
+    tightened_at = history.tightened_at_s
+    if feedback.lesson is not None and all(
+        sizings[r].needed <= current_counts[r] for r in feedback.missed
+    ):
+        tightening, tightened_at, learned = feedback.lesson, now, feedback.missed
+        sizings = {role: size(role) for role in roles}
+
     # The first tick seeds the window with the current replicas (as the HPA does), so a restart
     # with an empty history never scales down at once.
     window_start = now - spec.scale_down_stabilization_s
-    past = [r for r in history.recommendations if r.at_s > window_start and r.at_s <= now]
-    if not history.recommendations:
-        past = [Recommendation(now, dict(current_counts))]
+    seeded = history.recommendations or (Recommendation(now, dict(current_counts)),)
+    past = [r for r in seeded if window_start < r.at_s <= now]
 
     raw: dict[Role, int] = {}
     recommended: dict[Role, int] = {}
     for role in roles:
         want = sizings[role].needed
-        if role in feedback.raise_roles:
+        if role in learned:
             want = max(want, current_counts[role] + 1)
         if role in feedback.missed:
             want = max(want, current_counts[role])
@@ -890,23 +1059,24 @@ def _decide_fresh(
     grew = {r for r in roles if replicas[r] > current_counts[r]}
     shrank = {r for r in roles if replicas[r] < current_counts[r]}
     held_down = {r for r in roles if raw[r] < current_counts[r] and r not in shrank}
-    reason = _reason(feedback, constrained, grew, shrank, held_down)
+    reason = _reason(
+        feedback,
+        constrained=constrained,
+        grew=grew,
+        shrank=shrank,
+        held_down=held_down,
+        learned=learned,
+    )
 
     estimates = {
-        role: RoleEstimate(
-            role=role,
-            needed=sizings[role].needed,
+        role: _estimate(
+            spec,
+            spec.role(role),
+            demand=demand,
+            sizing=sizings[role],
             recommended=recommended[role],
-            predicted=_point(
-                spec,
-                spec.role(role),
-                demand.forecast_requests_per_s,
-                replicas[role],
-                demand,
-            )
-            if demand.forecast_requests_per_s > 0
-            else None,
-            feasible=sizings[role].feasible,
+            count=replicas[role],
+            calibration=calibration,
         )
         for role in roles
     }
@@ -926,7 +1096,7 @@ def _decide_fresh(
     keep_after = now - max(spec.scale_down_stabilization_s, _trend_window_s(spec, snapshot))
     new_history = PolicyHistory(
         recommendations=(
-            *(r for r in history.recommendations if window_start < r.at_s < now),
+            *past,
             Recommendation(now, raw),
         ),
         demand=(
@@ -934,18 +1104,51 @@ def _decide_fresh(
             DemandSample(now, demand.requests_per_s, in_flight),
         ),
         last_scale_up_s=last_scale_up,
-        corrections={r: c for r, c in corrections.items() if c > 1},
+        calibration=calibration,
+        tightening=tightening,
+        tightened_at_s=tightened_at,
         last_decision=LastDecision(now, dict(replicas), reason),
     )
     return Decision(dict(replicas), reason, message, new_history, estimates)
 
 
+def _estimate(
+    spec: PolicySpec,
+    policy: RolePolicy,
+    *,
+    demand: _Demand,
+    sizing: _Sizing,
+    recommended: int,
+    count: int,
+    calibration: LatencyFactors,
+) -> RoleEstimate:
+    rate = demand.forecast_requests_per_s
+    point = _point(spec, policy, rate, count, demand) if rate > 0 else None
+    ttft = tpot = None
+    if point is not None and point.stable:
+        if policy.role in PREFILLING_ROLES:
+            ttft = (point.ttft_p95_s + _transfer_s(spec, policy, demand)) * calibration.ttft
+        if policy.role in DECODING_ROLES:
+            tpot = point.tpot_s * calibration.tpot
+    return RoleEstimate(
+        role=policy.role,
+        needed=sizing.needed,
+        recommended=recommended,
+        predicted=point,
+        feasible=sizing.feasible,
+        predicted_ttft_s=ttft,
+        predicted_tpot_s=tpot,
+    )
+
+
 def _reason(
     feedback: _Feedback,
+    *,
     constrained: _Constrained,
     grew: set[Role],
     shrank: set[Role],
     held_down: set[Role],
+    learned: frozenset[Role],
 ) -> Reason:
     if constrained.pinned:
         return Reason.PINNED
@@ -953,7 +1156,7 @@ def _reason(
         return Reason.BUDGET_EXHAUSTED
     if constrained.max_cut:
         return Reason.AT_MAX
-    if grew and feedback.reason is not None and grew & feedback.raise_roles:
+    if grew and feedback.reason is not None and grew & (learned | feedback.missed):
         return feedback.reason
     if grew and (shrank or held_down):
         return Reason.REBALANCE
@@ -974,17 +1177,19 @@ def _tokens(per_s: float) -> str:
     return f"{per_s:.3g}"
 
 
-def _effect(spec: PolicySpec, role: Role, count: int, point: OperatingPoint | None) -> str:
+def _effect(spec: PolicySpec, estimate: RoleEstimate, count: int) -> str:
     plural = "replica holds" if count == 1 else "replicas hold"
+    point = estimate.predicted
     if point is None:
         return f"{count} {plural} an idle load"
     if not point.stable:
         return f"{count} {plural} nothing: overloaded ({point.limit})"
     parts = []
-    if role in PREFILLING_ROLES and spec.slo.ttft_p95_s is not None:
-        parts.append(f"p95 TTFT {point.ttft_p95_s * 1e3:.0f} ms of {spec.slo.ttft_p95_s * 1e3:.0f}")
-    if role in DECODING_ROLES and spec.slo.tpot_p95_s is not None:
-        parts.append(f"TPOT {point.tpot_s * 1e3:.1f} ms of {spec.slo.tpot_p95_s * 1e3:.0f}")
+    ttft, tpot = estimate.predicted_ttft_s, estimate.predicted_tpot_s
+    if ttft is not None and spec.slo.ttft_p95_s is not None:
+        parts.append(f"TTFT {ttft * 1e3:.0f} ms of {spec.slo.ttft_p95_s * 1e3:.0f}")
+    if tpot is not None and spec.slo.tpot_p95_s is not None:
+        parts.append(f"TPOT {tpot * 1e3:.1f} ms of {spec.slo.tpot_p95_s * 1e3:.0f}")
     return f"{count} {plural} " + (" and ".join(parts) or "the load")
 
 
@@ -1012,7 +1217,7 @@ def _message(
     parts = [load]
     for role in spec.role_names:
         before, after = current[role], replicas[role]
-        effect = _effect(spec, role, after, estimates[role].predicted)
+        effect = _effect(spec, estimates[role], after)
         change = f"{role.value} {before} -> {after}" if before != after else f"{role.value} {after}"
         detail = f"{change}: sized for {sizings[role].why}, {effect}"
         if not sizings[role].feasible:

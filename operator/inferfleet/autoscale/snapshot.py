@@ -52,6 +52,14 @@ SERVICE_QUERIES: Mapping[str, str] = {
         "histogram_quantile(0.95, sum by (le) "
         f"(rate(inferfleet_router_tpot_seconds_bucket{{{ROUTER_SELECTOR}}}[$w])))"
     ),
+    "ttft_p99_s": (
+        "histogram_quantile(0.99, sum by (le) "
+        f"(rate(inferfleet_router_ttft_seconds_bucket{{{ROUTER_SELECTOR}}}[$w])))"
+    ),
+    "tpot_p99_s": (
+        "histogram_quantile(0.99, sum by (le) "
+        f"(rate(inferfleet_router_tpot_seconds_bucket{{{ROUTER_SELECTOR}}}[$w])))"
+    ),
     "mean_prompt_tokens": (
         f"sum(rate(inferfleet_router_prompt_tokens_total{{{ROUTER_SELECTOR}}}[$w]))"
         f" / sum(rate(inferfleet_router_requests_total{{{ROUTER_SELECTOR}}}[$w]))"
@@ -134,6 +142,14 @@ class ServiceMetrics:
     """p95 time per output token after the first, seconds:
     `histogram_quantile(0.95, sum by (le) (rate(inferfleet_router_tpot_seconds_bucket
     {service="$S"}[$w])))`."""
+    ttft_p99_s: float | None = None
+    """p99 time to first token, seconds (read when the attainment target is 99% or more):
+    `histogram_quantile(0.99, sum by (le) (rate(inferfleet_router_ttft_seconds_bucket
+    {service="$S"}[$w])))`."""
+    tpot_p99_s: float | None = None
+    """p99 time per output token, seconds:
+    `histogram_quantile(0.99, sum by (le) (rate(inferfleet_router_tpot_seconds_bucket
+    {service="$S"}[$w])))`."""
     mean_prompt_tokens: float | None = None
     """Mean prompt length of completed requests:
     `sum(rate(inferfleet_router_prompt_tokens_total{service="$S"}[$w]))
@@ -151,6 +167,8 @@ class ServiceMetrics:
             attainment=self.attainment,
             ttft_p95_s=self.ttft_p95_s,
             tpot_p95_s=self.tpot_p95_s,
+            ttft_p99_s=self.ttft_p99_s,
+            tpot_p99_s=self.tpot_p99_s,
             mean_prompt_tokens=self.mean_prompt_tokens,
             mean_output_tokens=self.mean_output_tokens,
         )
