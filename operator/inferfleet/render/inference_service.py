@@ -1,5 +1,6 @@
 """An InferenceService -> its router: a Deployment of `inferfleet router`, the Service users
-call (port 80 -> 8000) and a PodDisruptionBudget.
+call (port 80 -> 8000), a PodDisruptionBudget, and the ServiceAccount, Role and RoleBinding
+that let it read EndpointSlices.
 
 The router is told its service (`--service`, the `service` label of its metrics) and its
 backends on the command line, one `--backend` per ModelDeployment and role, as
@@ -13,9 +14,9 @@ DNS answers are cached), through a ServiceAccount of its own bound to a Role tha
 EndpointSlices in that namespace and nothing else. Pods behind it carry the labels
 `inferfleet.io/model-deployment=NAME` and `inferfleet.io/role=ROLE`. `engine` tells the router
 which prefill -> decode hand-off protocol a disaggregated pair speaks (vLLM's
-kv_transfer_params or TensorRT-LLM's disaggregated params); `weight` is the deployment's share of traffic. Then the SLO: `--slo-ttft-p95-ms`,
-`--slo-tpot-p95-ms` (each only when set) and `--slo-attainment-target`, which the router uses
-to count each request's SLO outcome.
+kv_transfer_params or TensorRT-LLM's disaggregated params); `weight` is the deployment's share
+of traffic. Then the SLO: `--slo-ttft-p95-ms`, `--slo-tpot-p95-ms` (each only when set) and
+`--slo-attainment-target`, which the router uses to count each request's SLO outcome.
 
 Referenced ModelDeployments are passed in by name and must live in the service's namespace; a
 missing one raises `MissingReferenceError`, which the reconciler reports as a condition.
