@@ -4,6 +4,7 @@ elsewhere (the controller, the fleet simulator), so the same policy drives both.
 
 from inferfleet.autoscale.policy import (
     Decision,
+    LatencyFactors,
     PolicyHistory,
     PolicySpec,
     Reason,
@@ -16,6 +17,7 @@ from inferfleet.autoscale.snapshot import MetricsSnapshot, RoleMetrics, ServiceM
 
 __all__ = [
     "Decision",
+    "LatencyFactors",
     "MetricsSnapshot",
     "PolicyHistory",
     "PolicySpec",
