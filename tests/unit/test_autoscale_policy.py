@@ -673,10 +673,29 @@ def test_latency_far_below_target_never_tightens_the_calibration() -> None:
     assert current == AGG_HIGH
 
 
-def test_calibration_waits_for_a_settled_fleet() -> None:
-    starting = AGG_HIGH | {Role.AGGREGATED: AGG_HIGH[Role.AGGREGATED] + 2}
-    observed = snapshot(HIGH, AGG_HIGH, ttft_p95_s=0.45, tpot_p95_s=0.045)
-    decision = decide(AGG, observed, starting, recommended(NOW - 60, starting))
+def test_calibration_compares_with_the_replicas_that_served() -> None:
+    """While asked-for replicas start, the latencies measured are those of the ready ones."""
+    ready = AGG_HIGH[Role.AGGREGATED]
+    asked = {Role.AGGREGATED: ready + 2}
+    ttft, tpot = predicted_latency(AGG, HIGH, ready)
+    error = 1.3
+    observed = snapshot(
+        HIGH, {Role.AGGREGATED: ready}, ttft_p95_s=ttft * error, tpot_p95_s=tpot * error
+    )
+    history = replace(recommended(NOW - WINDOW_S, asked), last_scale_up_s={Role.AGGREGATED: NOW})
+    decision = decide(AGG, observed, asked, history)
+    assert decision.history.calibration.tpot == pytest.approx(error, rel=0.02)
+
+
+def test_calibration_skips_the_window_in_which_replicas_join() -> None:
+    ready = AGG_HIGH[Role.AGGREGATED]
+    ttft, tpot = predicted_latency(AGG, HIGH, ready)
+    observed = snapshot(HIGH, AGG_HIGH, ttft_p95_s=ttft * 1.3, tpot_p95_s=tpot * 1.3)
+    joined = NOW - AGG.cold_start_s - WINDOW_S / 2
+    history = replace(
+        recommended(NOW - WINDOW_S, AGG_HIGH), last_scale_up_s={Role.AGGREGATED: joined}
+    )
+    decision = decide(AGG, observed, AGG_HIGH, history)
     assert decision.history.calibration == LatencyFactors()
 
 

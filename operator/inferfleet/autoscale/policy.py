@@ -143,7 +143,7 @@ class PolicySpec:
     calibrate: bool = True
     """Plan against the targets over the measured/predicted latency ratio (see
     PolicyHistory.calibration)."""
-    calibration_bounds: tuple[float, float] = (0.5, 3.0)
+    calibration_bounds: tuple[float, float] = (0.5, 4.0)
     calibration_floor: float = 0.5
     """Measured latency below this fraction of its target never makes the calibration stricter
     (nor undoes what it learned nearer the target)."""
@@ -706,21 +706,32 @@ def _calibrate(
     history: PolicyHistory,
     demand: _Demand,
 ) -> LatencyFactors:
-    """Update the calibration from this snapshot when it describes a settled fleet: every
-    replica asked for is ready, enough requests completed, and the planner predicts a stable
-    operating point at the measured load."""
+    """Update the calibration from this snapshot: the latencies measured over the window
+    against the planner's prediction for the replicas that served them (the ready ones) at the
+    measured load. Skipped when too few requests completed, when the planner sees that fleet
+    overloaded (a backlog drains; no steady state to compare with), and while replicas that
+    were asked for join (the window mixes two fleets)."""
     previous = history.calibration
     service = snapshot.service
+    now = snapshot.taken_at_s
     completed = service.requests_per_s * spec.traffic_share * snapshot.window_s
-    settled = all(
-        current.get(r, 0) > 0 and _role_metrics(snapshot, r).ready_replicas >= current.get(r, 0)
+    ready = {r: _role_metrics(snapshot, r).ready_replicas for r in spec.role_names}
+    joining = any(
+        spec.cold_start_s
+        <= now - history.last_scale_up_s.get(r, -math.inf)
+        < spec.cold_start_s + snapshot.window_s
         for r in spec.role_names
     )
-    if not spec.calibrate or not settled or completed < spec.min_requests_to_calibrate:
+    if (
+        not spec.calibrate
+        or joining
+        or min(ready.values()) < 1
+        or completed < spec.min_requests_to_calibrate
+    ):
         return previous
     low, high = spec.calibration_bounds
     elapsed = snapshot.taken_at_s - (history.last_decision.at_s if history.last_decision else 0)
-    weight = min(1.0, max(0.0, elapsed) / (2 * snapshot.window_s))
+    weight = min(1.0, max(0.0, elapsed) / snapshot.window_s)
 
     def blend(
         old: float, measured: float | None, predicted: float | None, target: float | None
@@ -742,7 +753,7 @@ def _calibrate(
     tpot_predicted: float | None = None
     for role in spec.role_names:
         policy = spec.role(role)
-        point = _point(spec, policy, demand.requests_per_s, current[role], demand)
+        point = _point(spec, policy, demand.requests_per_s, ready[role], demand)
         if not point.stable:
             return previous
         if role in PREFILLING_ROLES:
