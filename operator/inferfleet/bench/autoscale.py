@@ -11,8 +11,9 @@ The oracle: per window (`oracle_window_s`), the fewest replicas per role that me
 the requests arriving in it, known in advance and asked for a cold start ahead. It starts from
 the planner's sizing for each window's rate and mean lengths, then is corrected by simulation:
 windows that miss the attainment target get one more replica of the role that misses (TTFT:
-prefill or aggregated, TPOT: decode or aggregated) until every window meets it; then one pass
-takes a replica away from each window that met it, and puts it back where that made it miss.
+prefill or aggregated, TPOT: decode or aggregated) until every window meets it; then passes
+take a replica away from each window that met it (one role per pass), put it back where that
+made the window miss, and keep the pass when no window misses that met the target before.
 
 Pure apart from `load_scenario`, `write_results` and `plot_scenario`.
 """
@@ -368,6 +369,7 @@ def clairvoyant_oracle(
     window_s: float = DEFAULT_ORACLE_WINDOW_S,
     *,
     max_raise_passes: int = 6,
+    max_lower_passes: int = 4,
 ) -> Oracle:
     """The fewest replicas per window that meet the SLO, found as the module docstring says."""
     horizon = config.horizon_s or max((r.arrival_s for r in requests), default=0.0)
@@ -397,29 +399,39 @@ def clairvoyant_oracle(
         run = _oracle_run(requests, config, needs, window_s)
         simulations += 1
 
-    # One pass down: each window that met the target tries one replica less of its largest
-    # role; windows that then miss get it back.
-    scores = window_scores(run, window_s, len(windows))
-    trial = [dict(need) for need in needs]
-    lowered: dict[int, Role] = {}
-    for index, score in enumerate(scores):
-        if not score.meets(target):
-            continue
-        role = max(service.roles, key=lambda r: (trial[index][r], r.value))
-        if trial[index][role] > service.bounds[role].min_replicas:
+    # Passes down: every window that met the target tries one replica less of one role (the
+    # roles take turns); windows that then miss get it back. A pass is kept when no window
+    # misses that met the target before.
+    for attempt in range(max_lower_passes):
+        scores = window_scores(run, window_s, len(windows))
+        role = service.roles[attempt % len(service.roles)]
+        trial = [dict(need) for need in needs]
+        lowered = [
+            index
+            for index, score in enumerate(scores)
+            if score.meets(target) and trial[index][role] > service.bounds[role].min_replicas
+        ]
+        for index in lowered:
             trial[index][role] -= 1
-            lowered[index] = role
-    if lowered:
+        if not lowered:
+            continue
         trial_run = _oracle_run(requests, config, trial, window_s)
         simulations += 1
         trial_scores = window_scores(trial_run, window_s, len(windows))
-        for index, role in lowered.items():
-            if not trial_scores[index].meets(target):
-                trial[index][role] += 1
-        if any(not trial_scores[i].meets(target) for i in lowered):
+        missed = [index for index in lowered if not trial_scores[index].meets(target)]
+        for index in missed:
+            trial[index][role] += 1
+        if missed:
+            if len(missed) == len(lowered):
+                continue
             trial_run = _oracle_run(requests, config, trial, window_s)
             simulations += 1
-        if _attainment(trial_run) >= _attainment(run) or _attainment(trial_run) >= target:
+            trial_scores = window_scores(trial_run, window_s, len(windows))
+        newly_missed = any(
+            before.meets(target) and not after.meets(target)
+            for before, after in zip(scores, trial_scores, strict=True)
+        )
+        if not newly_missed:
             needs, run = trial, trial_run
     return Oracle(needs, run, simulations)
 
@@ -433,13 +445,6 @@ def _responsible(service: Service, score: WindowScore) -> list[Role]:
     if score.missed_tpot > 0:
         roles.append(Role.DECODE)
     return roles
-
-
-def _attainment(run: FleetRun) -> float:
-    records = run.records
-    if not records:
-        return 1.0
-    return sum(1 for r in records if r.outcome is Outcome.MET) / len(records)
 
 
 # Scoring.
@@ -814,7 +819,15 @@ def plot_scenario(result: ScenarioResult, out_dir: Path) -> list[Path]:
     figure, axes = pyplot.subplots(
         1 + len(roles), 1, figsize=(11, 3 + 2.6 * len(roles)), sharex=True
     )
-    axes[0].plot(centres, [a / window_s for a in arrivals], color="black")
+    fine_s = max(10.0, result.horizon_s / 300)
+    fine = [0] * (int(result.horizon_s // fine_s) + 1)
+    for record in any_run.records:
+        fine[min(len(fine) - 1, int(record.arrival_s // fine_s))] += 1
+    axes[0].plot([(i + 0.5) * fine_s for i in range(len(fine))], [a / fine_s for a in fine],
+                 color="grey", linewidth=0.8, label=f"per {fine_s:g} s")  # fmt: skip
+    axes[0].plot(centres, [a / window_s for a in arrivals], color="black",
+                 label=f"per {window_s:g} s")  # fmt: skip
+    axes[0].legend(loc="upper left", fontsize="small")
     axes[0].set_ylabel("arrivals (req/s)")
     axes[0].set_title(f"{name}: load and replicas per role")
     axes[0].grid(alpha=0.3)

@@ -664,6 +664,8 @@ class FleetSimulator:
                 attainment=met / completed if completed else None,
                 ttft_p95_s=histogram_quantile(0.95, ROUTER_TTFT_BUCKETS_S, ttft),
                 tpot_p95_s=histogram_quantile(0.95, ROUTER_TPOT_BUCKETS_S, tpot),
+                ttft_p99_s=histogram_quantile(0.99, ROUTER_TTFT_BUCKETS_S, ttft),
+                tpot_p99_s=histogram_quantile(0.99, ROUTER_TPOT_BUCKETS_S, tpot),
                 mean_prompt_tokens=prompt_delta / completed if completed else None,
                 mean_output_tokens=output_delta / completed if completed else None,
             )
