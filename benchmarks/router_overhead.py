@@ -3,18 +3,19 @@
     .venv/bin/python -m benchmarks.router_overhead [--streams 100,500,1000] [--engines 2]
 
 Starts `--engines` emulated engines (`inferfleet sim-engine`) and one router in front of them
-(`inferfleet router`, static URLs), each its own process; the load generator
-(`inferfleet.bench.loadgen.LoadGenerator`) runs in this process. For each stream count C it
-runs the same schedule twice, first straight to the engines (the schedule dealt round-robin,
-one load generator per engine, in one event loop) and then through the router, and compares
-TTFT p50/p99, TPOT and output tokens/s between the two.
+(`inferfleet router`, static URLs), each its own process; the load runs in this process. For
+each stream count C it drives the same load twice, first straight to the engines (stream i
+to engine i mod N) and then through the router, and compares TTFT p50/p99, TPOT and output
+tokens/s between the two.
 
-The load is open-loop, sized to hold C streams: fixed-length requests at evenly spaced
-arrivals, at the rate at which the planner's closed-loop operating point
-(`planning.load.closed_loop_point`, C / engines streams per replica) says requests last long
-enough for C to be in flight. Only requests sent after one request lifetime (the ramp) and
-before the last arrival are measured; the report gives the streams actually in flight then
-(measured, per path), so a path that stretches latency shows as more streams, not hidden.
+The load is closed-loop at exactly C streams: C workers, each sending its next request as
+soon as the last one ended, so that C streams are open whatever the latency (an open loop
+sized from a predicted latency drifts off C when the prediction is off, and the two paths
+would then be measured at different concurrencies). The workers are started over
+`--ramp-seconds`; after `--settle-seconds` more, the requests sent in the next
+`--measure-seconds` are measured. The workers use the load generator's HTTP client
+(`inferfleet.bench.loadgen`: its asyncio transport, at most 32 streams per connection pool,
+its prompt builder) and the SSE reader the router itself uses (`inferfleet.streaming`).
 
 It writes `router_overhead.json` and `router_overhead.md` to `--out`.
 """
@@ -23,6 +24,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import gc
 import json
 import math
 import resource
@@ -33,6 +36,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from benchmarks.serving_harness import (
     RESULTS,
@@ -50,10 +55,112 @@ from benchmarks.serving_harness import (
     start_router,
     table,
 )
-from inferfleet.bench.loadgen import LoadGenerator, RunResult
+from inferfleet.bench.loadgen import (
+    DEFAULT_STREAMS_PER_CLIENT,
+    AsyncioTransport,
+    PromptBuilder,
+)
 from inferfleet.bench.report import Distribution, RequestResult
 from inferfleet.bench.traces import TraceRequest
 from inferfleet.planning.load import closed_loop_point
+from inferfleet.streaming import TokenStream
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """One closed-loop run's shape."""
+
+    streams: int
+    input_tokens: int
+    output_tokens: int
+    ramp_s: float
+    settle_s: float
+    measure_s: float
+
+    @property
+    def window(self) -> tuple[float, float]:
+        start = self.ramp_s + self.settle_s
+        return start, start + self.measure_s
+
+
+async def closed_loop(urls: Sequence[str], load: Load, model: str) -> list[RequestResult]:
+    """`load.streams` workers, worker i on `urls[i % len(urls)]`, each sending its next
+    request when the last ended, until the measuring window closes."""
+    loop = asyncio.get_running_loop()
+    prompts = PromptBuilder(load.input_tokens + 16)
+    request = TraceRequest(0.0, load.input_tokens, load.output_tokens)
+    head = json.dumps(
+        {
+            "model": model,
+            "max_tokens": load.output_tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "ignore_eos": True,
+        },
+        separators=(",", ":"),
+    )[:-1]
+    pools = math.ceil(load.streams / DEFAULT_STREAMS_PER_CLIENT)
+    clients = [
+        httpx.AsyncClient(
+            transport=AsyncioTransport(),
+            timeout=httpx.Timeout(None, connect=10.0),
+            headers={"Content-Type": "application/json", "Accept": "text/event-stream"},
+        )
+        for _ in range(pools)
+    ]
+    results: list[RequestResult] = []
+    _, stop_at = load.window
+    counter = iter(range(1 << 62))
+
+    async def one(client: httpx.AsyncClient, url: str, t0: float) -> None:
+        index = next(counter)
+        # A unique leading word: no prefix is shared, so prefix affinity plays no part.
+        body = f'{head},"prompt":"{prompts.prompt(request, index)}"}}'.encode()
+        result = RequestResult(index, loop.time() - t0, load.input_tokens, load.output_tokens)
+        result.sent_s = result.scheduled_s
+        results.append(result)
+        stream = TokenStream(gaps=result.gaps)
+        try:
+            async with client.stream("POST", url, content=body) as response:
+                result.http_status = response.status_code
+                if response.status_code != 200:
+                    await response.aread()
+                    result.error = f"http_{response.status_code}"
+                    return
+                async for received in response.aiter_raw():
+                    stream.feed(received, loop.time() - t0)
+                    if stream.error is not None:
+                        result.error = "stream_error"
+                        break
+        except httpx.HTTPError as error:
+            result.error = type(error).__name__
+        result.first_token_s = stream.first_token_at
+        result.last_token_s = stream.last_token_at
+        result.tokens = stream.tokens
+        result.chunks = stream.chunks
+        result.end_s = loop.time() - t0
+        if result.error is None and not stream.done:
+            result.error = "incomplete_stream"
+
+    async def worker(slot: int, t0: float) -> None:
+        await asyncio.sleep(load.ramp_s * slot / load.streams)
+        client = clients[slot // DEFAULT_STREAMS_PER_CLIENT]
+        url = urls[slot % len(urls)].rstrip("/") + "/v1/completions"
+        while loop.time() - t0 < stop_at:
+            await one(client, url, t0)
+
+    # As the load generator does: keep the collector off the long-lived objects.
+    gc.collect()
+    gc.freeze()
+    try:
+        t0 = loop.time()
+        await asyncio.gather(*(worker(slot, t0) for slot in range(load.streams)))
+    finally:
+        gc.unfreeze()
+        for client in clients:
+            with contextlib.suppress(Exception):
+                await client.aclose()
+    return results
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,18 +183,8 @@ class PathResult:
     engine_preemptions: float
     engine_late_ms_per_step: float
     engine_schedule_resets: float
-    client_peak_in_flight: int
-    send_lag_ms: Distribution | None
-    """Actual minus scheduled send time: how well the open loop kept its schedule."""
     other_work: dict[str, float]
     """CPU seconds of the busiest processes outside the benchmark, by command name."""
-
-
-def schedule(
-    rate: float, duration_s: float, input_tokens: int, output_tokens: int
-) -> list[TraceRequest]:
-    count = max(1, math.floor(rate * duration_s))
-    return [TraceRequest(index / rate, input_tokens, output_tokens) for index in range(count)]
 
 
 def in_flight_mean(results: Sequence[RequestResult], start: float, end: float) -> float:
@@ -135,56 +232,25 @@ def engine_figures(
     )
 
 
-async def run_direct(
-    engines: Sequence[Service], requests: Sequence[TraceRequest], model: str
-) -> list[RunResult]:
-    """The schedule dealt round-robin over the engines, one load generator each."""
-    generators = [LoadGenerator(engine.url, model=model) for engine in engines]
-    shares = [list(requests[index :: len(engines)]) for index in range(len(engines))]
-    return list(
-        await asyncio.gather(
-            *(
-                generator.run(share, drain_s=120.0)
-                for generator, share in zip(generators, shares, strict=True)
-            )
-        )
-    )
-
-
-async def run_routed(
-    router: Service, requests: Sequence[TraceRequest], model: str
-) -> list[RunResult]:
-    return [await LoadGenerator(router.url, model=model).run(requests, drain_s=120.0)]
-
-
 def measure(
-    path: str,
-    engines: Sequence[Service],
-    router: Service,
-    *,
-    requests: Sequence[TraceRequest],
-    model: str,
-    ramp_s: float,
-    end_s: float,
+    path: str, engines: Sequence[Service], router: Service, *, load: Load, model: str
 ) -> PathResult:
     pids = {f"engine {i}": engine.pid for i, engine in enumerate(engines)} | {"router": router.pid}
+    urls = [engine.url for engine in engines] if path == "direct" else [router.url]
     meter = CpuMeter(pids)
     before = [scrape(engine.url) for engine in engines]
     meter.start()
-    if path == "direct":
-        runs = asyncio.run(run_direct(engines, requests, model))
-    else:
-        runs = asyncio.run(run_routed(router, requests, model))
+    results = asyncio.run(closed_loop(urls, load, model))
     meter.stop()
     after = [scrape(engine.url) for engine in engines]
-    results = [result for run in runs for result in run.results]
-    window = [r for r in results if r.sent_s is not None and ramp_s <= r.sent_s <= end_s]
+    start, end = load.window
+    window = [r for r in results if r.sent_s is not None and start <= r.sent_s < end]
     measured = [r for r in window if r.ok]
     errors: dict[str, int] = {}
     for result in results:
         if not result.ok:
             errors[result.error or "unknown"] = errors.get(result.error or "unknown", 0) + 1
-    tokens = tokens_in_window(results, ramp_s, end_s)
+    tokens = tokens_in_window(results, start, end)
     used = meter.used
     cores = meter.cores()
     engine_cores = sum(value for name, value in cores.items() if name.startswith("engine"))
@@ -197,31 +263,32 @@ def measure(
         "machine": cores["machine"],
     }
     total_tokens = sum(result.tokens for result in results)
-    per_token = {
-        "engines": 1e6 * engine_cpu / total_tokens if total_tokens else math.nan,
-        "router": 1e6 * used["router"] / total_tokens if total_tokens else math.nan,
-        "load generator": 1e6 * used["load generator"] / total_tokens if total_tokens else math.nan,
-    }
+
+    def per_token(cpu_s: float) -> float:
+        return 1e6 * cpu_s / total_tokens if total_tokens else math.nan
+
     queue_ms, preemptions, late_ms, resets = engine_figures(engines, before, after)
     return PathResult(
         path=path,
         requests=len(results),
         measured=len(measured),
         errors=errors,
-        in_flight_mean=in_flight_mean(results, ramp_s, end_s),
+        in_flight_mean=in_flight_mean(results, start, end),
         ttft_ms=Distribution.of(1e3 * r.ttft_s for r in measured if r.ttft_s is not None),
         tpot_ms=Distribution.of(1e3 * r.tpot_s for r in measured if r.tpot_s is not None),
         e2e_ms=Distribution.of(1e3 * r.e2e_s for r in measured if r.e2e_s is not None),
-        output_tokens_per_s=tokens / (end_s - ramp_s),
-        window_s=end_s - ramp_s,
+        output_tokens_per_s=tokens / (end - start),
+        window_s=end - start,
         cpu_cores=grouped,
-        cpu_us_per_token=per_token,
+        cpu_us_per_token={
+            "engines": per_token(engine_cpu),
+            "router": per_token(used["router"]),
+            "load generator": per_token(used["load generator"]),
+        },
         engine_queue_ms_mean=queue_ms,
         engine_preemptions=preemptions,
         engine_late_ms_per_step=late_ms,
         engine_schedule_resets=resets,
-        client_peak_in_flight=sum(run.client.peak_in_flight for run in runs),
-        send_lag_ms=Distribution.of(1e3 * r.send_lag_s for r in window if r.send_lag_s is not None),
         other_work=meter.others,
     )
 
@@ -235,6 +302,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-sequences", type=int, default=1024)
     parser.add_argument("--input-tokens", type=int, default=256)
     parser.add_argument("--output-tokens", type=int, default=64)
+    parser.add_argument("--ramp-seconds", type=float, default=3.0)
+    parser.add_argument("--settle-seconds", type=float, default=5.0)
     parser.add_argument("--measure-seconds", type=float, default=15.0)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
@@ -254,55 +323,44 @@ def main(argv: Sequence[str] | None = None) -> int:
         router = start_router("router", engines, args.model, log_dir)
         with running([*engines, router]):
             # Warm-up: connections, imports, the router's first upstream calls.
-            warm = schedule(20.0, 3.0, args.input_tokens, args.output_tokens)
+            warm = Load(20, args.input_tokens, args.output_tokens, 0.5, 0.0, 3.0)
             for path in ("direct", "router"):
-                measure(
-                    path, engines, router, requests=warm, model=args.model, ramp_s=0.0, end_s=3.0
-                )
+                measure(path, engines, router, load=warm, model=args.model)
             for streams in levels:
+                load = Load(
+                    streams,
+                    args.input_tokens,
+                    args.output_tokens,
+                    args.ramp_seconds,
+                    args.settle_seconds,
+                    args.measure_seconds,
+                )
+                paths = {}
+                for path in ("direct", "router"):
+                    started = time.monotonic()
+                    paths[path] = result = measure(
+                        path, engines, router, load=load, model=args.model
+                    )
+                    print(
+                        f"{streams} streams, {path}: {time.monotonic() - started:.0f} s, in "
+                        f"flight {result.in_flight_mean:.0f}, TTFT p50 "
+                        f"{result.ttft_ms.p50 if result.ttft_ms else math.nan:.1f} ms, "
+                        f"{result.output_tokens_per_s:.0f} tok/s, cores "
+                        + ", ".join(f"{k} {v:.2f}" for k, v in result.cpu_cores.items()),
+                        file=sys.stderr,
+                    )
                 point = closed_loop_point(
                     config,
                     max(1, round(streams / args.engines)),
                     args.input_tokens,
                     args.output_tokens,
                 )
-                lifetime = point.ttft_mean_s + args.output_tokens * point.tpot_s
-                rate = streams / lifetime
-                ramp = lifetime
-                end = ramp + args.measure_seconds
-                requests = schedule(rate, end, args.input_tokens, args.output_tokens)
-                print(
-                    f"{streams} streams: {rate:.1f} req/s, predicted request {lifetime:.2f} s",
-                    file=sys.stderr,
-                )
-                paths = {}
-                for path in ("direct", "router"):
-                    started = time.monotonic()
-                    paths[path] = measure(
-                        path,
-                        engines,
-                        router,
-                        requests=requests,
-                        model=args.model,
-                        ramp_s=ramp,
-                        end_s=end,
-                    )
-                    result = paths[path]
-                    print(
-                        f"  {path}: {time.monotonic() - started:.0f} s, in flight "
-                        f"{result.in_flight_mean:.0f}, TTFT p50 "
-                        f"{result.ttft_ms.p50 if result.ttft_ms else math.nan:.1f} ms, "
-                        f"{result.output_tokens_per_s:.0f} tok/s, cores {result.cpu_cores}",
-                        file=sys.stderr,
-                    )
                 levels_out.append(
                     {
                         "streams": streams,
-                        "rate_rps": rate,
-                        "predicted_request_s": lifetime,
-                        "predicted_tpot_ms": point.tpot_s * 1e3,
-                        "predicted_ttft_ms": point.ttft_mean_s * 1e3,
-                        "ramp_s": ramp,
+                        "load": asdict(load),
+                        "planner_tpot_ms": point.tpot_s * 1e3,
+                        "planner_ttft_ms": point.ttft_mean_s * 1e3,
                         "paths": {name: asdict(value) for name, value in paths.items()},
                     }
                 )
@@ -313,6 +371,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "engines": args.engines,
         "engine": shape.describe(),
         "request": {"input_tokens": args.input_tokens, "output_tokens": args.output_tokens},
+        "ramp_seconds": args.ramp_seconds,
+        "settle_seconds": args.settle_seconds,
         "measure_seconds": args.measure_seconds,
         "levels": levels_out,
     }
@@ -340,10 +400,12 @@ def markdown(document: dict[str, Any]) -> str:
         f"{document['engines']} engine processes ({document['engine']}), one router process, "
         "and the load generator in the benchmark process, all on 127.0.0.1 and sharing the "
         f"{info['cores']} cores. Requests: {request['input_tokens']} prompt tokens, "
-        f"{request['output_tokens']} output tokens, streamed. Open-loop, evenly spaced "
-        "arrivals at the rate that holds the stream count (from the planner's closed-loop "
-        f"operating point); measured: requests sent in a {document['measure_seconds']:g} s "
-        "window after a ramp of one request lifetime. Direct first, then routed, same schedule.",
+        f"{request['output_tokens']} output tokens, streamed. Closed loop at exactly the stream "
+        "count (each stream sends its next request when the last ends); streams started over "
+        f"{document['ramp_seconds']:g} s, then {document['settle_seconds']:g} s to settle, then "
+        f"the requests sent in the next {document['measure_seconds']:g} s are measured. "
+        "Direct (stream i to engine i mod N) first, then through the router, same load. "
+        "Added latency = routed - direct; ratios are routed / direct from the same run.",
         "",
     ]
     rows = []
@@ -399,7 +461,6 @@ def markdown(document: dict[str, Any]) -> str:
                 f"{direct['cpu_cores']['other processes']:.2f} / "
                 f"{routed['cpu_cores']['other processes']:.2f}",
                 f"{direct['cpu_cores']['machine']:.2f} / {routed['cpu_cores']['machine']:.2f}",
-                f"{_p(direct['send_lag_ms'], 'p99'):.1f} / {_p(routed['send_lag_ms'], 'p99'):.1f}",
                 f"{routed['cpu_us_per_token']['router']:.0f}",
                 f"{direct['cpu_us_per_token']['engines']:.0f} / "
                 f"{routed['cpu_us_per_token']['engines']:.0f}",
@@ -416,7 +477,6 @@ def markdown(document: dict[str, Any]) -> str:
                 "load generator",
                 "other",
                 "machine",
-                "send lag p99 ms",
                 "router us/token",
                 "engines us/token",
                 "load gen us/token",
@@ -433,8 +493,8 @@ def markdown(document: dict[str, Any]) -> str:
         engine_rows.append(
             [
                 level["streams"],
-                f"{level['predicted_tpot_ms']:.1f}",
-                f"{level['rate_rps']:.1f}",
+                f"{level['planner_tpot_ms']:.1f}",
+                f"{_p(direct['tpot_ms'], 'mean'):.1f}",
                 f"{direct['engine_queue_ms_mean']:.2f} / {routed['engine_queue_ms_mean']:.2f}",
                 f"{direct['engine_preemptions']:.0f} / {routed['engine_preemptions']:.0f}",
                 f"{direct['engine_late_ms_per_step']:.2f} / "
@@ -447,7 +507,7 @@ def markdown(document: dict[str, Any]) -> str:
             [
                 "streams",
                 "planner TPOT ms",
-                "req/s",
+                "direct TPOT mean ms",
                 "engine queue ms, mean",
                 "preemptions",
                 "engine loop late ms/step",
@@ -455,6 +515,15 @@ def markdown(document: dict[str, Any]) -> str:
             ],
             engine_rows,
         ),
+        "",
+        "Other work on the machine during each run (CPU s of the busiest other processes): "
+        + "; ".join(
+            f"{level['streams']} {name}: "
+            + (", ".join(f"{proc} {cpu}" for proc, cpu in path["other_work"].items()) or "none")
+            for level in document["levels"]
+            for name, path in level["paths"].items()
+        )
+        + ".",
         "",
     ]
     return "\n".join(lines) + "\n"
