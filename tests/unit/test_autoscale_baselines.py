@@ -206,7 +206,7 @@ def test_the_oracle_meets_the_slo_in_every_window_with_few_replicas() -> None:
     assert all(score.meets(0.95) for score in scores)
     # The step shows in the needs, and the fleet is never larger than the peak needs.
     assert max(n[AGG] for n in oracle.needs[2:]) > oracle.needs[0][AGG]
-    assert load_steps(oracle.needs, 1)
+    assert load_steps(oracle.planned, 1)
     peak = max(n[AGG] for n in oracle.needs)
     assert all(life.role is AGG for life in oracle.run.replicas)
     assert max(oracle.run.held(AGG, t) for t in range(0, 240, 5)) <= peak

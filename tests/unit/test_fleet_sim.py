@@ -201,6 +201,9 @@ def test_a_replica_taken_away_drains_before_it_gives_its_gpus_back() -> None:
     check_conservation(run, requests)
     drained = [life for life in run.replicas if life.released_s is not None]
     assert len(drained) == 2
+    assert all(life.drain_s == 60.0 for life in drained)
+    assert run.accepting(Role.AGGREGATED, 61.0) == 1
+    assert run.serving(Role.AGGREGATED, 61.0) == 3
     for life in drained:
         assert life.released_s is not None
         served = [r for r in run.records if r.replica == life.replica]

@@ -54,7 +54,7 @@ POLICIES = ("goodput", "static-peak", "static-mean", "hpa", "keda", "planner", "
 DEFAULT_ORACLE_WINDOW_S = 60.0
 GOODPUT_INTERVAL_S = 15.0
 LOAD_STEP_GROWTH = 1.25
-"""A window whose oracle GPUs exceed the previous window's by this factor is a load step."""
+"""A window whose planned GPUs exceed the previous window's by this factor is a load step."""
 
 
 class ScenarioError(ValueError):
@@ -172,8 +172,16 @@ def scenario_requests(
         input_tokens=traces.parse_lengths(scenario.input_tokens),
         output_tokens=traces.parse_lengths(scenario.output_tokens),
         seed=scenario.seed,
-        **dict(scenario.pattern_options),
+        **_pattern_options(scenario.pattern_options),
     )
+
+
+def _pattern_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """`traces.synthetic` options, lengths after a mix shift parsed as on the command line."""
+    return {
+        key: traces.parse_lengths(str(value)) if key.endswith("_tokens_after") else value
+        for key, value in options.items()
+    }
 
 
 def horizon_s(scenario: Scenario, requests: Sequence[traces.TraceRequest], rate: float) -> float:
@@ -347,8 +355,29 @@ def window_scores(run: FleetRun, window_s: float, windows: int) -> list[WindowSc
 @dataclass(frozen=True)
 class Oracle:
     needs: list[dict[Role, int]]
+    """The searched schedule the clairvoyant scaler replays (a window's replicas are asked for
+    a cold start ahead, so a window below a later one's need is not binding)."""
+    planned: list[dict[Role, int]]
+    """The planner's sizing of each window, before the search."""
     run: FleetRun
     simulations: int
+
+    def served(self, window_s: float) -> list[dict[Role, int]]:
+        """Per window, the replicas taking requests throughout it in the oracle's run: what
+        met the SLO for that window's load."""
+        return fleet_per_window(self.run, window_s, len(self.needs))
+
+
+def fleet_per_window(run: FleetRun, window_s: float, windows: int) -> list[dict[Role, int]]:
+    """Per window, the fewest replicas of each role that took requests at any time in it
+    (sampled every second)."""
+    roles = sorted({life.role for life in run.replicas}, key=lambda r: r.value)
+    served: list[dict[Role, int]] = []
+    for index in range(windows):
+        start = index * window_s
+        moments = [start + offset for offset in range(int(window_s))]
+        served.append({role: min(run.accepting(role, t) for t in moments) for role in roles})
+    return served
 
 
 def _oracle_run(
@@ -375,6 +404,7 @@ def clairvoyant_oracle(
     horizon = config.horizon_s or max((r.arrival_s for r in requests), default=0.0)
     windows = _windows(requests, horizon, window_s)
     needs = planner_needs(service, windows, window_s)
+    planned = [dict(need) for need in needs]
     target = service.slo.attainment_target
     simulations = 0
 
@@ -433,7 +463,7 @@ def clairvoyant_oracle(
         )
         if not newly_missed:
             needs, run = trial, trial_run
-    return Oracle(needs, run, simulations)
+    return Oracle(needs, planned, run, simulations)
 
 
 def _responsible(service: Service, score: WindowScore) -> list[Role]:
@@ -500,7 +530,8 @@ def direction_changes(run: FleetRun) -> int:
 
 
 def load_steps(needs: Sequence[Mapping[Role, int]], gpus_per_replica: int) -> list[int]:
-    """Windows whose oracle GPUs grow by `LOAD_STEP_GROWTH` or more over the window before."""
+    """Windows whose planned GPUs (the planner's sizing of their load) grow by
+    `LOAD_STEP_GROWTH` or more over the window before."""
     steps = []
     for index in range(1, len(needs)):
         before = sum(needs[index - 1].values()) * gpus_per_replica
@@ -513,8 +544,8 @@ def load_steps(needs: Sequence[Mapping[Role, int]], gpus_per_replica: int) -> li
 def reaction_time(
     run: FleetRun, needs: Sequence[Mapping[Role, int]], window_s: float, steps: Iterable[int]
 ) -> float | None:
-    """Mean time from each load step until every role serves the oracle's need (capped at the
-    end of the run)."""
+    """Mean time from each load step until every role has as many replicas taking requests as
+    `needs` says for the step's window (capped at the end of the run)."""
     times: list[float] = []
     for index in steps:
         start = index * window_s
@@ -530,7 +561,7 @@ def reaction_time(
                 }
             )
             reached = next(
-                (moment for moment in moments if run.serving(role, moment) >= wanted),
+                (moment for moment in moments if run.accepting(role, moment) >= wanted),
                 run.horizon_s,
             )
             ready_by = max(ready_by, reached)
@@ -544,9 +575,9 @@ def score(
     slo: Slo,
     *,
     oracle_gpu_hours: float | None,
-    oracle_needs: Sequence[Mapping[Role, int]],
+    oracle_served: Sequence[Mapping[Role, int]],
+    steps: Sequence[int],
     window_s: float,
-    gpus_per_replica: int,
 ) -> PolicyResult:
     records = run.records
     met = sum(1 for r in records if r.outcome is Outcome.MET)
@@ -565,9 +596,7 @@ def score(
         gpu_hours_vs_oracle=gpu_hours / oracle_gpu_hours if oracle_gpu_hours else None,
         ttft_p95_ms=percentile(ttfts, 95) * 1e3 if ttfts else None,
         tpot_p95_ms=percentile(tpots, 95) * 1e3 if tpots else None,
-        reaction_s=reaction_time(
-            run, oracle_needs, window_s, load_steps(oracle_needs, gpus_per_replica)
-        ),
+        reaction_s=reaction_time(run, oracle_served, window_s, steps),
         direction_changes_per_hour=direction_changes(run) / hours if hours > 0 else 0.0,
         failed=sum(1 for r in records if r.outcome is Outcome.FAILED),
         requests=len(records),
@@ -585,10 +614,11 @@ class ScenarioResult:
     requests: int
     results: list[PolicyResult]
     runs: dict[str, FleetRun]
-    oracle_needs: list[dict[Role, int]]
-    oracle_simulations: int
+    oracle: Oracle
     gpus_per_replica: int
     cpu_s: dict[str, float]
+    goodput_decisions: list[tuple[float, str, str]] = field(default_factory=list)
+    """The goodput policy's changes: time, reason and message."""
 
 
 def _static_counts(needs: Sequence[Mapping[Role, int]], roles: Sequence[Role], *, peak: bool
@@ -603,22 +633,24 @@ def build_scaler(
     policy: str,
     service: Service,
     *,
-    oracle_needs: Sequence[Mapping[Role, int]],
+    oracle: Oracle,
     window_s: float,
     cold_start_s: float,
     mix: tuple[int, int],
 ) -> tuple[Scaler, dict[Role, int]]:
     """The scaler of a policy and the replicas it starts with (warm at time 0): the oracle's
-    first fleet for every policy that scales, so all start equally ready for the load."""
-    oracle = ClairvoyantScaler(oracle_needs, window_s, cold_start_s)
-    first = dict(oracle.desired(0.0, None, {}))
+    first fleet for every policy that scales, so all start equally ready for the load. The
+    static fleets are the largest and the mean (rounded up) of the oracle's served fleets."""
+    clairvoyant = ClairvoyantScaler(oracle.needs, window_s, cold_start_s)
+    first = dict(clairvoyant.desired(0.0, None, {}))
     slo = service.slo
     ttft = None if slo.ttft_p95_ms is None else slo.ttft_p95_ms / 1e3
     tpot = None if slo.tpot_p95_ms is None else slo.tpot_p95_ms / 1e3
     if policy == "goodput":
         return GoodputScaler(service.policy), first
     if policy in ("static-peak", "static-mean"):
-        counts = _static_counts(oracle_needs, service.roles, peak=policy == "static-peak")
+        served = oracle.served(window_s)
+        counts = _static_counts(served, service.roles, peak=policy == "static-peak")
         return StaticScaler(counts), counts
     if policy == "hpa":
         capacities = {
@@ -640,7 +672,7 @@ def build_scaler(
             service.replica, service.roles, service.bounds, ttft, tpot, mix
         ), first
     if policy == "oracle":
-        return oracle, first
+        return clairvoyant, first
     raise ValueError(f"unknown policy {policy!r}; expected one of {', '.join(POLICIES)}")
 
 
@@ -671,8 +703,11 @@ def run_scenario(
         max(1, round(sum(r.output_tokens for r in requests) / max(1, len(requests)))),
     )
     oracle_gpu_hours = oracle.run.gpu_seconds() / 3600
+    served = oracle.served(window_s)
+    steps = load_steps(oracle.planned, service.replica.gpus)
     runs: dict[str, FleetRun] = {}
     results: list[PolicyResult] = []
+    goodput_decisions: list[tuple[float, str, str]] = []
     for policy in policies:
         if policy == "oracle":
             run = oracle.run
@@ -680,7 +715,7 @@ def run_scenario(
             scaler, initial = build_scaler(
                 policy,
                 service,
-                oracle_needs=oracle.needs,
+                oracle=oracle,
                 window_s=window_s,
                 cold_start_s=scenario.cold_start_s,
                 mix=mix,
@@ -688,6 +723,11 @@ def run_scenario(
             started = clock()
             run = simulate(requests, replace(base, initial_replicas=initial), scaler)
             cpu[policy] = clock() - started
+            if isinstance(scaler, GoodputScaler):
+                goodput_decisions = [
+                    (at, decision.reason.value, decision.message)
+                    for at, decision in scaler.decisions
+                ]
         runs[policy] = run
         results.append(
             score(
@@ -695,9 +735,9 @@ def run_scenario(
                 run,
                 service.slo,
                 oracle_gpu_hours=oracle_gpu_hours,
-                oracle_needs=oracle.needs,
+                oracle_served=served,
+                steps=steps,
                 window_s=window_s,
-                gpus_per_replica=service.replica.gpus,
             )
         )
     return ScenarioResult(
@@ -707,10 +747,10 @@ def run_scenario(
         requests=len(requests),
         results=results,
         runs=runs,
-        oracle_needs=oracle.needs,
-        oracle_simulations=oracle.simulations,
+        oracle=oracle,
         gpus_per_replica=service.replica.gpus,
         cpu_s=cpu,
+        goodput_decisions=goodput_decisions,
     )
 
 
@@ -771,11 +811,29 @@ def result_json(result: ScenarioResult) -> dict[str, Any]:
         "coldStartS": scenario.cold_start_s,
         "gpusPerReplica": result.gpus_per_replica,
         "oracleWindowS": scenario.oracle_window_s,
-        "oracleNeeds": [{r.value: n for r, n in need.items()} for need in result.oracle_needs],
-        "oracleSimulations": result.oracle_simulations,
+        "plannedPerWindow": _per_window(result.oracle.planned),
+        "oracleSchedule": _per_window(result.oracle.needs),
+        "oracleServedPerWindow": _per_window(result.oracle.served(scenario.oracle_window_s)),
+        "loadSteps": [
+            i * scenario.oracle_window_s
+            for i in load_steps(result.oracle.planned, result.gpus_per_replica)
+        ],
+        "oracleSimulations": result.oracle.simulations,
         "cpuSeconds": result.cpu_s,
         "policies": [r.to_dict() for r in result.results],
+        "scaling": {
+            policy: [[d.time_s, d.role.value, d.before, d.after] for d in run.decisions]
+            for policy, run in result.runs.items()
+        },
+        "goodputDecisions": [
+            {"atS": at, "reason": reason, "message": message}
+            for at, reason, message in result.goodput_decisions
+        ],
     }
+
+
+def _per_window(needs: Sequence[Mapping[Role, int]]) -> list[dict[str, int]]:
+    return [{role.value: count for role, count in need.items()} for need in needs]
 
 
 def write_results(result: ScenarioResult, out_dir: Path | str, *, plots: bool = True
@@ -808,7 +866,7 @@ def plot_scenario(result: ScenarioResult, out_dir: Path) -> list[Path]:
 
     name = result.scenario.name
     window_s = result.scenario.oracle_window_s
-    roles = list(next(iter(result.oracle_needs)).keys())
+    roles = list(next(iter(result.oracle.needs)).keys())
     any_run = next(iter(result.runs.values()))
     windows = max(1, math.ceil(result.horizon_s / window_s))
     arrivals = [0] * windows

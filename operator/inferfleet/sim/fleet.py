@@ -154,6 +154,8 @@ class ReplicaLife:
     ready_s: float | None
     """None: cancelled before it served."""
     released_s: float | None
+    drain_s: float | None = None
+    """When it was asked to leave (it takes no new request from then on)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +200,18 @@ class FleetRun:
             and (life.released_s is None or life.released_s > time_s)
         )
 
+    def accepting(self, role: Role, time_s: float) -> int:
+        """Replicas of `role` ready at `time_s` and taking requests (not draining)."""
+        return sum(
+            1
+            for life in self.replicas
+            if life.role is role
+            and life.ready_s is not None
+            and life.ready_s <= time_s
+            and (life.drain_s is None or life.drain_s > time_s)
+            and (life.released_s is None or life.released_s > time_s)
+        )
+
     def serving(self, role: Role, time_s: float) -> int:
         """Replicas of `role` ready at `time_s` and not yet released (draining included)."""
         return sum(
@@ -214,6 +228,7 @@ class _Replica:
     __slots__ = (
         "busy",
         "core",
+        "drain_s",
         "gpus",
         "in_flight",
         "life_index",
@@ -239,6 +254,7 @@ class _Replica:
         self.requested_s = 0.0
         self.ready_s: float | None = None
         self.released_s: float | None = None
+        self.drain_s: float | None = None
         self.busy = False
         self.wake_s: float | None = None
         self.outstanding = 0
@@ -434,6 +450,7 @@ class FleetSimulator:
             key=lambda r: (r.outstanding, -r.replica_id),
         )
         for replica in (starting + serving)[:surplus]:
+            replica.drain_s = now
             if replica.state is ReplicaState.STARTING:
                 replica.state = ReplicaState.DRAINING
                 self._release(replica, now)
@@ -742,6 +759,7 @@ class FleetSimulator:
                 replica.requested_s,
                 replica.ready_s,
                 replica.released_s,
+                replica.drain_s,
             )
             for replica in self._replicas
         ]
