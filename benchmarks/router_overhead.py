@@ -47,6 +47,7 @@ from benchmarks.serving_harness import (
     delta,
     machine,
     machine_line,
+    mean_ms,
     other_busy_cores,
     ratio,
     running,
@@ -179,6 +180,10 @@ class PathResult:
     window_s: float
     cpu_cores: dict[str, float]
     cpu_us_per_token: dict[str, float]
+    engine_ttft_ms_mean: float
+    """The engines' own TTFT (request in to first token out), over the whole run."""
+    router_ttft_ms_mean: float
+    """The router's own TTFT (request in to first token passed on), over the whole run."""
     engine_queue_ms_mean: float
     engine_preemptions: float
     engine_late_ms_per_step: float
@@ -239,10 +244,20 @@ def measure(
     urls = [engine.url for engine in engines] if path == "direct" else [router.url]
     meter = CpuMeter(pids)
     before = [scrape(engine.url) for engine in engines]
+    router_before = scrape(router.url)
     meter.start()
     results = asyncio.run(closed_loop(urls, load, model))
     meter.stop()
     after = [scrape(engine.url) for engine in engines]
+    router_after = scrape(router.url)
+    ttft_sum = sum(
+        delta(new, old, "vllm:time_to_first_token_seconds_sum")
+        for old, new in zip(before, after, strict=True)
+    )
+    ttft_count = sum(
+        delta(new, old, "vllm:time_to_first_token_seconds_count")
+        for old, new in zip(before, after, strict=True)
+    )
     start, end = load.window
     window = [r for r in results if r.sent_s is not None and start <= r.sent_s < end]
     measured = [r for r in window if r.ok]
@@ -285,6 +300,8 @@ def measure(
             "router": per_token(used["router"]),
             "load generator": per_token(used["load generator"]),
         },
+        engine_ttft_ms_mean=1e3 * ttft_sum / ttft_count if ttft_count else math.nan,
+        router_ttft_ms_mean=mean_ms(router_after, router_before, "inferfleet_router_ttft_seconds"),
         engine_queue_ms_mean=queue_ms,
         engine_preemptions=preemptions,
         engine_late_ms_per_step=late_ms,
@@ -297,18 +314,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--streams", default="100,500,1000", help="Stream counts, comma-separated.")
     parser.add_argument("--engines", type=int, default=2, help="Engine processes (replicas).")
-    parser.add_argument("--model", default="llama-3.1-8b")
-    parser.add_argument("--gpu", default="L40S-48GB", help="Emulated GPU of each engine.")
+    # A 70B model on four A100s per replica: at 1000 streams its decode steps are slow enough
+    # (~150 ms) that the token rate stays within what two cores can stream, and every stream
+    # fits in the running batch (no engine queue), with short prompts the prefill stays light.
+    parser.add_argument("--model", default="llama-3.3-70b")
+    parser.add_argument("--gpu", default="A100-80GB", help="Emulated GPU of each engine.")
+    parser.add_argument("--tensor", type=int, default=4, help="GPUs per engine replica.")
     parser.add_argument("--max-sequences", type=int, default=1024)
-    parser.add_argument("--input-tokens", type=int, default=256)
+    parser.add_argument("--input-tokens", type=int, default=32)
     parser.add_argument("--output-tokens", type=int, default=64)
-    parser.add_argument("--ramp-seconds", type=float, default=3.0)
-    parser.add_argument("--settle-seconds", type=float, default=5.0)
+    parser.add_argument(
+        "--ramp-seconds", type=float, default=3.0, help="At least; else one request lifetime."
+    )
+    parser.add_argument(
+        "--settle-seconds", type=float, default=3.0, help="At least; else half a lifetime."
+    )
     parser.add_argument("--measure-seconds", type=float, default=15.0)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     levels = [int(value) for value in args.streams.split(",")]
-    shape = EngineShape(args.model, args.gpu, args.max_sequences)
+    shape = EngineShape(args.model, args.gpu, args.max_sequences, tensor=args.tensor)
     config = shape.replica_config()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     # Each stream holds two sockets through the router; children inherit the limit.
@@ -327,12 +352,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             for path in ("direct", "router"):
                 measure(path, engines, router, load=warm, model=args.model)
             for streams in levels:
+                point = closed_loop_point(
+                    config,
+                    max(1, round(streams / args.engines)),
+                    args.input_tokens,
+                    args.output_tokens,
+                )
+                # Starts spread over a request lifetime, so streams do not run in lockstep.
+                lifetime = point.ttft_mean_s + args.output_tokens * point.tpot_s
                 load = Load(
                     streams,
                     args.input_tokens,
                     args.output_tokens,
-                    args.ramp_seconds,
-                    args.settle_seconds,
+                    max(args.ramp_seconds, lifetime),
+                    max(args.settle_seconds, lifetime / 2),
                     args.measure_seconds,
                 )
                 paths = {}
@@ -349,12 +382,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                         + ", ".join(f"{k} {v:.2f}" for k, v in result.cpu_cores.items()),
                         file=sys.stderr,
                     )
-                point = closed_loop_point(
-                    config,
-                    max(1, round(streams / args.engines)),
-                    args.input_tokens,
-                    args.output_tokens,
-                )
                 levels_out.append(
                     {
                         "streams": streams,
@@ -402,7 +429,9 @@ def markdown(document: dict[str, Any]) -> str:
         f"{info['cores']} cores. Requests: {request['input_tokens']} prompt tokens, "
         f"{request['output_tokens']} output tokens, streamed. Closed loop at exactly the stream "
         "count (each stream sends its next request when the last ends); streams started over "
-        f"{document['ramp_seconds']:g} s, then {document['settle_seconds']:g} s to settle, then "
+        "one request lifetime (as the planner predicts it; at least "
+        f"{document['ramp_seconds']:g} s), then half a lifetime (at least "
+        f"{document['settle_seconds']:g} s) to settle, then "
         f"the requests sent in the next {document['measure_seconds']:g} s are measured. "
         "Direct (stream i to engine i mod N) first, then through the router, same load. "
         "Added latency = routed - direct; ratios are routed / direct from the same run.",
@@ -443,6 +472,36 @@ def markdown(document: dict[str, Any]) -> str:
                 "errors",
             ],
             rows,
+        ),
+        "",
+        "## Where the first token's time went (means over each run, ms)",
+        "",
+        "TTFT as the client saw it, as the router measured it (request in to first token "
+        "passed on) and as the engines did (request in to first token out). Client minus "
+        "router on the routed path is the client's side of the extra hop; router minus "
+        "engines is the router's own work and its upstream hop; client minus engines on the "
+        "direct path is the HTTP path and the client's own lag.",
+        "",
+        table(
+            [
+                "streams",
+                "direct: client",
+                "direct: engines",
+                "routed: client",
+                "routed: router",
+                "routed: engines",
+            ],
+            [
+                [
+                    level["streams"],
+                    f"{_p(level['paths']['direct']['ttft_ms'], 'mean'):.1f}",
+                    f"{level['paths']['direct']['engine_ttft_ms_mean']:.1f}",
+                    f"{_p(level['paths']['router']['ttft_ms'], 'mean'):.1f}",
+                    f"{level['paths']['router']['router_ttft_ms_mean']:.1f}",
+                    f"{level['paths']['router']['engine_ttft_ms_mean']:.1f}",
+                ]
+                for level in document["levels"]
+            ],
         ),
         "",
         "## Where the CPU went (cores used over each run; direct / routed)",

@@ -47,11 +47,15 @@ class EngineShape:
     gpu: str = "H100-80GB"
     max_sequences: int = 256
     max_batched_tokens: int = 8192
+    tensor: int = 1
+    weights: str = "bf16"
 
     def flags(self) -> list[str]:
         return [
             f"--model={self.model}",
             f"--gpu={self.gpu}",
+            f"--tensor={self.tensor}",
+            f"--weights={self.weights}",
             f"--max-sequences={self.max_sequences}",
             f"--max-batched-tokens={self.max_batched_tokens}",
         ]
@@ -62,8 +66,8 @@ class EngineShape:
             "model": {"name": self.model, "source": f"hf://{self.model}"},
             "engine": {"name": "sim"},
             "gpu": {"type": self.gpu, "memoryUtilization": 0.9},
-            "parallelism": {"tensor": 1, "pipeline": 1},
-            "precision": {"weights": "bf16", "kvCache": "auto"},
+            "parallelism": {"tensor": self.tensor, "pipeline": 1},
+            "precision": {"weights": self.weights, "kvCache": "auto"},
             "batching": {
                 "maxSequences": self.max_sequences,
                 "maxBatchedTokens": self.max_batched_tokens,
@@ -74,9 +78,10 @@ class EngineShape:
         return ReplicaConfig.from_spec(spec, GpuCatalog.builtin())
 
     def describe(self) -> str:
+        gpus = f"{self.tensor}x {self.gpu} (tensor parallel)" if self.tensor > 1 else self.gpu
         return (
-            f"{self.model} on an emulated {self.gpu}, max {self.max_sequences} sequences, "
-            f"{self.max_batched_tokens}-token step budget"
+            f"{self.model} ({self.weights}) on an emulated {gpus}, max {self.max_sequences} "
+            f"sequences, {self.max_batched_tokens}-token step budget"
         )
 
 
@@ -296,7 +301,20 @@ def scrape(url: str) -> dict[str, float]:
 
 
 def delta(after: Mapping[str, float], before: Mapping[str, float], name: str) -> float:
-    return after.get(name, 0.0) - before.get(name, 0.0)
+    """How much a sample grew; a name without labels sums the series of every label set."""
+
+    def total(values: Mapping[str, float]) -> float:
+        if name in values:
+            return values[name]
+        return sum(value for key, value in values.items() if key.startswith(name + "{"))
+
+    return total(after) - total(before)
+
+
+def mean_ms(after: Mapping[str, float], before: Mapping[str, float], histogram: str) -> float:
+    """A histogram's mean over an interval, ms."""
+    count = delta(after, before, histogram + "_count")
+    return 1e3 * delta(after, before, histogram + "_sum") / count if count else math.nan
 
 
 # ------------------------------------------------------------------------------ reporting
