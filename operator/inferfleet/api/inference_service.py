@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import ConfigDict, Field
 
@@ -174,14 +174,18 @@ class ObservedPerformance(StatusModel):
 
 
 class RoleReplicas(StatusModel):
+    deployment: str = Field(description="The ModelDeployment.")
     role: Role = Field(description="aggregated, prefill or decode.")
     replicas: int = Field(ge=0, description="Replicas.")
 
 
 class ScalingDecision(StatusModel):
     time: datetime = Field(description="When the decision was taken.")
-    replicas: list[RoleReplicas] = Field(description="Replicas per role it chose.")
-    reason: str = Field(description="Why, with the inputs that led to it.")
+    replicas: list[RoleReplicas] = Field(description="Replicas per deployment and role it chose.")
+    reason: str = Field(description="Why, as a CamelCase reason (e.g. ScaleUpTtft).")
+    message: str = Field(
+        default="", description="The inputs, the predicted effect and the action, in words."
+    )
 
 
 class InferenceServiceStatus(StatusModel):
@@ -198,6 +202,11 @@ class InferenceServiceStatus(StatusModel):
     replicas: list[RoleReplicas] = Field(default_factory=list, description="Replicas per role.")
     last_decision: ScalingDecision | None = Field(
         default=None, description="The last scaling decision and its reason."
+    )
+    autoscaler_state: dict[str, Any] | None = Field(
+        default=None,
+        description="The autoscaler's memory between ticks (recent recommendations and demand, "
+        "what it learned of latency), per ModelDeployment; kept here so a restart forgets nothing.",
     )
 
 

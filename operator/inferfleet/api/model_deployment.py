@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Literal
 
@@ -531,6 +532,18 @@ class RoleStatus(StatusModel):
     pinned: bool = Field(default=False, description="Whether an SRE pin fixes the count.")
 
 
+class AutoscaledRole(StatusModel):
+    role: Role = Field(description="aggregated, prefill or decode.")
+    replicas: int = Field(ge=1, description="Replicas the autoscaler chose for the role.")
+
+
+class AutoscalingStatus(StatusModel):
+    service: str = Field(description="The InferenceService whose autoscaler decided.")
+    replicas: list[AutoscaledRole] = Field(description="Replicas per role it chose.")
+    reason: str = Field(description="Why, as a CamelCase reason.")
+    time: datetime = Field(description="When it decided.")
+
+
 class ModelDeploymentStatus(StatusModel):
     observed_generation: int | None = Field(
         default=None, description="metadata.generation this status was computed from."
@@ -547,6 +560,11 @@ class ModelDeploymentStatus(StatusModel):
     )
     roles: list[RoleStatus] = Field(default_factory=list, description="Replicas per role.")
     plan: CapacityPlanStatus | None = Field(default=None, description="The capacity plan.")
+    autoscaling: AutoscalingStatus | None = Field(
+        default=None,
+        description="Replicas an InferenceService's autoscaler chose; they replace spec.replicas "
+        "(and the prefill pool's) while that service autoscales this deployment. A pin wins.",
+    )
 
 
 class ModelDeployment(WireModel):

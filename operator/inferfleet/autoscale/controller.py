@@ -1,0 +1,300 @@
+"""The live autoscaling loop of an InferenceService: Prometheus -> snapshot -> policy ->
+replicas, with the decision, its inputs and its reason in status and Events.
+
+One tick (`tick`), per ModelDeployment the service routes to:
+1. read the snapshot the policy takes, with exactly the queries `autoscale.snapshot` documents
+   (each with a timeout: a slow Prometheus delays this service's tick only; every service
+   ticks on a timer of its own);
+2. call the policy with the replicas each role runs now, the SRE pins and the history kept
+   in the service's status (so an operator restart forgets nothing);
+3. hand the replicas to the ModelDeployment through its `status.autoscaling`; the operator's
+   reconciler applies them to the workloads it owns (server-side apply, one field manager for
+   every replica count it writes, so pins, the spec and the autoscaler never fight).
+
+Prometheus unreachable or its samples stale: the policy holds the last decision (never zero)
+and `MetricsAvailable` turns False with the reason; it turns True again when fresh samples
+come back.
+
+`tick` reads and decides; the kopf handler writes what it returns. Apart from the queries it
+is a function of its arguments, so it is tested with a scripted metrics source.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+
+import requests
+from prometheus_api_client import PrometheusConnect
+from prometheus_api_client.exceptions import PrometheusApiClientException
+from urllib3.util.retry import Retry
+
+from inferfleet.api.catalog import GpuCatalog
+from inferfleet.api.inference_service import AutoscalingPolicy, InferenceService
+from inferfleet.api.model_deployment import ModelDeployment, Role
+from inferfleet.autoscale.policy import Decision, PolicyHistory, Reason, decide, policy_spec
+from inferfleet.autoscale.queries import (
+    DeploymentUsage,
+    observe,
+    role_queries,
+    service_queries,
+    snapshot_from_answers,
+)
+from inferfleet.autoscale.snapshot import MetricsSnapshot
+from inferfleet.engines import roles_of
+from inferfleet.planning.replica import ReplicaConfig
+from inferfleet.reconcile.pins import read_pin
+from inferfleet.reconcile.status import condition
+
+METRICS_AVAILABLE = "MetricsAvailable"
+
+
+@dataclass(frozen=True)
+class AutoscalerSettings:
+    prometheus_url: str | None = None
+    """None: no metrics source, so no service is autoscaled (MetricsAvailable=False)."""
+    interval_s: float = 15.0
+    window_s: float = 60.0
+    """The rate window of every `rate()` the snapshot takes."""
+    query_timeout_s: float = 5.0
+
+
+class MetricsUnavailableError(RuntimeError):
+    """Prometheus could not answer; the message says why."""
+
+
+class MetricsSource(Protocol):
+    def answers(self, queries: Mapping[str, str]) -> dict[str, float | None]:
+        """Each query's single value (None when it returns no series)."""
+        ...
+
+
+class PrometheusSource:
+    """Instant queries through prometheus-api-client, one try each, with a timeout."""
+
+    def __init__(self, url: str, timeout_s: float = 5.0) -> None:
+        # No retries inside a tick: the next tick is the retry, and a tick must stay short.
+        self.client = PrometheusConnect(
+            url=url, disable_ssl=True, retry=Retry(total=0), timeout=timeout_s
+        )
+
+    def answers(self, queries: Mapping[str, str]) -> dict[str, float | None]:
+        found: dict[str, float | None] = {}
+        for name, query in queries.items():
+            try:
+                result = self.client.custom_query(query=query)
+            except (requests.RequestException, PrometheusApiClientException) as error:
+                raise MetricsUnavailableError(f"Prometheus did not answer: {error}") from error
+            if not result:
+                found[name] = None
+            elif len(result) > 1:
+                raise MetricsUnavailableError(f"{name}: {len(result)} series for {query}")
+            else:
+                found[name] = float(result[0]["value"][1])
+        return found
+
+
+@dataclass(frozen=True)
+class DeploymentDecision:
+    name: str
+    decision: Decision
+    changed: bool
+    """Whether the replicas differ from what the deployment runs now."""
+    autoscaling_status: dict[str, Any] | None
+    """What to write to the ModelDeployment's `status.autoscaling`; None: leave it."""
+
+
+@dataclass(frozen=True)
+class TickResult:
+    status: dict[str, Any]
+    """The InferenceService's status fields to write."""
+    deployments: list[DeploymentDecision] = field(default_factory=list)
+    events: list[tuple[str, str, bool]] = field(default_factory=list)
+    """(reason, message, warning) to post on the InferenceService."""
+
+
+def current_replicas(md: ModelDeployment) -> dict[Role, int]:
+    """What each role is asked to run now: the autoscaler's last choice, else what status saw
+    of the workloads, else the spec."""
+    roles = roles_of(md.spec)
+    counts: dict[Role, int] = {}
+    if md.spec.topology.prefill is not None and Role.PREFILL in roles:
+        counts[Role.PREFILL] = md.spec.topology.prefill.replicas
+    serving = Role.DECODE if Role.DECODE in roles else Role.AGGREGATED
+    counts[serving] = md.spec.replicas
+    if md.status is not None:
+        counts |= {r.role: r.desired for r in md.status.roles if r.role in roles and r.desired}
+        if md.status.autoscaling is not None:
+            counts |= {
+                r.role: r.replicas for r in md.status.autoscaling.replicas if r.role in roles
+            }
+    return counts
+
+
+def _pins(md: ModelDeployment, now: datetime) -> dict[Role, int]:
+    annotations = md.metadata.get("annotations")
+    pin, _problem = read_pin(annotations if isinstance(annotations, dict) else {})
+    if pin is None or not pin.active(now):
+        return {}
+    return dict(pin.replicas)
+
+
+def _history(service: InferenceService, deployment: str) -> PolicyHistory:
+    state = (service.status.autoscaler_state if service.status else None) or {}
+    stored = state.get(deployment)
+    if not isinstance(stored, dict):
+        return PolicyHistory()
+    try:
+        return PolicyHistory.from_wire(stored)
+    except (KeyError, TypeError, ValueError):
+        return PolicyHistory()  # written by another version: start afresh, do not crash
+
+
+def _replicas_wire(replicas: Mapping[Role, int]) -> list[dict[str, Any]]:
+    return [{"role": role.value, "replicas": n} for role, n in sorted(replicas.items())]
+
+
+def tick(
+    service: InferenceService,
+    deployments: Mapping[str, ModelDeployment],
+    source: MetricsSource | None,
+    *,
+    settings: AutoscalerSettings,
+    now: datetime,
+    catalog: GpuCatalog | None = None,
+) -> TickResult:
+    """One autoscaling tick of `service`, whose referenced ModelDeployments found in its
+    namespace are `deployments`."""
+    catalog = catalog or GpuCatalog.builtin()
+    name = str(service.metadata.get("name"))
+    namespace = str(service.metadata.get("namespace"))
+    generation = int(str(service.metadata.get("generation", 0)))
+    previous = service.status.to_wire() if service.status else {}
+    now_s = now.timestamp()
+
+    snapshot_problem: tuple[str, str] | None = None
+    service_answers: dict[str, float | None] = {}
+    if source is None:
+        snapshot_problem = ("NoMetricsSource", "the operator was started without --prometheus-url")
+    else:
+        try:
+            service_answers = source.answers(service_queries(name, namespace, settings.window_s))
+        except MetricsUnavailableError as error:
+            snapshot_problem = ("PrometheusUnavailable", str(error))
+
+    weights = {ref.name: ref.weight for ref in service.spec.deployments}
+    total_weight = sum(w for n, w in weights.items() if n in deployments) or 1
+    decisions: list[DeploymentDecision] = []
+    usage: list[DeploymentUsage] = []
+    state: dict[str, Any] = {}
+    first_snapshot: MetricsSnapshot | None = None
+    for deployment, md in sorted(deployments.items()):
+        if weights.get(deployment, 0) == 0:
+            continue
+        spec = policy_spec(
+            service.spec, md.spec, catalog, traffic_share=weights[deployment] / total_weight
+        )
+        snapshot = None
+        if snapshot_problem is None and source is not None:
+            try:
+                role_answers = {
+                    role: source.answers(
+                        role_queries(namespace, deployment, role, settings.window_s)
+                    )
+                    for role in spec.role_names
+                }
+            except MetricsUnavailableError as error:
+                snapshot_problem = ("PrometheusUnavailable", str(error))
+            else:
+                snapshot = snapshot_from_answers(
+                    service_answers, role_answers, taken_at_s=now_s, window_s=settings.window_s
+                )
+                if snapshot is None:
+                    snapshot_problem = ("NoRouterMetrics", "no router series in Prometheus yet")
+        first_snapshot = first_snapshot or snapshot
+        current = current_replicas(md)
+        decision = decide(
+            spec, snapshot, current, _history(service, deployment),
+            pins=_pins(md, now), now_s=now_s,
+        )  # fmt: skip
+        state[deployment] = decision.history.to_wire()
+        changed = any(decision.replicas.get(r) != current.get(r) for r in spec.role_names)
+        recorded = md.status.autoscaling if md.status else None
+        recorded_counts = {r.role: r.replicas for r in recorded.replicas} if recorded else {}
+        autoscaling = None
+        if (
+            recorded is None
+            or recorded.service != name
+            or recorded_counts != dict(decision.replicas)
+        ):
+            autoscaling = {
+                "service": name,
+                "replicas": _replicas_wire(decision.replicas),
+                "reason": decision.reason.value,
+                "time": now.isoformat(),
+            }
+        decisions.append(DeploymentDecision(deployment, decision, changed, autoscaling))
+        if snapshot is not None:
+            usage.append(
+                DeploymentUsage(
+                    ReplicaConfig.from_spec(md.spec, catalog), decision.replicas, snapshot.roles
+                )
+            )
+    stale = any(d.decision.reason is Reason.STALE_METRICS for d in decisions)
+    if snapshot_problem is None and stale:
+        snapshot_problem = ("MetricsStale", "the newest samples are older than the policy acts on")
+
+    conditions = list(previous.get("conditions") or [])
+    metrics_condition = condition(
+        conditions,
+        METRICS_AVAILABLE,
+        status=snapshot_problem is None,
+        reason=snapshot_problem[0] if snapshot_problem else "MetricsFresh",
+        message=snapshot_problem[1] if snapshot_problem else "router and engine series are fresh",
+        generation=generation,
+        now=now,
+    )
+    conditions = [c for c in conditions if c.get("type") != METRICS_AVAILABLE] + [metrics_condition]
+    events: list[tuple[str, str, bool]] = []
+    was_available = next(
+        (
+            c.get("status")
+            for c in previous.get("conditions") or []
+            if c.get("type") == METRICS_AVAILABLE
+        ),
+        None,
+    )
+    if snapshot_problem is not None and was_available != "False":
+        events.append((snapshot_problem[0], f"holding replicas: {snapshot_problem[1]}", True))
+    elif snapshot_problem is None and was_available == "False":
+        events.append(("MetricsAvailable", "fresh metrics again: autoscaling resumes", False))
+
+    status: dict[str, Any] = {"conditions": conditions, "autoscalerState": state}
+    status["replicas"] = [
+        {"deployment": d.name, "role": role.value, "replicas": n}
+        for d in decisions
+        for role, n in sorted(d.decision.replicas.items())
+    ]
+    if first_snapshot is not None:
+        status["observed"] = observe(first_snapshot.service, usage).to_wire()
+    moved = [d for d in decisions if d.changed]
+    if moved:
+        message = "; ".join(f"{d.name}: {d.decision.message}" for d in moved)
+        status["lastDecision"] = {
+            "time": now.isoformat(),
+            "replicas": status["replicas"],
+            "reason": moved[0].decision.reason.value,
+            "message": message,
+        }
+        for d in moved:
+            events.append((d.decision.reason.value, f"{d.name}: {d.decision.message}", False))
+    return TickResult(status, decisions, events)
+
+
+def autoscaled_by(service: InferenceService, deployment: str) -> bool:
+    """Whether `service` autoscales `deployment` (so its decisions stand)."""
+    if service.spec.autoscaling.policy is not AutoscalingPolicy.GOODPUT:
+        return False
+    return any(ref.name == deployment and ref.weight > 0 for ref in service.spec.deployments)

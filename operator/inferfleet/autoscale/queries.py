@@ -1,0 +1,224 @@
+"""From Prometheus answers to the policy's snapshot, and to what status says of a service's
+live performance. Pure: the controller runs the queries, this module fills in their blanks and
+reads their answers.
+
+The queries are the ones `autoscale.snapshot` documents field by field; `render` substitutes a
+service, its namespace, one ModelDeployment, a role and the rate window.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from inferfleet.api.model_deployment import Role
+from inferfleet.autoscale.snapshot import (
+    ROLE_QUERIES,
+    SERVICE_QUERIES,
+    STALENESS_QUERY,
+    MetricsSnapshot,
+    RoleMetrics,
+    ServiceMetrics,
+)
+from inferfleet.planning.memory import weight_bytes_per_gpu
+from inferfleet.planning.replica import ReplicaConfig
+
+STALENESS = "newest_sample_age_s"
+
+
+def _quoted(value: str) -> str:
+    """A label value inside a PromQL string: backslashes and quotes escaped."""
+    return value.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def _window(window_s: float) -> str:
+    return f"{max(1, round(window_s))}s"
+
+
+def render(
+    template: str,
+    *,
+    service: str,
+    namespace: str,
+    deployment: str = "",
+    role: Role | None = None,
+    window_s: float = 60.0,
+) -> str:
+    """A query of `autoscale.snapshot` with its `$` placeholders filled in."""
+    values = {
+        "$NS": _quoted(namespace),
+        "$S": _quoted(service),
+        "$MD": re.escape(_quoted(deployment)),
+        "$R": "" if role is None else role.value,
+        "$w": _window(window_s),
+    }
+    # Longest first: `$S` must not eat the start of another placeholder.
+    for key in sorted(values, key=len, reverse=True):
+        template = template.replace(key, values[key])
+    return template
+
+
+def service_queries(service: str, namespace: str, window_s: float) -> dict[str, str]:
+    """Field -> PromQL for the router's view of a service, and its staleness."""
+    queries = {
+        name: render(query, service=service, namespace=namespace, window_s=window_s)
+        for name, query in SERVICE_QUERIES.items()
+    }
+    queries[STALENESS] = render(STALENESS_QUERY, service=service, namespace=namespace)
+    return queries
+
+
+def role_queries(namespace: str, deployment: str, role: Role, window_s: float) -> dict[str, str]:
+    """Field -> PromQL for one role of one ModelDeployment."""
+    return {
+        name: render(
+            query,
+            service="",
+            namespace=namespace,
+            deployment=deployment,
+            role=role,
+            window_s=window_s,
+        )
+        for name, query in ROLE_QUERIES.items()
+    }
+
+
+def _finite(value: float | None) -> float | None:
+    """Prometheus answers NaN for 0/0 and +Inf for a quantile past the last bucket: neither is
+    a measurement the policy can use."""
+    if value is None or not math.isfinite(value):
+        return None
+    return max(0.0, value)
+
+
+def snapshot_from_answers(
+    service_answers: Mapping[str, float | None],
+    role_answers: Mapping[Role, Mapping[str, float | None]],
+    *,
+    taken_at_s: float,
+    window_s: float,
+) -> MetricsSnapshot | None:
+    """The snapshot the answers describe; None when the router has no series at all (nothing
+    scraped yet, or the service has no router)."""
+    age = _finite(service_answers.get(STALENESS))
+    if age is None:
+        return None
+
+    def answer(name: str) -> float | None:
+        return _finite(service_answers.get(name))
+
+    attainment = answer("attainment")
+    service = ServiceMetrics(
+        requests_per_s=answer("requests_per_s") or 0.0,
+        in_flight_requests=answer("in_flight_requests") or 0.0,
+        attainment=None if attainment is None else min(1.0, attainment),
+        ttft_p95_s=answer("ttft_p95_s"),
+        tpot_p95_s=answer("tpot_p95_s"),
+        ttft_p99_s=answer("ttft_p99_s"),
+        tpot_p99_s=answer("tpot_p99_s"),
+        mean_prompt_tokens=answer("mean_prompt_tokens"),
+        mean_output_tokens=answer("mean_output_tokens"),
+    )
+    roles = {}
+    for role, answers in role_answers.items():
+
+        def value(name: str, answers: Mapping[str, float | None] = answers) -> float:
+            return _finite(answers.get(name)) or 0.0
+
+        roles[role] = RoleMetrics(
+            role=role,
+            ready_replicas=round(value("ready_replicas")),
+            running_requests=value("running_requests"),
+            waiting_requests=value("waiting_requests"),
+            kv_cache_usage=min(1.0, value("kv_cache_usage")),
+            prompt_tokens_per_s=value("prompt_tokens_per_s"),
+            generation_tokens_per_s=value("generation_tokens_per_s"),
+        )
+    return MetricsSnapshot(
+        taken_at_s=taken_at_s, window_s=window_s, newest_sample_age_s=age,
+        service=service, roles=roles,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class DeploymentUsage:
+    """One ModelDeployment's share of a service's live performance."""
+
+    replica: ReplicaConfig
+    replicas: Mapping[Role, int]
+    """Replicas held per role (GPUs are paid for from the moment they are asked for)."""
+    roles: Mapping[Role, RoleMetrics]
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What status reports of a service's live performance (`status.observed`)."""
+
+    ttft_p95_ms: float | None
+    tpot_p95_ms: float | None
+    attainment: float | None
+    goodput_rps: float | None
+    output_tokens_per_second: float | None
+    cost_per_million_output_tokens_usd: float | None
+    mfu: float | None
+    mbu: float | None
+
+    def to_wire(self) -> dict[str, float | None]:
+        def rounded(value: float | None, digits: int) -> float | None:
+            return None if value is None else round(value, digits)
+
+        return {
+            "ttftP95Ms": rounded(self.ttft_p95_ms, 1),
+            "tpotP95Ms": rounded(self.tpot_p95_ms, 2),
+            "attainment": rounded(self.attainment, 4),
+            "goodputRps": rounded(self.goodput_rps, 3),
+            "outputTokensPerSecond": rounded(self.output_tokens_per_second, 1),
+            "costPerMillionOutputTokensUsd": rounded(self.cost_per_million_output_tokens_usd, 3),
+            "mfu": rounded(self.mfu, 4),
+            "mbu": rounded(self.mbu, 4),
+        }
+
+
+def observe(service: ServiceMetrics, usage: Sequence[DeploymentUsage]) -> Observed:
+    """Live performance: latency and attainment as the router measured them; throughput, cost
+    and efficiency from the engines' token rates and the model's shape.
+
+    MFU: 2 x active parameters FLOPs per token processed (prompt and output), over the GPUs'
+    peak (attention FLOPs left out, so a lower bound). MBU: the weights are read once per
+    decode step, and a replica takes `generation tokens/s / running sequences` steps per
+    second; KV-cache reads are left out (a lower bound too)."""
+    gpus = flops = peak_flops = bytes_read = peak_bytes = hourly = tokens = 0.0
+    for deployment in usage:
+        config = deployment.replica
+        active = config.model.active_parameters
+        for role, count in deployment.replicas.items():
+            gpus += count * config.gpus
+            hourly += count * config.gpus * config.gpu.hourly_price_usd
+            peak_flops += count * config.gpus * config.linear_flops_rate
+            peak_bytes += count * config.gpus * config.gpu.memory_bandwidth
+            metrics = deployment.roles.get(role)
+            if metrics is None:
+                continue
+            flops += 2 * active * (metrics.prompt_tokens_per_s + metrics.generation_tokens_per_s)
+            tokens += metrics.generation_tokens_per_s
+            if metrics.running_requests > 0 and metrics.ready_replicas > 0:
+                steps_per_s = metrics.generation_tokens_per_s / metrics.running_requests
+                bytes_read += (
+                    steps_per_s
+                    * weight_bytes_per_gpu(config)
+                    * config.gpus
+                    * (metrics.ready_replicas)
+                )
+    attainment = service.attainment
+    return Observed(
+        ttft_p95_ms=None if service.ttft_p95_s is None else service.ttft_p95_s * 1e3,
+        tpot_p95_ms=None if service.tpot_p95_s is None else service.tpot_p95_s * 1e3,
+        attainment=attainment,
+        goodput_rps=None if attainment is None else attainment * service.requests_per_s,
+        output_tokens_per_second=tokens if gpus else None,
+        cost_per_million_output_tokens_usd=hourly / 3600 / tokens * 1e6 if tokens > 0 else None,
+        mfu=min(1.0, flops / peak_flops) if peak_flops else None,
+        mbu=min(1.0, bytes_read / peak_bytes) if peak_bytes else None,
+    )

@@ -1,0 +1,291 @@
+"""The live autoscaling tick with a scripted metrics source: queries filled in, answers read,
+decisions handed to the deployments, status and Events as an SRE reads them."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from inferfleet.api.catalog import GpuCatalog
+from inferfleet.api.inference_service import InferenceService
+from inferfleet.api.model_deployment import ModelDeployment, Role
+from inferfleet.autoscale.controller import (
+    AutoscalerSettings,
+    MetricsUnavailableError,
+    autoscaled_by,
+    current_replicas,
+    tick,
+)
+from inferfleet.autoscale.queries import (
+    STALENESS,
+    DeploymentUsage,
+    observe,
+    render,
+    role_queries,
+    service_queries,
+    snapshot_from_answers,
+)
+from inferfleet.autoscale.snapshot import RoleMetrics, ServiceMetrics
+from inferfleet.planning.memory import weight_bytes_per_gpu
+from inferfleet.planning.replica import ReplicaConfig
+
+NOW = datetime(2026, 11, 22, 3, 0, tzinfo=UTC)
+SETTINGS = AutoscalerSettings(prometheus_url="http://prometheus", window_s=60.0)
+
+SPEC_MD: dict[str, Any] = {
+    "model": {"name": "llama-3.1-8b", "source": "hf://meta-llama/Llama-3.1-8B-Instruct"},
+    "engine": {"name": "sim"},
+    "gpu": {"type": "H100-80GB"},
+    "replicas": 2,
+}
+
+
+def model_deployment(status: dict[str, Any] | None = None, **annotations: str) -> ModelDeployment:
+    body: dict[str, Any] = {
+        "metadata": {"name": "llama", "namespace": "serving", "annotations": annotations},
+        "spec": SPEC_MD,
+    }
+    if status is not None:
+        body["status"] = status
+    return ModelDeployment.model_validate(body)
+
+
+def inference_service(
+    status: dict[str, Any] | None = None, policy: str = "goodput"
+) -> InferenceService:
+    body: dict[str, Any] = {
+        "metadata": {"name": "chat", "namespace": "serving", "generation": 3},
+        "spec": {
+            "deployments": [{"name": "llama"}],
+            "slo": {"ttftP95Ms": 500, "tpotP95Ms": 50, "attainmentTarget": 0.95},
+            "autoscaling": {"policy": policy, "aggregated": {"maxReplicas": 20}},
+        },
+    }
+    if status is not None:
+        body["status"] = status
+    return InferenceService.model_validate(body)
+
+
+class Scripted:
+    """Answers by field name; records every query it was asked."""
+
+    def __init__(self, answers: Mapping[str, float | None], fail: bool = False) -> None:
+        self.values = dict(answers)
+        self.fail = fail
+        self.asked: list[str] = []
+
+    def answers(self, queries: Mapping[str, str]) -> dict[str, float | None]:
+        self.asked.extend(queries.values())
+        if self.fail:
+            raise MetricsUnavailableError("Prometheus did not answer: connection refused")
+        return {name: self.values.get(name) for name in queries}
+
+
+def busy(rate: float, **overrides: float | None) -> dict[str, float | None]:
+    """Answers of a service at `rate` requests/s of 1000/200 tokens."""
+    answers: dict[str, float | None] = {
+        STALENESS: 3.0,
+        "requests_per_s": rate,
+        "in_flight_requests": rate * 2.0,
+        "attainment": 0.99,
+        "ttft_p95_s": 0.2,
+        "tpot_p95_s": 0.02,
+        "mean_prompt_tokens": 1000.0,
+        "mean_output_tokens": 200.0,
+        "ready_replicas": 2.0,
+        "running_requests": rate * 2.0,
+        "waiting_requests": 0.0,
+        "kv_cache_usage": 0.3,
+        "prompt_tokens_per_s": rate * 1000,
+        "generation_tokens_per_s": rate * 200,
+    }
+    return answers | overrides
+
+
+# Queries.
+
+
+def test_queries_name_the_service_its_namespace_the_deployment_and_the_window() -> None:
+    queries = service_queries("chat", "serving", 60.0)
+    assert 'service="chat",namespace="serving"' in queries["attainment"]
+    assert "[60s]" in queries["attainment"]
+    assert "$" not in "".join(queries.values())
+    role = role_queries("serving", "llama.v2", Role.DECODE, 30.0)
+    assert 'inferfleet_io_model_deployment=~"llama\\.v2"' in role["running_requests"]
+    assert 'inferfleet_io_role="decode"' in role["running_requests"]
+    assert "[30s]" in role["prompt_tokens_per_s"]
+    assert render('x{a="$S"}', service='we"ird', namespace="n") == 'x{a="we\\"ird"}'
+
+
+def test_answers_become_a_snapshot_and_nan_becomes_unknown() -> None:
+    answers = busy(10.0, attainment=math.nan, ttft_p95_s=math.inf)
+    snapshot = snapshot_from_answers(
+        answers, {Role.AGGREGATED: answers}, taken_at_s=100.0, window_s=60.0
+    )
+    assert snapshot is not None
+    assert snapshot.newest_sample_age_s == 3.0
+    assert snapshot.service.attainment is None  # 0/0: no request completed
+    assert snapshot.service.ttft_p95_s is None  # past the last bucket
+    assert snapshot.roles[Role.AGGREGATED].ready_replicas == 2
+    assert snapshot.roles[Role.AGGREGATED].generation_tokens_per_s == 2000.0
+    # No router series at all: nothing to judge by.
+    assert snapshot_from_answers({}, {}, taken_at_s=1.0, window_s=60.0) is None
+
+
+def test_observed_performance_from_token_rates_and_the_model() -> None:
+    config = ReplicaConfig.from_spec(model_deployment().spec, GpuCatalog.builtin())
+    roles = {Role.AGGREGATED: RoleMetrics(Role.AGGREGATED, 2, 40.0, 0.0, 0.3, 20_000.0, 4_000.0)}
+    service = ServiceMetrics(20.0, 40.0, attainment=0.9, ttft_p95_s=0.25, tpot_p95_s=0.012)
+    observed = observe(service, [DeploymentUsage(config, {Role.AGGREGATED: 2}, roles)])
+    assert observed.ttft_p95_ms == pytest.approx(250.0)
+    assert observed.goodput_rps == pytest.approx(18.0)
+    assert observed.output_tokens_per_second == 4_000.0
+    hourly = 2 * config.gpus * config.gpu.hourly_price_usd
+    assert observed.cost_per_million_output_tokens_usd == pytest.approx(hourly / 3600 / 4_000 * 1e6)
+    flops = 2 * config.model.active_parameters * 24_000
+    assert observed.mfu == pytest.approx(flops / (2 * config.gpus * config.linear_flops_rate))
+    steps = 4_000.0 / 40.0  # per replica: every step emits one token per running sequence
+    read = steps * weight_bytes_per_gpu(config) * config.gpus * 2
+    assert observed.mbu == pytest.approx(read / (2 * config.gpus * config.gpu.memory_bandwidth))
+    assert observed.mfu is not None
+    assert 0 < observed.mfu < 1
+    assert observed.mbu is not None
+    assert 0 < observed.mbu < 1
+
+
+# Ticks.
+
+
+def test_a_load_step_scales_up_and_says_why() -> None:
+    md = model_deployment()
+    source = Scripted(busy(60.0, attainment=0.7, ttft_p95_s=1.2))
+    result = tick(inference_service(), {"llama": md}, source, settings=SETTINGS, now=NOW)
+    [decided] = result.deployments
+    assert decided.changed
+    assert decided.decision.replicas[Role.AGGREGATED] > current_replicas(md)[Role.AGGREGATED]
+    assert decided.autoscaling_status is not None
+    assert decided.autoscaling_status["service"] == "chat"
+    assert decided.autoscaling_status["replicas"] == [
+        {"role": "aggregated", "replicas": decided.decision.replicas[Role.AGGREGATED]}
+    ]
+    status = result.status
+    assert status["lastDecision"]["reason"].startswith("ScaleUp")
+    assert "llama" in status["lastDecision"]["message"]
+    assert status["observed"]["attainment"] == 0.7
+    assert status["observed"]["ttftP95Ms"] == 1200.0
+    [metrics] = [c for c in status["conditions"] if c["type"] == "MetricsAvailable"]
+    assert metrics["status"] == "True"
+    assert "llama" in status["autoscalerState"]
+    assert any(reason.startswith("ScaleUp") for reason, _, _ in result.events)
+    assert any('service="chat"' in query for query in source.asked)
+
+
+def test_prometheus_down_holds_replicas_and_warns_once() -> None:
+    md = model_deployment()
+    source = Scripted({}, fail=True)
+    first = tick(inference_service(), {"llama": md}, source, settings=SETTINGS, now=NOW)
+    [decided] = first.deployments
+    assert decided.decision.replicas == {Role.AGGREGATED: 2}  # never zero, never moved
+    assert not decided.changed
+    [metrics] = [c for c in first.status["conditions"] if c["type"] == "MetricsAvailable"]
+    assert (metrics["status"], metrics["reason"]) == ("False", "PrometheusUnavailable")
+    assert [(reason, warning) for reason, _, warning in first.events] == [
+        ("PrometheusUnavailable", True)
+    ]
+    assert "lastDecision" not in first.status
+    # Still down a tick later: no new warning.
+    again = tick(
+        inference_service(first.status), {"llama": md}, source, settings=SETTINGS,
+        now=NOW + timedelta(seconds=15),
+    )  # fmt: skip
+    assert again.events == []
+    # Back: the condition turns True with an Event.
+    back = tick(
+        inference_service(again.status), {"llama": md}, Scripted(busy(10.0)),
+        settings=SETTINGS, now=NOW + timedelta(seconds=30),
+    )  # fmt: skip
+    [metrics] = [c for c in back.status["conditions"] if c["type"] == "MetricsAvailable"]
+    assert metrics["status"] == "True"
+    assert ("MetricsAvailable", False) in [(r, w) for r, _, w in back.events]
+
+
+def test_stale_samples_hold_with_their_own_reason() -> None:
+    result = tick(
+        inference_service(), {"llama": model_deployment()},
+        Scripted(busy(60.0, **{STALENESS: 3600.0})), settings=SETTINGS, now=NOW,
+    )  # fmt: skip
+    [decided] = result.deployments
+    assert decided.decision.replicas == {Role.AGGREGATED: 2}
+    [metrics] = [c for c in result.status["conditions"] if c["type"] == "MetricsAvailable"]
+    assert metrics["reason"] == "MetricsStale"
+
+
+def test_no_metrics_source_is_a_condition_not_a_crash() -> None:
+    result = tick(
+        inference_service(), {"llama": model_deployment()}, None, settings=SETTINGS, now=NOW
+    )
+    [metrics] = [c for c in result.status["conditions"] if c["type"] == "MetricsAvailable"]
+    assert (metrics["status"], metrics["reason"]) == ("False", "NoMetricsSource")
+
+
+def test_a_pin_wins_over_the_load() -> None:
+    pin = '{"replicas": {"aggregated": 3}, "reason": "INC-7", "until": "2026-11-22T04:00:00Z"}'
+    md = model_deployment(**{"inferfleet.io/pin": pin})
+    result = tick(
+        inference_service(), {"llama": md}, Scripted(busy(200.0, attainment=0.5)),
+        settings=SETTINGS, now=NOW,
+    )  # fmt: skip
+    [decided] = result.deployments
+    assert decided.decision.replicas == {Role.AGGREGATED: 3}
+    # Expired: the load decides again.
+    later = tick(
+        inference_service(), {"llama": md}, Scripted(busy(200.0, attainment=0.5)),
+        settings=SETTINGS, now=NOW + timedelta(hours=2),
+    )  # fmt: skip
+    assert later.deployments[0].decision.replicas[Role.AGGREGATED] > 3
+
+
+def test_an_unchanged_decision_writes_nothing_new_to_the_deployment() -> None:
+    recorded = {
+        "autoscaling": {
+            "service": "chat",
+            "replicas": [{"role": "aggregated", "replicas": 2}],
+            "reason": "Steady",
+            "time": "2026-11-22T02:00:00Z",
+        }
+    }
+    md = model_deployment(recorded)
+    source = Scripted({}, fail=True)  # holds: the same replicas
+    result = tick(inference_service(), {"llama": md}, source, settings=SETTINGS, now=NOW)
+    assert result.deployments[0].autoscaling_status is None
+    assert current_replicas(md) == {Role.AGGREGATED: 2}
+
+
+def test_history_survives_a_round_trip_through_status() -> None:
+    md = model_deployment()
+    first = tick(
+        inference_service(), {"llama": md}, Scripted(busy(20.0)), settings=SETTINGS, now=NOW
+    )
+    state = first.status["autoscalerState"]["llama"]
+    assert state["demand"], "the tick remembered the demand it saw"
+    second = tick(
+        inference_service(first.status), {"llama": md}, Scripted(busy(20.0)),
+        settings=SETTINGS, now=NOW + timedelta(seconds=15),
+    )  # fmt: skip
+    assert len(second.status["autoscalerState"]["llama"]["demand"]) > len(state["demand"])
+    # Garbage in status is forgotten, not fatal.
+    broken = tick(
+        inference_service({"autoscalerState": {"llama": {"demand": "nonsense"}}}),
+        {"llama": md}, Scripted(busy(20.0)), settings=SETTINGS, now=NOW,
+    )  # fmt: skip
+    assert broken.deployments
+
+
+def test_who_autoscales_what() -> None:
+    assert autoscaled_by(inference_service(), "llama")
+    assert not autoscaled_by(inference_service(), "other")
+    assert not autoscaled_by(inference_service(policy="none"), "llama")
