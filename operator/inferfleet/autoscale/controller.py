@@ -21,6 +21,7 @@ is a function of its arguments, so it is tested with a scripted metrics source.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -58,7 +59,8 @@ class AutoscalerSettings:
     interval_s: float = 15.0
     window_s: float = 60.0
     """The rate window of every `rate()` the snapshot takes."""
-    query_timeout_s: float = 5.0
+    query_budget_s: float = 5.0
+    """Longest a tick waits on Prometheus, all its queries together."""
 
 
 class MetricsUnavailableError(RuntimeError):
@@ -72,19 +74,25 @@ class MetricsSource(Protocol):
 
 
 class PrometheusSource:
-    """Instant queries through prometheus-api-client, one try each, with a timeout."""
+    """Instant queries through prometheus-api-client, one try each, all of them within one
+    budget: a tick (this source's life) never waits on Prometheus longer than `budget_s`."""
 
-    def __init__(self, url: str, timeout_s: float = 5.0) -> None:
+    def __init__(self, url: str, budget_s: float = 5.0) -> None:
         # No retries inside a tick: the next tick is the retry, and a tick must stay short.
-        self.client = PrometheusConnect(
-            url=url, disable_ssl=True, retry=Retry(total=0), timeout=timeout_s
-        )
+        self.client = PrometheusConnect(url=url, disable_ssl=True, retry=Retry(total=0))
+        self.deadline = time.monotonic() + budget_s
+        self.budget_s = budget_s
 
     def answers(self, queries: Mapping[str, str]) -> dict[str, float | None]:
         found: dict[str, float | None] = {}
         for name, query in queries.items():
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise MetricsUnavailableError(
+                    f"Prometheus answered too slowly (over {self.budget_s:g} s for a tick)"
+                )
             try:
-                result = self.client.custom_query(query=query)
+                result = self.client.custom_query(query=query, timeout=left)
             except (requests.RequestException, PrometheusApiClientException) as error:
                 raise MetricsUnavailableError(f"Prometheus did not answer: {error}") from error
             if not result:
