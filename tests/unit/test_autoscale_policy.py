@@ -29,7 +29,9 @@ from inferfleet.autoscale.policy import (
     DemandSample,
     LastDecision,
     LatencyFactors,
+    LatencyOffsets,
     Recommendation,
+    planning_slo,
 )
 from inferfleet.planning.capacity import Slo, Workload, plan_replica
 from inferfleet.planning.load import operating_point
@@ -170,6 +172,8 @@ DIS_FEEDBACK = policy(DISAGGREGATED, calibrate=False)
 LOW, HIGH = 20.0, 160.0
 BUDGET = 4
 AGG_LOW, AGG_HIGH = planned(AGG, LOW), planned(AGG, HIGH)
+# A pool shrinks to the count that holds its load with the scale-down margin on top.
+AGG_SHRUNK = planned(replace(AGG, load_margin=AGG.load_margin + AGG.scale_down_margin), LOW)
 DIS_LOW, DIS_HIGH = planned(DIS, LOW), planned(DIS, HIGH)
 # Long-lived history: demand far in the past, recommendations outside every window.
 SETTLED = NOW - 3600
@@ -218,7 +222,7 @@ CASES = [
         snapshot=lambda: snapshot(LOW, AGG_HIGH),
         current=AGG_HIGH,
         history=recommended(NOW - 400, AGG_HIGH),
-        want=lambda: AGG_LOW,
+        want=lambda: AGG_SHRUNK,
         want_reason=Reason.SCALE_DOWN_STABLE,
     ),
     Case(
@@ -398,7 +402,8 @@ def test_a_restart_holds_for_a_whole_stabilisation_window() -> None:
         assert decision.replicas == AGG_HIGH, at_s
         history = decision.history
     later = NOW + AGG.scale_down_stabilization_s + 1
-    assert decide(AGG, snapshot(LOW, AGG_HIGH, at_s=later), AGG_HIGH, history).replicas == AGG_LOW
+    decision = decide(AGG, snapshot(LOW, AGG_HIGH, at_s=later), AGG_HIGH, history)
+    assert decision.replicas == AGG_SHRUNK
 
 
 def test_the_sizes_under_test_differ() -> None:
@@ -533,13 +538,13 @@ def fleet_latency(
 
 @pytest.mark.parametrize("spec", [AGG, DIS], ids=["aggregated", "disaggregated"])
 def test_steady_noisy_load_never_changes_direction(spec: PolicySpec) -> None:
-    """Four hours of a stationary load with measurement noise (deterministic, +-8%), one tick
+    """Two hours of a stationary load with measurement noise (deterministic, +-8%), one tick
     every 30 s: the replicas may settle once, then never turn, and settle where the planner
     puts the load."""
     current = dict(planned(spec, LOW))
     history = PolicyHistory()
     counts: list[tuple[int, ...]] = []
-    for tick in range(4 * 120):
+    for tick in range(2 * 120):
         noise = 0.08 * math.sin(tick * 2.3) * math.cos(tick * 0.7)
         rate = HIGH * (1 + noise)
         # Latencies 20% above the planner's, noisy too: the calibration is in the loop.
@@ -560,10 +565,9 @@ def test_steady_noisy_load_never_changes_direction(spec: PolicySpec) -> None:
         steps = [b - a for a, b in itertools.pairwise(series) if b != a]
         assert all(s > 0 for s in steps) or all(s < 0 for s in steps), series
         assert len(steps) <= 2, series
-    # Learned where the latency came near its target, never beyond the error there is.
-    calibration = history.calibration
-    assert 1.0 <= calibration.tpot <= 1.2 * 1.1
-    slo = tightened(ttft=calibration.ttft, tpot=calibration.tpot)
+    # The model misses a fifth of the latency: the calibration learns it is optimistic.
+    assert history.calibration.tpot_s > 0
+    slo = planning_slo(spec.slo, history.calibration, history.tightening)
     for role in spec.role_names:
         low = planned(spec, HIGH * 0.92, slo=slo)[role]
         high = planned(spec, HIGH * 1.08, slo=slo)[role]
@@ -632,36 +636,54 @@ def run_with_model_error(spec: PolicySpec, error: float, ticks: int) -> Decision
     return decision
 
 
+def calibrated(spec: PolicySpec, decision: Decision) -> Slo:
+    return planning_slo(spec.slo, decision.history.calibration, decision.history.tightening)
+
+
 def test_calibration_learns_an_optimistic_model() -> None:
     error = 1.6
-    _, tpot = predicted_latency(AGG, HIGH, AGG_HIGH[Role.AGGREGATED])
-    # Measured latencies near their targets: the error matters there.
-    assert SLO.tpot_p95_s is not None
-    assert tpot * error > AGG.calibration_floor * SLO.tpot_p95_s
     decision = run_with_model_error(AGG, error, ticks=12)
-    calibration = decision.history.calibration
-    assert calibration.tpot == pytest.approx(error, rel=0.02)
-    want = planned(AGG, HIGH, slo=tightened(ttft=calibration.ttft, tpot=calibration.tpot))
-    assert dict(decision.replicas) == want
-    assert want[Role.AGGREGATED] > AGG_HIGH[Role.AGGREGATED]
+    final = decision.replicas[Role.AGGREGATED]
+    _, tpot = predicted_latency(AGG, HIGH, final)
+    # What the model misses at the fleet it settled on, and the count that covers it.
+    assert decision.history.calibration.tpot_s == pytest.approx((error - 1) * tpot, rel=0.03)
+    assert dict(decision.replicas) == planned(AGG, HIGH, slo=calibrated(AGG, decision))
+    assert final > AGG_HIGH[Role.AGGREGATED]
 
 
 def test_calibration_relaxes_a_pessimistic_model() -> None:
     """Under targets tight enough that latency, not stability, sets the count."""
-    error = 0.7
     tight = replace(AGG, slo=Slo(ttft_p95_s=0.2, tpot_p95_s=0.018))
-    decision = run_with_model_error(tight, error, ticks=12)
-    calibration = decision.history.calibration
-    assert calibration.tpot == pytest.approx(error, rel=0.02)
-    assert calibration.ttft == pytest.approx(error, rel=0.02)
-    loose = tightened(ttft=calibration.ttft, tpot=calibration.tpot, slo=tight.slo)
-    assert dict(decision.replicas) == planned(tight, HIGH, slo=loose)
+    decision = run_with_model_error(tight, 0.7, ticks=12)
+    assert decision.history.calibration.tpot_s < 0
+    assert decision.history.calibration.ttft_s < 0
     assert decision.replicas[Role.AGGREGATED] < planned(tight, HIGH)[Role.AGGREGATED]
 
 
-def test_latency_far_below_target_never_tightens_the_calibration() -> None:
-    """Fixed overheads (network, tokenisation) the planner leaves out would otherwise read as
-    an optimistic model, and more replicas would only make the ratio worse."""
+def test_a_latency_replicas_do_not_reduce_never_runs_away() -> None:
+    """A tail set by the requests themselves (measured TPOT just above target at any count):
+    the lesson that did not help is undone, and what calibration may add is bounded."""
+    assert SLO.tpot_p95_s is not None
+    current = dict(AGG_HIGH)
+    history = recommended(NOW - 60, AGG_HIGH)
+    for tick in range(60):
+        observed = snapshot(
+            HIGH,
+            current,
+            at_s=NOW + 60 * tick,
+            attainment=0.97,
+            tpot_p95_s=1.02 * SLO.tpot_p95_s,
+        )
+        decision = decide(AGG, observed, current, history)
+        current, history = dict(decision.replicas), decision.history
+    assert history.tightening == LatencyFactors()
+    bound = math.ceil(AGG_HIGH[Role.AGGREGATED] * AGG.max_calibrated_growth)
+    assert current[Role.AGGREGATED] <= bound
+
+
+def test_latency_far_below_target_never_asks_for_more() -> None:
+    """Fixed overheads (network, tokenisation) the planner leaves out shift the latency, they do
+    not make more replicas useful."""
     assert SLO.ttft_p95_s is not None
     overhead = 0.4 * SLO.ttft_p95_s
     current, history = dict(AGG_HIGH), recommended(NOW - 60, AGG_HIGH)
@@ -669,7 +691,7 @@ def test_latency_far_below_target_never_tightens_the_calibration() -> None:
         observed = snapshot(HIGH, current, at_s=NOW + 60 * tick, ttft_p95_s=overhead)
         decision = decide(AGG, observed, current, history)
         current, history = dict(decision.replicas), decision.history
-    assert history.calibration.ttft == 1.0
+    assert history.calibration.ttft_s > 0
     assert current == AGG_HIGH
 
 
@@ -684,7 +706,7 @@ def test_calibration_compares_with_the_replicas_that_served() -> None:
     )
     history = replace(recommended(NOW - WINDOW_S, asked), last_scale_up_s={Role.AGGREGATED: NOW})
     decision = decide(AGG, observed, asked, history)
-    assert decision.history.calibration.tpot == pytest.approx(error, rel=0.02)
+    assert decision.history.calibration.tpot_s == pytest.approx((error - 1) * tpot, rel=0.03)
 
 
 def test_calibration_skips_the_window_in_which_replicas_join() -> None:
@@ -696,7 +718,23 @@ def test_calibration_skips_the_window_in_which_replicas_join() -> None:
         recommended(NOW - WINDOW_S, AGG_HIGH), last_scale_up_s={Role.AGGREGATED: joined}
     )
     decision = decide(AGG, observed, AGG_HIGH, history)
-    assert decision.history.calibration == LatencyFactors()
+    assert decision.history.calibration == LatencyOffsets()
+
+
+def test_a_load_at_the_edge_between_two_counts_does_not_shrink() -> None:
+    """Hysteresis: the smaller count must hold the scale-down margin on top of the usual one."""
+    count = AGG_HIGH[Role.AGGREGATED]
+    with_hysteresis = replace(AGG, load_margin=AGG.load_margin + AGG.scale_down_margin)
+    edge = next(
+        rate
+        for rate in (HIGH * (1 - step / 100) for step in range(1, 60))
+        if planned(AGG, rate)[Role.AGGREGATED] < count
+    )
+    assert planned(with_hysteresis, edge)[Role.AGGREGATED] == count
+    history = recommended(SETTLED, AGG_HIGH)
+    decision = decide(AGG, snapshot(edge, AGG_HIGH), AGG_HIGH, history)
+    assert decision.replicas == AGG_HIGH
+    assert decision.reason == Reason.STEADY
 
 
 def test_now_past_the_snapshot_makes_it_stale() -> None:
@@ -810,7 +848,7 @@ def scenarios(draw: st.DrawFn) -> Scenario:
     return spec, observed, current, history, pins
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(scenarios())
 def test_replicas_stay_within_one_and_max(scenario: Scenario) -> None:
     spec, observed, current, history, pins = scenario
@@ -826,7 +864,7 @@ def test_replicas_stay_within_one_and_max(scenario: Scenario) -> None:
             assert count >= spec.role(role).min_replicas
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(scenarios())
 def test_never_exceeds_the_gpu_budget(scenario: Scenario) -> None:
     spec, observed, current, history, _ = scenario

@@ -13,12 +13,13 @@ One tick, in order:
    TPOT, its batch limit and its KV cache, an aggregated pool on both. Measured concurrency and
    KV-cache usage give floors of their own (the decode pool must hold the sequences running
    now). As the mix shifts, each pool follows its own half of the work: prefill:decode rebalances.
-3. Calibration and feedback. The planner plans against target / (calibration x tightening).
-   The calibration is measured latency over predicted latency at the running fleet (the model's
-   error for this workload); the tightening is learned from attainment: a miss tightens the
-   latency that missed (TTFT -> prefill or aggregated, TPOT -> decode or aggregated), at least
-   one replica more for the roles it concerns, once per cold start; it relaxes slowly while the
-   target is met.
+3. Calibration and feedback. The planner plans against (target - offset) / tightening. The
+   offset is measured latency minus predicted latency at the running fleet (what the model
+   misses for this workload: an additive error keeps a latency that replicas do not reduce from
+   asking for ever more of them); the tightening is learned from attainment: a miss tightens
+   the latency that missed (TTFT -> prefill or aggregated, TPOT -> decode or aggregated), at
+   least one replica more for the roles it concerns, once per cold start, and only while the
+   last lesson helped; it relaxes slowly while the target is met.
 4. Scale-down stabilisation, as the HPA does: a role shrinks only to the highest recommendation
    of the last `scale_down_stabilization_s`, so steady load never oscillates.
 5. Constraints, in one place: bounds, pins (the pinned count wins), GPU budget (given first to
@@ -129,6 +130,8 @@ class PolicySpec:
     """Metrics older than this are not acted on."""
     load_margin: float = 0.1
     """Pools are sized for this fraction more than the forecast load (burstiness above Poisson)."""
+    scale_down_margin: float = 0.1
+    """A pool shrinks only to a count that holds this fraction more load again (hysteresis)."""
     trend_tolerance: float = 0.15
     """A rising trend is acted on when it adds more than this fraction within a cold start."""
     max_trend_growth: float = 1.5
@@ -141,12 +144,13 @@ class PolicySpec:
     tightening_half_life_s: float = 1800.0
     """How fast a tightening relaxes towards 1 while the attainment target is met."""
     calibrate: bool = True
-    """Plan against the targets over the measured/predicted latency ratio (see
+    """Plan against the targets less the measured-minus-predicted latency (see
     PolicyHistory.calibration)."""
-    calibration_bounds: tuple[float, float] = (0.5, 4.0)
-    calibration_floor: float = 0.5
-    """Measured latency below this fraction of its target never makes the calibration stricter
-    (nor undoes what it learned nearer the target)."""
+    calibration_limit: float = 0.5
+    """The calibration offset stays within this fraction of its target, either way."""
+    max_calibrated_growth: float = 2.0
+    """Calibration and tightening together never ask for more than this multiple of the
+    planner's own count for the raw targets (a bound on what a wrong lesson can cost)."""
     min_requests_to_calibrate: float = 50.0
     """Completed requests in the rate window below which latency quantiles are too noisy."""
     efficiency: EfficiencyTerms = DEFAULT_EFFICIENCY
@@ -257,21 +261,40 @@ class LatencyFactors:
     ttft: float = 1.0
     tpot: float = 1.0
 
-    def __mul__(self, other: LatencyFactors) -> LatencyFactors:
-        return LatencyFactors(self.ttft * other.ttft, self.tpot * other.tpot)
-
-    def planning_slo(self, slo: Slo) -> Slo:
-        return Slo(
-            ttft_p95_s=None if slo.ttft_p95_s is None else slo.ttft_p95_s / self.ttft,
-            tpot_p95_s=None if slo.tpot_p95_s is None else slo.tpot_p95_s / self.tpot,
-        )
-
     def to_wire(self) -> dict[str, float]:
         return {"ttft": self.ttft, "tpot": self.tpot}
 
     @classmethod
     def from_wire(cls, data: Mapping[str, Any]) -> LatencyFactors:
         return cls(float(data.get("ttft", 1.0)), float(data.get("tpot", 1.0)))
+
+
+@dataclass(frozen=True)
+class LatencyOffsets:
+    """Measured minus predicted latency, seconds, per target."""
+
+    ttft_s: float = 0.0
+    tpot_s: float = 0.0
+
+    def to_wire(self) -> dict[str, float]:
+        return {"ttftS": self.ttft_s, "tpotS": self.tpot_s}
+
+    @classmethod
+    def from_wire(cls, data: Mapping[str, Any]) -> LatencyOffsets:
+        return cls(float(data.get("ttftS", 0.0)), float(data.get("tpotS", 0.0)))
+
+
+def planning_slo(slo: Slo, offsets: LatencyOffsets, tightening: LatencyFactors) -> Slo:
+    """The targets the planner plans against: each less what the model misses, then tightened
+    by what attainment taught."""
+
+    def target(value: float | None, offset: float, factor: float) -> float | None:
+        return None if value is None else (value - offset) / factor
+
+    return Slo(
+        ttft_p95_s=target(slo.ttft_p95_s, offsets.ttft_s, tightening.ttft),
+        tpot_p95_s=target(slo.tpot_p95_s, offsets.tpot_s, tightening.tpot),
+    )
 
 
 @dataclass(frozen=True)
@@ -282,14 +305,16 @@ class PolicyHistory:
     recommendations: tuple[Recommendation, ...] = ()
     demand: tuple[DemandSample, ...] = ()
     last_scale_up_s: Mapping[Role, float] = field(default_factory=dict)
-    calibration: LatencyFactors = LatencyFactors()
-    """Measured latency over the planner's prediction at the running fleet (geometric moving
-    average): a model optimistic for this workload is corrected before attainment suffers, and
-    a pessimistic one stops holding GPUs it does not need."""
+    calibration: LatencyOffsets = LatencyOffsets()
+    """Measured latency minus the planner's prediction at the running fleet (moving average):
+    a model optimistic for this workload is corrected before attainment suffers, and a
+    pessimistic one stops holding GPUs it does not need."""
     tightening: LatencyFactors = LatencyFactors()
     """Learned from attainment misses: how far below its target a latency must be planned for
     the attainment target to hold (the tail beyond the quantile measured)."""
     tightened_at_s: float | None = None
+    attainment_when_tightened: float | None = None
+    """The attainment that taught the last lesson: the next one needs it to have improved."""
     last_decision: LastDecision | None = None
 
     def to_wire(self) -> dict[str, Any]:
@@ -311,6 +336,7 @@ class PolicyHistory:
             "calibration": self.calibration.to_wire(),
             "tightening": self.tightening.to_wire(),
             "tightenedAtS": self.tightened_at_s,
+            "attainmentWhenTightened": self.attainment_when_tightened,
             "lastDecision": None
             if last is None
             else {"atS": last.at_s, "replicas": counts(last.replicas), "reason": last.reason.value},
@@ -325,6 +351,7 @@ class PolicyHistory:
 
         last = data.get("lastDecision")
         tightened = data.get("tightenedAtS")
+        taught = data.get("attainmentWhenTightened")
         return cls(
             recommendations=tuple(
                 Recommendation(float(r["atS"]), counts(r["replicas"]))
@@ -335,9 +362,10 @@ class PolicyHistory:
                 for d in data.get("demand", [])
             ),
             last_scale_up_s={Role(r): float(t) for r, t in data.get("lastScaleUpS", {}).items()},
-            calibration=LatencyFactors.from_wire(data.get("calibration", {})),
+            calibration=LatencyOffsets.from_wire(data.get("calibration", {})),
             tightening=LatencyFactors.from_wire(data.get("tightening", {})),
             tightened_at_s=None if tightened is None else float(tightened),
+            attainment_when_tightened=None if taught is None else float(taught),
             last_decision=None
             if last is None
             else LastDecision(float(last["atS"]), counts(last["replicas"]), Reason(last["reason"])),
@@ -362,8 +390,8 @@ class RoleEstimate:
     feasible: bool
     """False when even max_replicas cannot hold the SLO at the forecast load."""
     predicted_ttft_s: float | None = None
-    """Expected TTFT at the target's quantile for the chosen count (planner x calibration, KV
-    transfer included); None for a decode pool or without load."""
+    """Expected TTFT at the target's quantile for the chosen count (planner plus calibration,
+    KV transfer included); None for a decode pool or without load."""
     predicted_tpot_s: float | None = None
     """Expected TPOT likewise; None for a prefill pool or without load."""
 
@@ -662,13 +690,18 @@ def _size_role(
     demand: _Demand,
     metrics: RoleMetrics,
     slo: Slo,
+    margin: float,
 ) -> _Sizing:
     """Replicas the forecast load needs: the planner's count for the SLO it is planned against
     (the targets over the calibration), and floors from the sequences and KV cache in use."""
-    rate = demand.forecast_requests_per_s * (1 + spec.load_margin)
-    by_model = _fewest_meeting(
-        spec, policy, rate=rate, demand=demand, slo=slo, hint=max(1, metrics.ready_replicas)
-    )
+    rate = demand.forecast_requests_per_s * (1 + margin)
+    hint = max(1, metrics.ready_replicas)
+    by_model = _fewest_meeting(spec, policy, rate=rate, demand=demand, slo=slo, hint=hint)
+    if slo != spec.slo:
+        planner_own = _fewest_meeting(
+            spec, policy, rate=rate, demand=demand, slo=spec.slo, hint=hint
+        )
+        by_model = min(by_model, math.ceil(planner_own * spec.max_calibrated_growth))
     why = f"{rate:.3g} req/s of {demand.input_tokens}/{demand.output_tokens} tokens"
     needed = by_model
     if policy.role in DECODING_ROLES:
@@ -705,7 +738,7 @@ def _calibrate(
     current: Mapping[Role, int],
     history: PolicyHistory,
     demand: _Demand,
-) -> LatencyFactors:
+) -> LatencyOffsets:
     """Update the calibration from this snapshot: the latencies measured over the window
     against the planner's prediction for the replicas that served them (the ready ones) at the
     measured load. Skipped when too few requests completed, when the planner sees that fleet
@@ -729,7 +762,6 @@ def _calibrate(
         or completed < spec.min_requests_to_calibrate
     ):
         return previous
-    low, high = spec.calibration_bounds
     elapsed = snapshot.taken_at_s - (history.last_decision.at_s if history.last_decision else 0)
     weight = min(1.0, max(0.0, elapsed) / snapshot.window_s)
 
@@ -738,16 +770,11 @@ def _calibrate(
     ) -> float:
         if measured is None or predicted is None or target is None:
             return old
-        if predicted <= 0 or not math.isfinite(predicted):
+        if not math.isfinite(predicted):
             return old
-        ratio = measured / predicted
-        if ratio > 1 and measured < spec.calibration_floor * target:
-            # Far below the target, latency is mostly fixed overheads the planner leaves out
-            # (network, tokenisation): no evidence that more replicas are needed, and acting on
-            # it would feed itself (more replicas, lower prediction, higher ratio).
-            return old
-        ratio = min(high, max(low, ratio))
-        return float(old ** (1 - weight) * ratio**weight)
+        limit = spec.calibration_limit * target
+        offset = min(limit, max(-limit, measured - predicted))
+        return old + weight * (offset - old)
 
     ttft_predicted: float | None = None
     tpot_predicted: float | None = None
@@ -760,15 +787,15 @@ def _calibrate(
             ttft_predicted = point.ttft_p95_s + _transfer_s(spec, policy, demand)
         if role in DECODING_ROLES:
             tpot_predicted = point.tpot_s
-    return LatencyFactors(
-        ttft=blend(
-            previous.ttft,
+    return LatencyOffsets(
+        ttft_s=blend(
+            previous.ttft_s,
             _observed_latency(spec, service.ttft_p95_s, service.ttft_p99_s),
             ttft_predicted,
             spec.slo.ttft_p95_s,
         ),
-        tpot=blend(
-            previous.tpot,
+        tpot_s=blend(
+            previous.tpot_s,
             _observed_latency(spec, service.tpot_p95_s, service.tpot_p99_s),
             tpot_predicted,
             spec.slo.tpot_p95_s,
@@ -844,8 +871,20 @@ def _feedback(
     ) and all(now - history.last_scale_up_s.get(r, -math.inf) >= settle_s for r in missed)
     if history.tightened_at_s is not None and now - history.tightened_at_s < settle_s:
         settled = False
+    # A lesson that did not raise attainment shows a latency that replicas do not reduce (a
+    # tail set by the requests themselves): tightening further would only add GPUs, so the
+    # lesson is undone, and the next one waits for attainment to improve on it.
+    helped = (
+        history.attainment_when_tightened is None or attainment > history.attainment_when_tightened
+    )
     lesson = None
-    if settled:
+    if settled and not helped:
+        gain = spec.feedback_gain
+        previous = LatencyFactors(
+            max(1.0, previous.ttft / gain) if ttft_missed else previous.ttft,
+            max(1.0, previous.tpot / gain) if tpot_missed else previous.tpot,
+        )
+    if settled and helped:
         gain, cap = spec.feedback_gain, spec.max_tightening
         lesson = LatencyFactors(
             min(cap, previous.ttft * gain) if ttft_missed else previous.ttft,
@@ -1026,13 +1065,14 @@ def _decide_fresh(
     calibration = _calibrate(spec, snapshot, current_counts, history, demand)
     tightening = feedback.tightening
 
-    def size(role: Role) -> _Sizing:
+    def size(role: Role, extra_margin: float = 0.0) -> _Sizing:
         return _size_role(
             spec,
             spec.role(role),
             demand=demand,
             metrics=_role_metrics(snapshot, role),
-            slo=(calibration * tightening).planning_slo(spec.slo),
+            slo=planning_slo(spec.slo, calibration, tightening),
+            margin=spec.load_margin + extra_margin,
         )
 
     sizings = {role: size(role) for role in roles}
@@ -1040,12 +1080,23 @@ def _decide_fresh(
     # A miss while the model already asks for more is explained (the fleet is short, or new
     # replicas are starting): nothing to learn.
     learned: frozenset[Role] = frozenset()
-    tightened_at = history.tightened_at_s
+    tightened_at, taught = history.tightened_at_s, history.attainment_when_tightened
     if feedback.lesson is not None and all(
         sizings[r].needed <= current_counts[r] for r in feedback.missed
     ):
         tightening, tightened_at, learned = feedback.lesson, now, feedback.missed
+        taught = snapshot.service.attainment
         sizings = {role: size(role) for role in roles}
+    elif not feedback.missed and snapshot.service.attainment is not None:
+        # The target is met: the lessons so far worked, the next miss may teach again.
+        taught = None
+    # Hysteresis: a pool shrinks only to a count that would hold a little more load than it is
+    # sized for, so a load at the edge between two counts does not flip between them.
+    for role in roles:
+        if sizings[role].needed < current_counts[role]:
+            shrunk = size(role, spec.scale_down_margin)
+            held = _Sizing(current_counts[role], shrunk.feasible, shrunk.why)
+            sizings[role] = shrunk if shrunk.needed < current_counts[role] else held
 
     # The first tick seeds the window with the current replicas (as the HPA does), so a restart
     # with an empty history never scales down at once.
@@ -1118,6 +1169,7 @@ def _decide_fresh(
         calibration=calibration,
         tightening=tightening,
         tightened_at_s=tightened_at,
+        attainment_when_tightened=taught,
         last_decision=LastDecision(now, dict(replicas), reason),
     )
     return Decision(dict(replicas), reason, message, new_history, estimates)
@@ -1131,16 +1183,16 @@ def _estimate(
     sizing: _Sizing,
     recommended: int,
     count: int,
-    calibration: LatencyFactors,
+    calibration: LatencyOffsets,
 ) -> RoleEstimate:
     rate = demand.forecast_requests_per_s
     point = _point(spec, policy, rate, count, demand) if rate > 0 else None
     ttft = tpot = None
     if point is not None and point.stable:
         if policy.role in PREFILLING_ROLES:
-            ttft = (point.ttft_p95_s + _transfer_s(spec, policy, demand)) * calibration.ttft
+            ttft = point.ttft_p95_s + _transfer_s(spec, policy, demand) + calibration.ttft_s
         if policy.role in DECODING_ROLES:
-            tpot = point.tpot_s * calibration.tpot
+            tpot = point.tpot_s + calibration.tpot_s
     return RoleEstimate(
         role=policy.role,
         needed=sizing.needed,
