@@ -138,6 +138,39 @@ class Kube:
             content_type="application/merge-patch+json",
         )
 
+    def patch_pod_status(self, name: str, namespace: str, status: dict[str, Any]) -> None:
+        """Strategic merge into a pod's status: conditions merge by type, as a kubelet
+        writes them."""
+        self._resource("v1", "Pod").status.patch(
+            body={"status": status},
+            name=name,
+            namespace=namespace,
+            content_type="application/strategic-merge-patch+json",
+        )
+
+    def request_token(
+        self,
+        service_account: str,
+        namespace: str,
+        *,
+        expiration_s: int,
+        bound_pod: tuple[str, str] | None = None,
+    ) -> str:
+        """A token of a ServiceAccount from the TokenRequest API (`create` on
+        `serviceaccounts/token`), bound to a pod (name, uid) when given: it stops working
+        once that pod is gone, as the tokens kubelets mount do."""
+        spec = client.V1TokenRequestSpec(audiences=[], expiration_seconds=expiration_s)
+        if bound_pod is not None:
+            spec.bound_object_ref = client.V1BoundObjectReference(
+                api_version="v1", kind="Pod", name=bound_pod[0], uid=bound_pod[1]
+            )
+        answer = client.CoreV1Api(self.api_client).create_namespaced_service_account_token(
+            service_account, namespace, client.AuthenticationV1TokenRequest(spec=spec)
+        )
+        if answer.status is None or not answer.status.token:
+            raise ApiException(reason=f"no token for {namespace}/{service_account}")
+        return str(answer.status.token)
+
     def apply(self, obj: dict[str, Any], field_manager: str = FIELD_MANAGER) -> dict[str, Any]:
         """Server-side apply of one object; returns what the API server stored."""
         resource = self._resource(obj["apiVersion"], obj["kind"])

@@ -2,14 +2,21 @@
 kube-scheduler, and kwok playing the kubelets of fake GPU nodes.
 
 `DevCluster` is what `inferfleet dev-cluster up|down|status|kubeconfig` and the e2e fixture
-both use. Everything lives in one state directory: certificates, kubeconfigs, etcd's data, logs
-and `state.json` (ports and pids), so `down` and `status` work from another process.
+both use. With the fleet (`up --with-fleet`, `running(..., with_fleet=True)`), it also runs
+what makes pods real: the fleet agent (`devcluster.fleet`: a process per engine and router
+pod, on the pod's IP), the operator as its least-privilege ServiceAccount with routers that find
+replicas by pod (`inferfleet run --router-discovery pods`), and a Prometheus that discovers
+and scrapes the pods through the API server.
+
+Everything lives in one state directory: certificates, kubeconfigs, etcd's data, logs and
+`state.json` (ports and pids), so `down` and `status` work from another process.
 """
 
 from __future__ import annotations
 
 import json
 import ssl
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,7 +32,10 @@ from inferfleet.api.crd import custom_resource_definitions
 from inferfleet.devcluster import pki, processes
 from inferfleet.devcluster.nodes import NodePool, fleet_nodes
 from inferfleet.devcluster.processes import ProcessSpec
+from inferfleet.devcluster.prometheus import Prometheus, ensure_prometheus, kubernetes_pods_job
 from inferfleet.kube import Kube
+from inferfleet.render.rbac import DEFAULT_NAMESPACE as OPERATOR_NAMESPACE
+from inferfleet.render.rbac import OPERATOR_NAME, cluster_wide
 
 SERVICE_CIDR = "10.96.0.0/16"
 # Pods on fake nodes get loopback addresses, so a process bound to a pod's IP is reachable.
@@ -33,6 +43,11 @@ POD_CIDR = "127.1.0.0/16"
 STATE_FILE = "state.json"
 # Components start in this order and stop in the reverse one.
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+# With the fleet, these start after the control plane, in this order, and stop before it.
+FLEET_COMPONENTS = ("fleet-agent", "operator", "prometheus")
+# The operator's ServiceAccount token: a dev cluster rarely lives longer.
+OPERATOR_TOKEN_LIFETIME_S = 7 * 24 * 3600
+SCRAPE_INTERVAL_S = 1.0
 # Controllers an inference fleet needs; node IPAM and cloud controllers are pointless here.
 CONTROLLERS = (
     "garbage-collector-controller",
@@ -94,6 +109,9 @@ class State:
     pids: dict[str, int] = field(default_factory=dict)
     node_pools: list[str] = field(default_factory=list)
     started_at: float = 0.0
+    fleet: bool = False
+    prometheus_port: int | None = None
+    operator_health_port: int | None = None
 
     @classmethod
     def load(cls, path: Path) -> State:
@@ -104,6 +122,9 @@ class State:
             pids=data["pids"],
             node_pools=data["node_pools"],
             started_at=data["started_at"],
+            fleet=data.get("fleet", False),
+            prometheus_port=data.get("prometheus_port"),
+            operator_health_port=data.get("operator_health_port"),
         )
 
     def save(self, path: Path) -> None:
@@ -315,12 +336,99 @@ class DevCluster:
             raise
         return state
 
+    def start_fleet(self, *, bound_to_parent: bool = False, timeout_s: float = 60.0) -> State:
+        """On a running cluster: the CRDs, the operator's RBAC (deploy/rbac/cluster-wide.yaml),
+        then the fleet agent, the operator as its ServiceAccount and Prometheus."""
+        state = self.state()
+        if state is None or not processes.alive(state.pids.get("kube-apiserver", 0)):
+            raise DevClusterError(f"no dev cluster runs from {self.state_dir}")
+        self.install_crds()
+        kube = Kube.from_kubeconfig(self.kubeconfig_path)
+        kube.apply(
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": OPERATOR_NAMESPACE}}
+        )
+        for obj in cluster_wide(OPERATOR_NAMESPACE):
+            kube.apply(obj)
+        operator_kubeconfig = self._operator_kubeconfig(kube)
+        state.fleet = True
+        state.operator_health_port = processes.free_port()
+        python = sys.executable
+        specs = [
+            ProcessSpec(
+                "fleet-agent", (python, "-m", "inferfleet.devcluster.fleet", str(self.state_dir))
+            ),
+            ProcessSpec(
+                "operator",
+                (
+                    python, "-m", "inferfleet.cli", "run", "--router-discovery", "pods",
+                    "--liveness", f"http://127.0.0.1:{state.operator_health_port}/healthz",
+                ),
+                env={"KUBECONFIG": str(operator_kubeconfig)},
+            ),
+        ]  # fmt: skip
+        try:
+            for spec in specs:
+                state.pids[spec.name] = processes.start(
+                    spec, self.log_dir, bound_to_parent=bound_to_parent
+                )
+                state.save(self._state_path)
+            certs = self._pki_paths()
+            job = kubernetes_pods_job(
+                "kubernetes-pods",
+                api_server=f"https://127.0.0.1:{state.ports.apiserver}",
+                ca_file=certs.ca.cert,
+                cert_file=certs.admin.cert,
+                key_file=certs.admin.key,
+            )
+            prometheus = Prometheus.start(
+                self.state_dir / "prometheus",
+                [job],
+                scrape_interval_s=SCRAPE_INTERVAL_S,
+                binary=ensure_prometheus(kubernetes_sd=True),
+                bound_to_parent=bound_to_parent,
+            )
+            state.pids["prometheus"] = prometheus.pid
+            state.prometheus_port = prometheus.port
+            state.save(self._state_path)
+            for component in ("fleet-agent", "operator"):
+                self._wait_healthy(component, state, certs, timeout_s)
+        except BaseException:
+            self.down()
+            raise
+        return state
+
+    def _operator_kubeconfig(self, kube: Kube) -> Path:
+        """A kubeconfig with a token of the operator's ServiceAccount, as its pod would get."""
+        token = kube.request_token(
+            OPERATOR_NAME, OPERATOR_NAMESPACE, expiration_s=OPERATOR_TOKEN_LIFETIME_S
+        )
+        directory = self.state_dir / "kubeconfigs"
+        token_file = directory / "operator.token"
+        token_file.touch(mode=0o600)
+        token_file.write_text(token)
+        admin = yaml.safe_load(self.kubeconfig_path.read_text())
+        admin["users"] = [
+            {"name": admin["users"][0]["name"], "user": {"tokenFile": str(token_file)}}
+        ]
+        path = directory / "operator.yaml"
+        path.write_text(yaml.safe_dump(admin))
+        path.chmod(0o600)
+        return path
+
+    @property
+    def prometheus_url(self) -> str | None:
+        state = self.state()
+        if state is None or state.prometheus_port is None:
+            return None
+        return f"http://127.0.0.1:{state.prometheus_port}"
+
     def down(self) -> list[str]:
-        """Stop every component (kwok first, etcd last); returns those that needed SIGKILL."""
+        """Stop every component (the fleet first, then kwok, etcd last); returns those that
+        needed SIGKILL."""
         state = self.state()
         if state is None:
             return []
-        order = [c for c in reversed(COMPONENTS) if c in state.pids]
+        order = [c for c in (*reversed(FLEET_COMPONENTS), *reversed(COMPONENTS)) if c in state.pids]
         killed = processes.stop([state.pids[c] for c in order])
         state.pids = {}
         state.save(self._state_path)
@@ -332,7 +440,7 @@ class DevCluster:
         if state is None:
             return dict.fromkeys(COMPONENTS, "never started")
         report = {}
-        for component in COMPONENTS:
+        for component in (*COMPONENTS, *(FLEET_COMPONENTS if state.fleet else ())):
             pid = state.pids.get(component)
             if pid is None or not processes.alive(pid):
                 report[component] = "stopped"
@@ -358,17 +466,23 @@ class DevCluster:
             service_account_public=directory / "service-account.pub",
         )
 
-    def _health_url(self, component: str, ports: Ports) -> str:
+    def _health_url(self, component: str, state: State) -> str | None:
+        """Where a component answers health checks; None where being alive is all it shows."""
+        ports = state.ports
         return {
             "etcd": f"http://127.0.0.1:{ports.etcd_client}/health",
             "kube-apiserver": f"https://127.0.0.1:{ports.apiserver}/readyz",
             "kube-controller-manager": f"https://127.0.0.1:{ports.controller_manager}/healthz",
             "kube-scheduler": f"https://127.0.0.1:{ports.scheduler}/healthz",
             "kwok": f"http://127.0.0.1:{ports.kwok}/healthz",
-        }[component]
+            "operator": f"http://127.0.0.1:{state.operator_health_port}/healthz",
+            "prometheus": f"http://127.0.0.1:{state.prometheus_port}/-/ready",
+        }.get(component)
 
     def _healthy(self, component: str, state: State, certs: pki.ClusterPki) -> bool:
-        url = self._health_url(component, state.ports)
+        url = self._health_url(component, state)
+        if url is None:
+            return True
         tls = ssl.create_default_context(cafile=str(certs.ca.cert))
         tls.load_cert_chain(str(certs.admin.cert), str(certs.admin.key))
         try:
@@ -441,11 +555,16 @@ def running(
     pools: tuple[NodePool, ...],
     cpu_nodes: int = 1,
     timeout_s: float = 120.0,
+    *,
+    with_fleet: bool = False,
 ) -> Iterator[DevCluster]:
-    """A cluster for the duration of a block, stopped however the block ends."""
+    """A cluster for the duration of a block, stopped however the block ends; with the
+    fleet (agent, operator, Prometheus) when asked."""
     cluster = DevCluster(state_dir)
     cluster.up(bin_dir, pools, cpu_nodes=cpu_nodes, bound_to_parent=True, timeout_s=timeout_s)
     try:
+        if with_fleet:
+            cluster.start_fleet(bound_to_parent=True, timeout_s=timeout_s)
         yield cluster
     finally:
         cluster.down()

@@ -43,20 +43,28 @@ class ProcessSpec:
 
 def start(spec: ProcessSpec, log_dir: Path, *, bound_to_parent: bool) -> int:
     """Start a component in a new session; returns its pid (also its process group)."""
+    return popen(spec, log_dir, bound_to_parent=bound_to_parent).pid
+
+
+def popen(
+    spec: ProcessSpec, log_dir: Path, *, bound_to_parent: bool, inherit_env: bool = True
+) -> subprocess.Popen[bytes]:
+    """Start a component in a new session, appending to `<log_dir>/<name>.log`. Bound to its
+    parent, it gets SIGTERM when the thread that started it ends. Without `inherit_env` it
+    sees only `spec.env`."""
     log = (log_dir / f"{spec.name}.log").open("ab")
     try:
-        process = subprocess.Popen(
+        return subprocess.Popen(
             spec.argv,
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **spec.env},
+            env={**os.environ, **spec.env} if inherit_env else dict(spec.env),
             start_new_session=True,
             preexec_fn=_die_with_parent if bound_to_parent else None,  # noqa: PLW1509
         )
     finally:
         log.close()
-    return process.pid
 
 
 def alive(pid: int) -> bool:

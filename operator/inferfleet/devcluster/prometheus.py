@@ -1,6 +1,8 @@
-"""A real Prometheus server for the local fleet and the e2e tier: Debian's `prometheus`
-package at a pinned version, fetched once by tools/prometheus/fetch.sh (unpacked, not
-installed), run as a supervised process on loopback."""
+"""A real Prometheus server for the local fleet and the e2e tier, run as a supervised process
+on loopback: Debian's `prometheus` package at a pinned version, fetched once by
+tools/prometheus/fetch.sh (unpacked, not installed); or, where pods are found through the
+API server, a build with Kubernetes service discovery (which Debian's lacks) from the pinned
+Go module by tools/prometheus/build-kubernetes-sd.sh."""
 
 from __future__ import annotations
 
@@ -20,6 +22,10 @@ from inferfleet.devcluster.processes import ProcessSpec
 
 BINARY_VARIABLE = "INFERFLEET_PROMETHEUS"
 FETCH_SCRIPT = Path(__file__).resolve().parents[3] / "tools" / "prometheus" / "fetch.sh"
+# Debian's package lacks Kubernetes service discovery: the local fleet's Prometheus is built
+# from the published Go module with it.
+KUBERNETES_SD_VARIABLE = "INFERFLEET_PROMETHEUS_KUBERNETES_SD"
+KUBERNETES_SD_BUILD_SCRIPT = FETCH_SCRIPT.with_name("build-kubernetes-sd.sh")
 _READY_TIMEOUT_S = 30.0
 
 
@@ -27,25 +33,31 @@ class PrometheusUnavailableError(RuntimeError):
     pass
 
 
-def ensure_prometheus() -> Path:
+def ensure_prometheus(*, kubernetes_sd: bool = False) -> Path:
     """The Prometheus binary: $INFERFLEET_PROMETHEUS, or the fetch script's cache (fetching
-    the Debian package on first use)."""
-    configured = os.environ.get(BINARY_VARIABLE)
+    the Debian package on first use). With `kubernetes_sd`: $INFERFLEET_PROMETHEUS_KUBERNETES_SD,
+    or the build script's cache (building it on first use, a few minutes)."""
+    variable, script = (
+        (KUBERNETES_SD_VARIABLE, KUBERNETES_SD_BUILD_SCRIPT)
+        if kubernetes_sd
+        else (BINARY_VARIABLE, FETCH_SCRIPT)
+    )
+    configured = os.environ.get(variable)
     if configured:
         binary = Path(configured)
-    elif FETCH_SCRIPT.exists():
+    elif script.exists():
         result = subprocess.run(
-            ["bash", str(FETCH_SCRIPT)], stdout=subprocess.PIPE, text=True, check=False
+            ["bash", str(script)], stdout=subprocess.PIPE, text=True, check=False
         )
         if result.returncode != 0:
             raise PrometheusUnavailableError(
-                f"{FETCH_SCRIPT} failed with exit status {result.returncode}"
+                f"{script} failed with exit status {result.returncode}"
             )
         binary = Path(result.stdout.strip().splitlines()[-1])
     else:
         raise PrometheusUnavailableError(
-            f"no Prometheus: set {BINARY_VARIABLE}, or run from a checkout that has "
-            "tools/prometheus/fetch.sh"
+            f"no Prometheus: set {variable}, or run from a checkout that has "
+            f"tools/prometheus/{script.name}"
         )
     if not binary.is_file():
         raise PrometheusUnavailableError(f"{binary} is not a file")
@@ -60,6 +72,62 @@ def static_job(
     if labels:
         group["labels"] = dict(labels)
     return {"job_name": name, "static_configs": [group]}
+
+
+def kubernetes_pods_job(
+    name: str,
+    *,
+    api_server: str,
+    ca_file: Path,
+    cert_file: Path,
+    key_file: Path,
+    namespaces: Sequence[str] = (),
+) -> dict[str, Any]:
+    """A scrape job over the pods Kubernetes lists (`kubernetes_sd_configs`, role `pod`), as
+    a cluster's Prometheus runs it: pods annotated `prometheus.io/scrape: "true"`, at their
+    pod IP and `prometheus.io/port`, on `prometheus.io/path`; every pod label becomes a target
+    label with `.`, `/` and `-` as `_` (`inferfleet.io/role` -> `inferfleet_io_role`), plus
+    `namespace` and `pod`. The client certificate must let it list and watch pods."""
+    discovery: dict[str, Any] = {
+        "role": "pod",
+        "api_server": api_server,
+        "tls_config": {
+            "ca_file": str(ca_file),
+            "cert_file": str(cert_file),
+            "key_file": str(key_file),
+        },
+    }
+    if namespaces:
+        discovery["namespaces"] = {"names": list(namespaces)}
+    meta = "__meta_kubernetes_pod"
+    return {
+        "job_name": name,
+        "kubernetes_sd_configs": [discovery],
+        "relabel_configs": [
+            {
+                "source_labels": [f"{meta}_annotation_prometheus_io_scrape"],
+                "action": "keep",
+                "regex": "true",
+            },
+            # Pods still pending or already finished have no process to scrape.
+            {"source_labels": [f"{meta}_phase"], "action": "keep", "regex": "Running"},
+            {
+                "source_labels": [f"{meta}_annotation_prometheus_io_path"],
+                "regex": "(.+)",
+                "target_label": "__metrics_path__",
+            },
+            # One target per pod: the port comes from the annotation, not each container port.
+            {
+                "source_labels": [f"{meta}_ip", f"{meta}_annotation_prometheus_io_port"],
+                "regex": "([^:]+);([0-9]+)",
+                "replacement": "$1:$2",
+                "target_label": "__address__",
+            },
+            {"action": "labelmap", "regex": f"{meta}_label_(.+)"},
+            {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+            {"source_labels": [f"{meta}_name"], "target_label": "pod"},
+        ],
+    }
 
 
 def config_text(jobs: Sequence[Mapping[str, Any]], scrape_interval_s: float) -> str:

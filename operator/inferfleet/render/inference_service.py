@@ -15,7 +15,9 @@ EndpointSlices in that namespace and nothing else. Pods behind it carry the labe
 `inferfleet.io/model-deployment=NAME` and `inferfleet.io/role=ROLE`. `engine` tells the router
 which prefill -> decode hand-off protocol a disaggregated pair speaks (vLLM's
 kv_transfer_params or TensorRT-LLM's disaggregated params); `weight` is the deployment's share
-of traffic. Then the SLO: `--slo-ttft-p95-ms`, `--slo-tpot-p95-ms` (each only when set) and
+of traffic. With `router_discovery=pods` (clusters whose pod addresses EndpointSlices refuse,
+as the dev cluster's loopback ones), the router gets `--discovery pods` and its Role reads
+Services and pods instead: it finds the Ready pods each Service selects. Then the SLO: `--slo-ttft-p95-ms`, `--slo-tpot-p95-ms` (each only when set) and
 `--slo-attainment-target`, which the router uses to count each request's SLO outcome.
 
 Referenced ModelDeployments are passed in by name and must live in the service's namespace; a
@@ -56,6 +58,7 @@ from inferfleet.render.common import (
     spec_hash,
 )
 from inferfleet.render.model_deployment import engine_name, served_model_name
+from inferfleet.router.config import DiscoveryMode
 
 ROUTER_PORT: Final = 8000
 SERVICE_PORT: Final = 80
@@ -134,11 +137,15 @@ def backend_args(resolved: Sequence[tuple[DeploymentRef, ModelDeployment]]) -> l
 
 
 def router_args(
-    isvc: InferenceService, resolved: Sequence[tuple[DeploymentRef, ModelDeployment]]
+    isvc: InferenceService,
+    resolved: Sequence[tuple[DeploymentRef, ModelDeployment]],
+    discovery: DiscoveryMode = DiscoveryMode.ENDPOINT_SLICES,
 ) -> list[str]:
     slo = isvc.spec.slo
     args = ["--service", str(isvc.metadata["name"]), "--port", str(ROUTER_PORT)]
     args += ["--namespace", "$(POD_NAMESPACE)"]
+    if discovery != DiscoveryMode.ENDPOINT_SLICES:
+        args += ["--discovery", discovery.value]
     args += backend_args(resolved)
     if slo.ttft_p95_ms is not None:
         args += ["--slo-ttft-p95-ms", f"{slo.ttft_p95_ms:g}"]
@@ -186,6 +193,7 @@ def router_deployment(
     isvc: InferenceService,
     resolved: Sequence[tuple[DeploymentRef, ModelDeployment]],
     image: str,
+    discovery: DiscoveryMode = DiscoveryMode.ENDPOINT_SLICES,
 ) -> dict[str, Any]:
     labels = router_labels(owner.name)
     template: dict[str, Any] = {
@@ -199,11 +207,11 @@ def router_deployment(
         },
         "spec": {
             "serviceAccountName": router_name(owner.name),
-            # The token reads EndpointSlices of this namespace, nothing else (see the Role).
+            # The token reads what discovery needs in this namespace, nothing else (the Role).
             "automountServiceAccountToken": True,
             "enableServiceLinks": False,
             "securityContext": pod_security_context(ROUTER_UID),
-            "containers": [_router_container(image, router_args(isvc, resolved))],
+            "containers": [_router_container(image, router_args(isvc, resolved, discovery))],
             # The two replicas on different nodes where there is room: one node's loss must
             # not take the endpoint down.
             "topologySpreadConstraints": [
@@ -268,18 +276,19 @@ def router_service_account(owner: Owner) -> dict[str, Any]:
     }
 
 
-def router_role(owner: Owner) -> dict[str, Any]:
+def router_role(
+    owner: Owner, discovery: DiscoveryMode = DiscoveryMode.ENDPOINT_SLICES
+) -> dict[str, Any]:
+    """Read access to what the router's discovery watches in its namespace, nothing else."""
+    if discovery == DiscoveryMode.PODS:
+        rule = {"apiGroups": [""], "resources": ["pods", "services"]}
+    else:
+        rule = {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"]}
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
         "metadata": object_meta(router_name(owner.name), owner, router_labels(owner.name)),
-        "rules": [
-            {
-                "apiGroups": ["discovery.k8s.io"],
-                "resources": ["endpointslices"],
-                "verbs": ["get", "list", "watch"],
-            }
-        ],
+        "rules": [rule | {"verbs": ["get", "list", "watch"]}],
     }
 
 
@@ -310,9 +319,11 @@ def render_inference_service(
     deployments: Mapping[str, ModelDeployment],
     *,
     router_image: str = DEFAULT_ROUTER_IMAGE,
+    router_discovery: DiscoveryMode = DiscoveryMode.ENDPOINT_SLICES,
 ) -> list[dict[str, Any]]:
     """The router objects of one InferenceService, in apply order. `deployments` maps names
-    to the ModelDeployments found in the service's namespace.
+    to the ModelDeployments found in the service's namespace; `router_discovery` is how the
+    router finds their replicas.
 
     Raises `MissingReferenceError` when a referenced ModelDeployment is not among them."""
     owner = Owner.of(f"{API_GROUP}/{API_VERSION}", KIND, isvc.metadata)
@@ -320,10 +331,10 @@ def render_inference_service(
     return apply_order(
         [
             router_service_account(owner),
-            router_role(owner),
+            router_role(owner, router_discovery),
             router_role_binding(owner),
             router_service(owner),
             router_pod_disruption_budget(owner),
-            router_deployment(owner, isvc, resolved, router_image),
+            router_deployment(owner, isvc, resolved, router_image, router_discovery),
         ]
     )

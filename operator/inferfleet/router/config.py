@@ -5,14 +5,16 @@ A backend is given as comma-separated `key=value` pairs, as the renderer writes 
 
     deployment=NAME,role=ROLE,engine=ENGINE,weight=W,model=SERVED_NAME,service=SVC,port=8000
 
-`service` names the Kubernetes Service whose EndpointSlices list the role's pods. Outside a
-cluster, `urls=URL;URL` lists the replicas instead (each `http://host:port`).
+`service` names the Kubernetes Service whose EndpointSlices list the role's pods (or, with
+`--discovery pods`, whose selector picks them). Outside a cluster, `urls=URL;URL` lists the
+replicas instead (each `http://host:port`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from urllib.parse import urlsplit
 
 from inferfleet.api.model_deployment import EngineName, Role
@@ -20,6 +22,16 @@ from inferfleet.slo import Slo
 
 _BACKEND_KEYS = ("deployment", "role", "engine", "weight", "model", "service", "port", "urls")
 _REQUIRED_KEYS = ("deployment", "role", "engine", "model")
+
+
+class DiscoveryMode(StrEnum):
+    """Where a router finds the replicas behind a backend's Service."""
+
+    ENDPOINT_SLICES = "endpointslices"
+    """The ready endpoints of the Service's EndpointSlices: the normal way in a cluster."""
+    PODS = "pods"
+    """The Ready pods the Service's selector picks, at their pod IP: for clusters whose pod
+    addresses EndpointSlices refuse (the dev cluster's loopback ones)."""
 
 
 class RouterConfigError(ValueError):
@@ -95,6 +107,7 @@ class RouterConfig:
     backends: tuple[Backend, ...]
     slo: Slo = field(default_factory=Slo)
     namespace: str | None = None
+    discovery: DiscoveryMode = DiscoveryMode.ENDPOINT_SLICES
     max_request_bytes: int = 16 * 1024**2
     """Larger bodies get 413 before they are read."""
     max_attempts: int = 3

@@ -1,12 +1,19 @@
-"""Where a backend's replicas are: the ready endpoints of its Service's EndpointSlices.
+"""Where a backend's replicas are, found through the Kubernetes API in one of two ways.
 
-The router lists and watches the EndpointSlices labelled `kubernetes.io/service-name` with its
+`endpointslices` (the default): the ready endpoints of its Service's EndpointSlices. The
+router lists and watches the EndpointSlices labelled `kubernetes.io/service-name` with its
 backends' Services in its namespace (it needs `get`, `list` and `watch` on
 `discovery.k8s.io/endpointslices` there) and routes to the ready addresses, on the port named
-`http` of the slice (else the backend's port). The watch runs on a thread of its own through
-the official client, re-listing after each watch timeout and backing off when the API server
-cannot be reached; each change is handed to the router's event loop. Backends given with
-`urls=` are fixed and need no discovery.
+`http` of the slice (else the backend's port).
+
+`pods`: the Ready pods its Service's selector picks, at the pod IP and the backend's port
+(it needs `get`, `list` and `watch` on `services` and `pods`). For clusters whose pod
+addresses EndpointSlices refuse: the dev cluster gives pods loopback addresses. Selectors are
+read again at each re-list, so a changed one takes effect within a watch timeout.
+
+Either watch runs on a thread of its own through the official client, re-listing after each
+watch timeout and backing off when the API server cannot be reached; each change is handed to
+the router's event loop. Backends given with `urls=` are fixed and need no discovery.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -23,7 +31,7 @@ from tenacity import Retrying, retry_if_exception_type, wait_exponential
 from inferfleet.api.model_deployment import Role
 from inferfleet.engines import PORT_NAME
 from inferfleet.kube import Kube
-from inferfleet.router.config import Backend, RouterConfig
+from inferfleet.router.config import Backend, DiscoveryMode, RouterConfig
 from inferfleet.router.proxy import Discovery, Router
 
 log = logging.getLogger(__name__)
@@ -54,8 +62,52 @@ def ready_urls(slices: Iterable[Mapping[str, Any]], default_port: int) -> list[s
     return sorted(urls)
 
 
-class EndpointSliceWatcher:
-    """Keeps, per Service, its current slices; calls `publish(service, urls)` on change."""
+def selects(selector: Mapping[str, str] | None, labels: Mapping[str, str]) -> bool:
+    """Whether a Service's selector picks a pod with these labels (a Service without a
+    selector picks none: its endpoints are managed by hand)."""
+    return bool(selector) and all(
+        labels.get(key) == value for key, value in (selector or {}).items()
+    )
+
+
+def pod_is_ready(pod: Mapping[str, Any]) -> bool:
+    """Running, not being deleted, with an address, and its Ready condition True."""
+    status = pod.get("status") or {}
+    if (pod.get("metadata") or {}).get("deletionTimestamp") or status.get("phase") != "Running":
+        return False
+    if not status.get("podIP"):
+        return False
+    conditions = status.get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def ready_pod_urls(
+    pods: Iterable[Mapping[str, Any]], selector: Mapping[str, str] | None, port: int
+) -> list[str]:
+    """The URLs of the Ready pods a Service's selector picks, at `port`."""
+    urls = set()
+    for pod in pods:
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        if selects(selector, labels) and pod_is_ready(pod):
+            address = str(pod["status"]["podIP"])
+            host = f"[{address}]" if ":" in address else address
+            urls.add(f"http://{host}:{port}")
+    return sorted(urls)
+
+
+def service_selector(service: Mapping[str, Any] | None) -> dict[str, str] | None:
+    """A Service's pod selector; None for a missing Service or one without a selector."""
+    if service is None:
+        return None
+    selector = (service.get("spec") or {}).get("selector")
+    return {str(k): str(v) for k, v in selector.items()} if selector else None
+
+
+class _Watcher(ABC):
+    """Lists and watches on a thread until stopped; calls `publish(backend, urls)` when the
+    replicas of a backend may have changed."""
+
+    what = "watch"
 
     def __init__(
         self,
@@ -69,6 +121,39 @@ class EndpointSliceWatcher:
         self.backends = dict(backends)
         self.publish = publish
         self.stopped = threading.Event()
+
+    @abstractmethod
+    def _sync_once(self) -> None:
+        """One list, then its watch until the watch times out (or `stopped` is set)."""
+
+    def run(self) -> None:
+        """List and watch until stopped; the API server unreachable: back off and retry."""
+        retrying = Retrying(
+            retry=retry_if_exception_type(Exception),
+            wait=wait_exponential(multiplier=0.5, max=30),
+            before_sleep=lambda state: log.warning(
+                "%s failed (%s); retrying",
+                self.what,
+                state.outcome and state.outcome.exception(),
+            ),
+        )
+        while not self.stopped.is_set():
+            retrying(self._sync_once)
+
+
+class EndpointSliceWatcher(_Watcher):
+    """Keeps, per Service, its current slices."""
+
+    what = "EndpointSlice watch"
+
+    def __init__(
+        self,
+        kube: Kube,
+        namespace: str,
+        backends: Mapping[str, Backend],
+        publish: Callable[[Backend, list[str]], None],
+    ) -> None:
+        super().__init__(kube, namespace, backends, publish)
         self._slices: dict[str, dict[str, Mapping[str, Any]]] = {}
 
     @property
@@ -113,18 +198,54 @@ class EndpointSliceWatcher:
                 if changed is not None:
                     self._publish(changed)
 
-    def run(self) -> None:
-        """List and watch until stopped; the API server unreachable: back off and retry."""
-        retrying = Retrying(
-            retry=retry_if_exception_type(Exception),
-            wait=wait_exponential(multiplier=0.5, max=30),
-            before_sleep=lambda state: log.warning(
-                "EndpointSlice watch failed (%s); retrying",
-                state.outcome and state.outcome.exception(),
-            ),
-        )
-        while not self.stopped.is_set():
-            retrying(self._sync_once)
+
+class PodWatcher(_Watcher):
+    """Keeps the pods of the namespace and each backend Service's selector."""
+
+    what = "pod watch"
+
+    def __init__(
+        self,
+        kube: Kube,
+        namespace: str,
+        backends: Mapping[str, Backend],
+        publish: Callable[[Backend, list[str]], None],
+    ) -> None:
+        super().__init__(kube, namespace, backends, publish)
+        self._pods: dict[str, Mapping[str, Any]] = {}
+        self._selectors: dict[str, dict[str, str] | None] = {}
+        self._published: dict[str, list[str]] = {}
+
+    def _publish_changed(self, force: bool = False) -> None:
+        for service, backend in self.backends.items():
+            urls = ready_pod_urls(self._pods.values(), self._selectors.get(service), backend.port)
+            if force or self._published.get(service) != urls:
+                self._published[service] = urls
+                self.publish(backend, urls)
+
+    def _sync_once(self) -> None:
+        self._selectors = {
+            service: service_selector(self.kube.get("v1", "Service", service, self.namespace))
+            for service in self.backends
+        }
+        listed: dict[str, Mapping[str, Any]] = {}
+        # Every pod of the namespace: selectors differ per Service and cannot be joined into
+        # one label selector.
+        for kind, item in self.kube.list_and_watch("v1", "Pod", self.namespace, ""):
+            if self.stopped.is_set():
+                return
+            name = str((item.get("metadata") or {}).get("name", ""))
+            if kind == "LISTED":
+                listed[name] = item
+            elif kind == "SYNCED":
+                self._pods = listed
+                self._publish_changed(force=True)
+            else:
+                if kind == "DELETED":
+                    self._pods.pop(name, None)
+                else:
+                    self._pods[name] = item
+                self._publish_changed()
 
 
 def _own_namespace(config: RouterConfig) -> str:
@@ -149,8 +270,9 @@ def discovery_for(config: RouterConfig, kube: Kube | None = None) -> Discovery |
             role: Role = backend.role
             loop.call_soon_threadsafe(router.set_replicas, backend.deployment, role, urls)
 
-        watcher = EndpointSliceWatcher(client, _own_namespace(config), backends, publish)
-        thread = threading.Thread(target=watcher.run, name="endpointslice-watch", daemon=True)
+        watching = PodWatcher if config.discovery == DiscoveryMode.PODS else EndpointSliceWatcher
+        watcher = watching(client, _own_namespace(config), backends, publish)
+        thread = threading.Thread(target=watcher.run, name=f"{config.discovery}-watch", daemon=True)
         thread.start()
         try:
             await asyncio.Event().wait()

@@ -1,0 +1,526 @@
+"""The fleet agent: the part of a kubelet the dev cluster's fake nodes lack, for inferfleet's
+own processes.
+
+kwok turns pods Running with an address in 127.1.0.0/16 and runs nothing. The fleet agent
+watches pods through the API and, for each Running pod whose container command is
+`inferfleet sim-engine` or `inferfleet router`, runs that command with its args as a real
+process of this machine, bound to the pod's IP (a real pod has a network namespace of its own;
+here the pod IP replaces the wildcard listen address: `--host <podIP>`), with the container's
+environment resolved as a kubelet resolves it (`value`, `fieldRef`, `$(VAR)` in args). A
+process that dies while its pod exists is restarted with exponential backoff, as a kubelet
+does (from 1 s, doubling to 60 s: quicker than a kubelet's 10 s to 5 min, for a playground).
+A pod deleted or no longer Running: SIGTERM to its process group, SIGKILL after the pod's
+termination grace period.
+
+Identity: a router pod's process gets its pod's ServiceAccount as a kubelet gives it: a token
+from the TokenRequest API, bound to the pod, in a kubeconfig for the dev cluster's API server
+passed as `KUBECONFIG`; so the router runs with exactly its rendered RBAC. The token lives
+for a day and is requested again at each (re)start of the process; clients read it once, so
+it is not rotated in place as a kubelet's projected token is.
+
+Readiness: kwok marks a pod Ready the moment it turns Running. The agent then reports what
+the container's readiness probe (an HTTP GET) actually sees, as a kubelet would: the pod's
+`Ready` and `ContainersReady` conditions turn False until the process answers, and follow it
+after. kwok's stages leave a Running pod's status alone, so nothing overwrites that. Probes
+run every second (the rendered periods are meant for GPUs and slow model loads).
+
+Each process sees only its container's environment (plus PATH and HOME), not the agent's
+credentials. Logs go to `<state dir>/logs/pods/<namespace>_<pod>.log`, per-pod files
+(kubeconfig, token) to `<state dir>/pods/`. Nothing outlives the agent: processes run in
+process groups of their own, bound to the agent by PDEATHSIG, and stopped on SIGTERM.
+
+Everything that decides what to run is pure (`pod_process` and its helpers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import shutil
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Final
+
+import httpx
+import yaml
+from tenacity import (
+    RetryError,
+    Retrying,
+    retry_if_exception_type,
+    stop_when_event_set,
+    wait_exponential,
+)
+
+from inferfleet.devcluster import processes
+from inferfleet.devcluster.processes import ProcessSpec
+from inferfleet.kube import Kube
+
+log = logging.getLogger(__name__)
+
+SUBCOMMANDS: Final = ("sim-engine", "router")
+TOKEN_LIFETIME_S: Final = 24 * 3600
+PROBE_INTERVAL_S: Final = 1.0
+DEFAULT_GRACE_S: Final = 30.0
+# On the agent's own shutdown, pods get at most this long: `dev-cluster down` waits 10 s.
+SHUTDOWN_GRACE_S: Final = 7.0
+# What a container needs from the host to start the venv's command, and nothing else.
+HOST_ENV: Final = ("PATH", "HOME", "LANG", "TMPDIR")
+
+_REFERENCE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
+
+
+class Kind(StrEnum):
+    ENGINE = "sim-engine"
+    ROUTER = "router"
+
+
+@dataclass(frozen=True)
+class Probe:
+    """An HTTP GET readiness probe, resolved to a port number."""
+
+    path: str
+    port: int
+
+
+@dataclass(frozen=True)
+class PodProcess:
+    """What runs for one pod: derived from the pod alone, so that any change of it (a new
+    pod, a new IP) means a new process."""
+
+    uid: str
+    namespace: str
+    name: str
+    kind: Kind
+    ip: str
+    argv: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+    grace_s: float = DEFAULT_GRACE_S
+    service_account: str | None = None
+    """The ServiceAccount whose token a router gets."""
+    readiness: Probe | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}_{self.name}"
+
+
+def expand_references(text: str, env: Mapping[str, str]) -> str:
+    """Kubernetes' `$(VAR)` expansion in command, args and env values: a defined variable is
+    replaced, an undefined reference stays as written, `$$` is a literal `$`."""
+
+    def replace(match: re.Match[str]) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        return env.get(match.group(1), match.group(0))
+
+    return _REFERENCE.sub(replace, text)
+
+
+def _field_value(pod: Mapping[str, Any], path: str) -> str:
+    """A `fieldRef` path, as the downward API resolves it."""
+    metadata, spec, status = (pod.get(k) or {} for k in ("metadata", "spec", "status"))
+    simple = {
+        "metadata.name": metadata.get("name"),
+        "metadata.namespace": metadata.get("namespace"),
+        "metadata.uid": metadata.get("uid"),
+        "spec.nodeName": spec.get("nodeName"),
+        "spec.serviceAccountName": spec.get("serviceAccountName"),
+        "status.podIP": status.get("podIP"),
+        "status.hostIP": status.get("hostIP"),
+    }
+    if path in simple:
+        return str(simple[path] or "")
+    found = re.fullmatch(r"metadata\.(labels|annotations)\['([^']+)'\]", path)
+    if found:
+        return str((metadata.get(found.group(1)) or {}).get(found.group(2), ""))
+    raise ValueError(f"fieldRef {path!r} is not supported by the fleet agent")
+
+
+def container_env(pod: Mapping[str, Any], container: Mapping[str, Any]) -> dict[str, str]:
+    """The container's `env`, in order: values (with earlier variables expanded) and
+    `fieldRef`s. Other sources (Secrets, ConfigMaps, resources) are not resolved."""
+    env: dict[str, str] = {}
+    for variable in container.get("env") or []:
+        name = str(variable["name"])
+        if "value" in variable:
+            env[name] = expand_references(str(variable["value"]), env)
+        elif (variable.get("valueFrom") or {}).get("fieldRef"):
+            env[name] = _field_value(pod, str(variable["valueFrom"]["fieldRef"]["fieldPath"]))
+        else:
+            raise ValueError(f"env {name}: only value and fieldRef are supported")
+    return env
+
+
+def listen_on(args: Sequence[str], ip: str) -> list[str]:
+    """`args` with any `--host` dropped and `--host <ip>` added: the pod's address replaces
+    the wildcard, as the pod's own network namespace would make it the only one."""
+    kept: list[str] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg == "--host":
+            skip = True
+        elif not arg.startswith("--host="):
+            kept.append(arg)
+    return [*kept, "--host", ip]
+
+
+def readiness_probe(container: Mapping[str, Any]) -> Probe | None:
+    """The container's HTTP GET readiness probe, a named port resolved to its number."""
+    http = (container.get("readinessProbe") or {}).get("httpGet")
+    if not http:
+        return None
+    port = http.get("port")
+    if isinstance(port, str) and not port.isdigit():
+        named = [p for p in container.get("ports") or [] if p.get("name") == port]
+        if not named:
+            return None
+        port = named[0]["containerPort"]
+    return Probe(str(http.get("path") or "/"), int(port))
+
+
+def pod_is_running(pod: Mapping[str, Any]) -> bool:
+    status = pod.get("status") or {}
+    deleting = (pod.get("metadata") or {}).get("deletionTimestamp")
+    return not deleting and status.get("phase") == "Running" and bool(status.get("podIP"))
+
+
+def pod_process(pod: Mapping[str, Any], executable: str) -> PodProcess | None:
+    """The process to run for a pod: None unless it is Running with an address and its
+    first container runs `inferfleet sim-engine` or `inferfleet router`. `executable`
+    replaces the image's `inferfleet`."""
+    if not pod_is_running(pod):
+        return None
+    spec = pod.get("spec") or {}
+    containers = spec.get("containers") or []
+    if not containers:
+        return None
+    container = containers[0]
+    command = list(container.get("command") or [])
+    if len(command) != 2 or Path(command[0]).name != "inferfleet" or command[1] not in SUBCOMMANDS:
+        return None
+    metadata = pod["metadata"]
+    ip = str(pod["status"]["podIP"])
+    env = container_env(pod, container)
+    args = [expand_references(str(arg), env) for arg in container.get("args") or []]
+    kind = Kind(command[1])
+    grace = spec.get("terminationGracePeriodSeconds")
+    return PodProcess(
+        uid=str(metadata.get("uid", "")),
+        namespace=str(metadata.get("namespace", "")),
+        name=str(metadata["name"]),
+        kind=kind,
+        ip=ip,
+        argv=(executable, kind.value, *listen_on(args, ip)),
+        env=env,
+        grace_s=float(DEFAULT_GRACE_S if grace is None else grace),
+        service_account=str(spec.get("serviceAccountName") or "default")
+        if kind == Kind.ROUTER
+        else None,
+        readiness=readiness_probe(container),
+    )
+
+
+def readiness_status(ready: bool, reason: str, now: datetime) -> dict[str, Any]:
+    """The pod status a kubelet writes when a container's readiness changes."""
+    stamp = now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    value = "True" if ready else "False"
+    conditions = [
+        {"type": kind, "status": value, "lastTransitionTime": stamp}
+        | ({} if ready else {"reason": reason})
+        for kind in ("Ready", "ContainersReady")
+    ]
+    return {"conditions": conditions}
+
+
+def service_account_kubeconfig(server: str, ca_file: Path, token_file: Path) -> dict[str, Any]:
+    """A kubeconfig for the API server with a ServiceAccount token read from a file."""
+    name = "inferfleet-dev"
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": name, "cluster": {"server": server, "certificate-authority": str(ca_file)}}
+        ],
+        "users": [{"name": name, "user": {"tokenFile": str(token_file)}}],
+        "contexts": [{"name": name, "context": {"cluster": name, "user": name}}],
+        "current-context": name,
+    }
+
+
+def host_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    return {name: environ[name] for name in HOST_ENV if name in environ}
+
+
+@dataclass(frozen=True)
+class AgentContext:
+    """What every pod's supervision shares: the API, where files go, what routers reach."""
+
+    kube: Kube
+    state_dir: Path
+    api_server: str
+    ca_file: Path
+    executable: str
+
+
+class ProcessExitedError(RuntimeError):
+    """The pod's process ended while its pod still runs."""
+
+
+class PodSupervisor:
+    """Runs one pod's process on a thread of its own, restarting it with backoff until told
+    to stop. The thread that starts the process outlives it, so PDEATHSIG (which follows the
+    starting thread) fires only if the whole agent dies."""
+
+    def __init__(
+        self,
+        pod: PodProcess,
+        context: AgentContext,
+        report_ready: Callable[[PodProcess, bool, str], None],
+    ) -> None:
+        self.pod = pod
+        self.context = context
+        self.report_ready = report_ready
+        self.restarts = 0
+        self.grace_s = pod.grace_s
+        self._stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, name=f"pod-{pod.key}", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self, grace_s: float | None = None) -> None:
+        """Ask the process to end (within `grace_s`, else the pod's grace); returns at once."""
+        if grace_s is not None:
+            self.grace_s = min(self.grace_s, grace_s)
+        self._stopping.set()
+
+    def _run(self) -> None:
+        retrying = Retrying(
+            retry=retry_if_exception_type(Exception),
+            wait=wait_exponential(multiplier=1, min=1, max=60),
+            stop=stop_when_event_set(self._stopping),
+            # Sleeps end early when the pod goes away.
+            sleep=self._sleep,
+            before_sleep=lambda state: log.warning(
+                "%s: %s; restarting", self.pod.key, state.outcome and state.outcome.exception()
+            ),
+        )
+        try:
+            retrying(self._run_once)
+        except RetryError:
+            pass  # stopped while backing off
+        finally:
+            self._cleanup()
+
+    def _sleep(self, seconds: float) -> None:
+        self._stopping.wait(seconds)
+
+    def _environment(self) -> dict[str, str]:
+        env = host_environment(os.environ) | dict(self.pod.env)
+        if self.pod.kind == Kind.ROUTER and self.pod.service_account is not None:
+            directory = self.context.state_dir / "pods" / self.pod.key
+            directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+            token = self.context.kube.request_token(
+                self.pod.service_account,
+                self.pod.namespace,
+                expiration_s=TOKEN_LIFETIME_S,
+                bound_pod=(self.pod.name, self.pod.uid),
+            )
+            token_file = directory / "token"
+            token_file.touch(mode=0o600)
+            token_file.write_text(token)
+            kubeconfig = directory / "kubeconfig"
+            kubeconfig.write_text(
+                yaml.safe_dump(
+                    service_account_kubeconfig(
+                        self.context.api_server, self.context.ca_file, token_file
+                    )
+                )
+            )
+            env["KUBECONFIG"] = str(kubeconfig)
+        return env
+
+    def _run_once(self) -> None:
+        if self._stopping.is_set():
+            return
+        spec = ProcessSpec(self.pod.key, self.pod.argv, self._environment())
+        logs = self.context.state_dir / "logs" / "pods"
+        logs.mkdir(parents=True, exist_ok=True)
+        process = processes.popen(spec, logs, bound_to_parent=True, inherit_env=False)
+        log.info("%s: started %s (pid %d)", self.pod.key, " ".join(spec.argv[1:3]), process.pid)
+        ready: bool | None = None
+        try:
+            while process.poll() is None:
+                observed = self._probe()
+                if observed != ready:
+                    ready = observed
+                    self.report_ready(
+                        self.pod, observed, "ProbeSucceeded" if observed else "ProbeFailed"
+                    )
+                if self._stopping.wait(PROBE_INTERVAL_S):
+                    processes.stop([process.pid], grace_s=self.grace_s)
+                    log.info("%s: stopped (pid %d)", self.pod.key, process.pid)
+                    return
+        finally:
+            if process.poll() is None:
+                processes.stop([process.pid], grace_s=self.grace_s)
+        self.restarts += 1
+        if not self._stopping.is_set():
+            self.report_ready(self.pod, False, "ContainerExited")
+        raise ProcessExitedError(f"exited with status {process.returncode}")
+
+    def _probe(self) -> bool:
+        probe = self.pod.readiness
+        if probe is None:
+            return True
+        try:
+            answer = httpx.get(f"http://{self.pod.ip}:{probe.port}{probe.path}", timeout=1.0)
+        except httpx.HTTPError:
+            return False
+        return bool(200 <= answer.status_code < 400)
+
+    def _cleanup(self) -> None:
+        shutil.rmtree(self.context.state_dir / "pods" / self.pod.key, ignore_errors=True)
+
+
+class FleetAgent:
+    """Watches every pod and keeps one supervised process per pod that should have one."""
+
+    def __init__(self, context: AgentContext) -> None:
+        self.context = context
+        self.stopped = threading.Event()
+        self.supervisors: dict[str, PodSupervisor] = {}
+        self._pods: dict[str, Mapping[str, Any]] = {}
+        self._lock = threading.Lock()
+
+    def desired(self) -> dict[str, PodProcess]:
+        wanted = {}
+        for uid, pod in self._pods.items():
+            try:
+                process = pod_process(pod, self.context.executable)
+            except ValueError as error:
+                log.warning("%s: cannot run: %s", (pod.get("metadata") or {}).get("name"), error)
+                continue
+            if process is not None:
+                wanted[uid] = process
+        return wanted
+
+    def reconcile(self) -> None:
+        """Stop processes whose pod went away or changed; start those missing."""
+        with self._lock:
+            if self.stopped.is_set():
+                return
+            wanted = self.desired()
+            for uid, supervisor in list(self.supervisors.items()):
+                if wanted.get(uid) != supervisor.pod:
+                    supervisor.stop()
+                    del self.supervisors[uid]
+            for uid, process in wanted.items():
+                if uid not in self.supervisors:
+                    supervisor = PodSupervisor(process, self.context, self._report_ready)
+                    self.supervisors[uid] = supervisor
+                    supervisor.start()
+
+    def _report_ready(self, pod: PodProcess, ready: bool, reason: str) -> None:
+        try:
+            self.context.kube.patch_pod_status(
+                pod.name, pod.namespace, readiness_status(ready, reason, datetime.now(UTC))
+            )
+        except Exception as error:  # a pod deleted meanwhile: nothing to report
+            log.info("%s: readiness not reported: %s", pod.key, error)
+
+    def _sync_once(self) -> None:
+        listed: dict[str, Mapping[str, Any]] = {}
+        for kind, item in self.context.kube.list_and_watch("v1", "Pod", None, ""):
+            if self.stopped.is_set():
+                return
+            uid = str((item.get("metadata") or {}).get("uid", ""))
+            if kind == "LISTED":
+                listed[uid] = item
+                continue
+            if kind == "SYNCED":
+                self._pods = listed
+            elif kind == "DELETED":
+                self._pods.pop(uid, None)
+            else:
+                self._pods[uid] = item
+            self.reconcile()
+
+    def run(self) -> None:
+        """List and watch pods until stopped; the API server unreachable: back off, retry."""
+        retrying = Retrying(
+            retry=retry_if_exception_type(Exception),
+            wait=wait_exponential(multiplier=0.5, max=30),
+            before_sleep=lambda state: log.warning(
+                "pod watch failed (%s); retrying", state.outcome and state.outcome.exception()
+            ),
+        )
+        while not self.stopped.is_set():
+            retrying(self._sync_once)
+
+    def shutdown(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:
+        """Stop every process (each within its grace, at most `grace_s`) and wait for them."""
+        with self._lock:
+            self.stopped.set()
+            supervisors = list(self.supervisors.values())
+            self.supervisors.clear()
+        for supervisor in supervisors:
+            supervisor.stop(grace_s)
+        deadline = time.monotonic() + grace_s + 2.0
+        for supervisor in supervisors:
+            supervisor.thread.join(max(0.0, deadline - time.monotonic()))
+
+
+def _venv_inferfleet() -> str:
+    found = shutil.which("inferfleet", path=str(Path(sys.executable).parent))
+    return found or "inferfleet"
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """`python -m inferfleet.devcluster.fleet STATE_DIR`: what `dev-cluster up --with-fleet`
+    starts, with the cluster's admin credentials (it stands in for every kubelet)."""
+    parser = argparse.ArgumentParser(prog="inferfleet-fleet-agent", description=__doc__)
+    parser.add_argument("state_dir", type=Path, help="The dev cluster's state directory.")
+    options = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    state_dir: Path = options.state_dir.resolve()
+    kubeconfig_path = state_dir / "kubeconfigs" / "admin.yaml"
+    cluster = yaml.safe_load(kubeconfig_path.read_text())["clusters"][0]["cluster"]
+    agent = FleetAgent(
+        AgentContext(
+            Kube.from_kubeconfig(kubeconfig_path),
+            state_dir,
+            api_server=str(cluster["server"]),
+            ca_file=Path(cluster["certificate-authority"]),
+            executable=_venv_inferfleet(),
+        )
+    )
+
+    def terminate(signum: int, _frame: object) -> None:
+        log.info("signal %d: stopping every pod's process", signum)
+        agent.shutdown()
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, terminate)
+    signal.signal(signal.SIGINT, terminate)
+    watcher = threading.Thread(target=agent.run, name="pod-watch", daemon=True)
+    watcher.start()
+    while watcher.is_alive():
+        watcher.join(1.0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,333 @@
+"""The local fleet's pure parts: what the fleet agent runs for a pod, how routers find Ready
+pods, what the operator renders for pod discovery, and Prometheus' pod discovery job."""
+
+from __future__ import annotations
+
+import copy
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from inferfleet.devcluster.cluster import State
+from inferfleet.devcluster.fleet import (
+    Kind,
+    Probe,
+    container_env,
+    expand_references,
+    listen_on,
+    pod_process,
+    readiness_probe,
+    readiness_status,
+    service_account_kubeconfig,
+)
+from inferfleet.devcluster.prometheus import config_text, kubernetes_pods_job
+from inferfleet.render import render_inference_service, render_model_deployment
+from inferfleet.router.config import DiscoveryMode
+from inferfleet.router.discovery import (
+    pod_is_ready,
+    ready_pod_urls,
+    selects,
+    service_selector,
+)
+from tests.unit.golden.specs import example_objects
+
+SIM_EXAMPLE = "llama-3.1-8b-aggregated-sim.yaml"
+EXECUTABLE = "/venv/bin/inferfleet"
+
+Wire = dict[str, Any]
+
+
+def rendered(discovery: DiscoveryMode = DiscoveryMode.PODS) -> list[Wire]:
+    md, isvc = example_objects(SIM_EXAMPLE, namespace="fleet")
+    objects = render_model_deployment(md)
+    return objects + render_inference_service(
+        isvc, {str(md.metadata["name"]): md}, router_discovery=discovery
+    )
+
+
+def pod_of(deployment: Wire, name: str, ip: str | None = "127.1.0.7", **status: Any) -> Wire:
+    """A pod as the ReplicaSet controller creates it and kwok runs it."""
+    template = copy.deepcopy(deployment["spec"]["template"])
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": template["metadata"]
+        | {"name": name, "namespace": "fleet", "uid": f"uid-{name}"},
+        "spec": template["spec"] | {"nodeName": "gpu-h100-80gb-0"},
+        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+        | ({"podIP": ip} if ip else {})
+        | status,
+    }
+
+
+def deployment_of(objects: list[Wire], component: str) -> Wire:
+    (found,) = [
+        o
+        for o in objects
+        if o["kind"] == "Deployment"
+        and o["metadata"]["labels"].get("app.kubernetes.io/component") == component
+    ]
+    return found
+
+
+@pytest.mark.parametrize(
+    ("text", "env", "want", "reason"),
+    [
+        ("$(POD_NAMESPACE)", {"POD_NAMESPACE": "fleet"}, "fleet", "a defined variable"),
+        ("--ns=$(POD_NAMESPACE)/x", {"POD_NAMESPACE": "a"}, "--ns=a/x", "inside a word"),
+        ("$(MISSING)", {}, "$(MISSING)", "undefined references stay as written"),
+        ("$$(POD_NAMESPACE)", {"POD_NAMESPACE": "a"}, "$(POD_NAMESPACE)", "$$ escapes"),
+        ("$POD_NAMESPACE", {"POD_NAMESPACE": "a"}, "$POD_NAMESPACE", "only $(...) expands"),
+    ],
+)
+def test_references_expand_as_kubernetes_does(
+    text: str, env: dict[str, str], want: str, reason: str
+) -> None:
+    assert expand_references(text, env) == want, reason
+
+
+def test_env_resolves_values_and_field_refs() -> None:
+    pod = {
+        "metadata": {"name": "p", "namespace": "ns", "labels": {"a": "b"}},
+        "status": {"podIP": "127.1.0.3"},
+    }
+    container = {
+        "env": [
+            {
+                "name": "POD_NAMESPACE",
+                "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+            },
+            {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            {"name": "LABEL", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['a']"}}},
+            {"name": "URL", "value": "http://$(IP):8000"},
+        ]
+    }
+    assert container_env(pod, container) == {
+        "POD_NAMESPACE": "ns",
+        "IP": "127.1.0.3",
+        "LABEL": "b",
+        "URL": "http://127.1.0.3:8000",
+    }
+    with pytest.raises(ValueError, match="SECRET"):
+        container_env(pod, {"env": [{"name": "SECRET", "valueFrom": {"secretKeyRef": {}}}]})
+
+
+@pytest.mark.parametrize(
+    ("args", "want"),
+    [
+        (["--port", "8000"], ["--port", "8000", "--host", "127.1.0.9"]),
+        (["--host", "0.0.0.0", "--port", "8000"], ["--port", "8000", "--host", "127.1.0.9"]),
+        (["--host=::", "--port", "1"], ["--port", "1", "--host", "127.1.0.9"]),
+    ],
+)
+def test_the_pod_ip_replaces_the_wildcard_listen_address(args: list[str], want: list[str]) -> None:
+    assert listen_on(args, "127.1.0.9") == want
+
+
+def test_readiness_probe_resolves_the_named_port() -> None:
+    container = {
+        "ports": [{"name": "http", "containerPort": 8000}],
+        "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}},
+    }
+    assert readiness_probe(container) == Probe("/health", 8000)
+    assert readiness_probe({"readinessProbe": {"httpGet": {"port": 9000}}}) == Probe("/", 9000)
+    assert readiness_probe({}) is None
+
+
+def test_an_engine_pod_runs_the_sim_engine_on_its_ip() -> None:
+    engine = deployment_of(rendered(), "aggregated")
+    process = pod_process(pod_of(engine, "llama-0"), EXECUTABLE)
+    assert process is not None
+    assert process.kind == Kind.ENGINE
+    assert process.argv[:2] == (EXECUTABLE, "sim-engine")
+    assert process.argv[-2:] == ("--host", "127.1.0.7")
+    assert "--port" in process.argv
+    assert process.service_account is None
+    assert process.readiness == Probe("/health", 8000)
+    assert process.key == "fleet_llama-0"
+
+
+def test_a_router_pod_runs_with_its_namespace_and_service_account() -> None:
+    router = deployment_of(rendered(), "router")
+    process = pod_process(pod_of(router, "chat-router-0", ip="127.1.0.8"), EXECUTABLE)
+    assert process is not None
+    assert process.kind == Kind.ROUTER
+    args = list(process.argv)
+    assert args[args.index("--namespace") + 1] == "fleet"
+    assert args[args.index("--discovery") + 1] == "pods"
+    assert process.env == {"POD_NAMESPACE": "fleet"}
+    assert process.service_account == "chat-router"
+    assert process.grace_s == 60
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"ip": None}, "no address yet"),
+        ({"phase": "Pending"}, "not Running"),
+        ({"deleting": True}, "being deleted"),
+        ({"command": ["vllm", "serve"]}, "not an inferfleet command"),
+        ({"command": ["inferfleet", "run"]}, "an inferfleet command the agent does not run"),
+    ],
+)
+def test_pods_without_a_process(change: dict[str, Any], reason: str) -> None:
+    engine = deployment_of(rendered(), "aggregated")
+    pod = pod_of(engine, "p", ip=change.get("ip", "127.1.0.7"))
+    if "phase" in change:
+        pod["status"]["phase"] = change["phase"]
+    if change.get("deleting"):
+        pod["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    if "command" in change:
+        pod["spec"]["containers"][0]["command"] = change["command"]
+    assert pod_process(pod, EXECUTABLE) is None, reason
+
+
+def test_a_new_ip_is_a_new_process() -> None:
+    engine = deployment_of(rendered(), "aggregated")
+    first = pod_process(pod_of(engine, "p", ip="127.1.0.7"), EXECUTABLE)
+    assert first == pod_process(pod_of(engine, "p", ip="127.1.0.7"), EXECUTABLE)
+    assert first != pod_process(pod_of(engine, "p", ip="127.1.0.8"), EXECUTABLE)
+
+
+def test_readiness_is_written_as_a_kubelet_writes_it() -> None:
+    now = datetime(2026, 11, 22, 3, 0, tzinfo=UTC)
+    status = readiness_status(False, "ProbeFailed", now)
+    assert [c["type"] for c in status["conditions"]] == ["Ready", "ContainersReady"]
+    assert all(
+        c["status"] == "False" and c["reason"] == "ProbeFailed" for c in status["conditions"]
+    )
+    assert status["conditions"][0]["lastTransitionTime"] == "2026-11-22T03:00:00Z"
+    assert all("reason" not in c for c in readiness_status(True, "x", now)["conditions"])
+
+
+def test_a_router_kubeconfig_reads_its_token_from_a_file() -> None:
+    config = service_account_kubeconfig("https://127.0.0.1:6443", Path("/ca.crt"), Path("/t"))
+    assert config["users"][0]["user"] == {"tokenFile": "/t"}
+    assert config["clusters"][0]["cluster"]["certificate-authority"] == "/ca.crt"
+
+
+# Router discovery by pod.
+
+
+def test_selectors_pick_pods_by_every_label() -> None:
+    assert selects({"a": "1", "b": "2"}, {"a": "1", "b": "2", "c": "3"})
+    assert not selects({"a": "1", "b": "2"}, {"a": "1"})
+    assert not selects({}, {"a": "1"}), "a Service without a selector picks no pods"
+    assert not selects(None, {"a": "1"})
+
+
+def test_only_ready_running_pods_with_an_address_count() -> None:
+    engine = deployment_of(rendered(), "aggregated")
+    ready = pod_of(engine, "a", ip="127.1.0.1")
+    assert pod_is_ready(ready)
+    not_ready = pod_of(
+        engine, "b", ip="127.1.0.2", conditions=[{"type": "Ready", "status": "False"}]
+    )
+    assert not pod_is_ready(not_ready)
+    assert not pod_is_ready(pod_of(engine, "c", ip=None))
+    deleting = pod_of(engine, "d", ip="127.1.0.4")
+    deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    assert not pod_is_ready(deleting)
+
+
+def test_ready_pod_urls_follow_the_service_selector() -> None:
+    objects = rendered()
+    engine = deployment_of(objects, "aggregated")
+    (service,) = [
+        o
+        for o in objects
+        if o["kind"] == "Service" and o["metadata"]["name"] == "llama-3-1-8b-aggregated"
+    ]
+    router = deployment_of(objects, "router")
+    pods = [
+        pod_of(engine, "a", ip="127.1.0.1"),
+        pod_of(engine, "b", ip="127.1.0.2"),
+        pod_of(engine, "c", ip="127.1.0.3", conditions=[{"type": "Ready", "status": "False"}]),
+        pod_of(router, "r", ip="127.1.0.4"),
+    ]
+    selector = service_selector(service)
+    assert selector is not None
+    assert ready_pod_urls(pods, selector, 8000) == [
+        "http://127.1.0.1:8000",
+        "http://127.1.0.2:8000",
+    ]
+    assert service_selector(None) is None
+    assert service_selector({"spec": {}}) is None
+
+
+def test_the_operator_renders_pod_discovery_when_asked() -> None:
+    for discovery, resources, group in (
+        (DiscoveryMode.PODS, ["pods", "services"], ""),
+        (DiscoveryMode.ENDPOINT_SLICES, ["endpointslices"], "discovery.k8s.io"),
+    ):
+        objects = rendered(discovery)
+        (role,) = [o for o in objects if o["kind"] == "Role"]
+        assert role["rules"] == [
+            {"apiGroups": [group], "resources": resources, "verbs": ["get", "list", "watch"]}
+        ]
+        args = deployment_of(objects, "router")["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert ("--discovery" in args) == (discovery == DiscoveryMode.PODS)
+
+
+# Prometheus with Kubernetes service discovery.
+
+
+def test_the_pod_discovery_job_keeps_annotated_pods_and_maps_their_labels() -> None:
+    job = kubernetes_pods_job(
+        "kubernetes-pods",
+        api_server="https://127.0.0.1:6443",
+        ca_file=Path("/pki/ca.crt"),
+        cert_file=Path("/pki/admin.crt"),
+        key_file=Path("/pki/admin.key"),
+        namespaces=["fleet"],
+    )
+    (sd,) = job["kubernetes_sd_configs"]
+    assert sd["role"] == "pod"
+    assert sd["api_server"] == "https://127.0.0.1:6443"
+    assert sd["tls_config"] == {
+        "ca_file": "/pki/ca.crt",
+        "cert_file": "/pki/admin.crt",
+        "key_file": "/pki/admin.key",
+    }
+    assert sd["namespaces"] == {"names": ["fleet"]}
+    rules = job["relabel_configs"]
+    keep = rules[0]
+    assert keep["action"] == "keep"
+    assert keep["source_labels"] == ["__meta_kubernetes_pod_annotation_prometheus_io_scrape"]
+    by_target = {r.get("target_label"): r for r in rules}
+    assert by_target["__address__"]["source_labels"] == [
+        "__meta_kubernetes_pod_ip",
+        "__meta_kubernetes_pod_annotation_prometheus_io_port",
+    ]
+    assert by_target["__metrics_path__"]["source_labels"] == [
+        "__meta_kubernetes_pod_annotation_prometheus_io_path"
+    ]
+    assert by_target["namespace"]["source_labels"] == ["__meta_kubernetes_namespace"]
+    assert by_target["pod"]["source_labels"] == ["__meta_kubernetes_pod_name"]
+    assert {"action": "labelmap", "regex": "__meta_kubernetes_pod_label_(.+)"} in rules
+    document = yaml.safe_load(config_text([job], 1.0))
+    assert document["scrape_configs"][0]["job_name"] == "kubernetes-pods"
+
+
+def test_rendered_pods_carry_what_the_discovery_job_keeps() -> None:
+    for component in ("aggregated", "router"):
+        template = deployment_of(rendered(), component)["spec"]["template"]
+        annotations = template["metadata"]["annotations"]
+        assert annotations["prometheus.io/scrape"] == "true"
+        assert annotations["prometheus.io/port"] == "8000"
+        assert annotations["prometheus.io/path"] == "/metrics"
+
+
+def test_state_files_without_the_fleet_still_load(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    path.write_text(
+        '{"bin_dir": "/b", "ports": {"etcd_client": 1, "etcd_peer": 2, "apiserver": 3, '
+        '"controller_manager": 4, "scheduler": 5, "kwok": 6}, "pids": {}, "node_pools": [], '
+        '"started_at": 0}'
+    )
+    state = State.load(path)
+    assert state.fleet is False
+    assert state.prometheus_port is None
