@@ -5,6 +5,7 @@ elsewhere (the controller, the fleet simulator), so the same policy drives both.
 from inferfleet.autoscale.policy import (
     Decision,
     LatencyFactors,
+    LatencyOffsets,
     PolicyHistory,
     PolicySpec,
     Reason,
@@ -18,6 +19,7 @@ from inferfleet.autoscale.snapshot import MetricsSnapshot, RoleMetrics, ServiceM
 __all__ = [
     "Decision",
     "LatencyFactors",
+    "LatencyOffsets",
     "MetricsSnapshot",
     "PolicyHistory",
     "PolicySpec",

@@ -14,14 +14,16 @@ One tick, in order:
    KV-cache usage give floors of their own (the decode pool must hold the sequences running
    now). As the mix shifts, each pool follows its own half of the work: prefill:decode rebalances.
 3. Calibration and feedback. The planner plans against (target - offset) / tightening. The
-   offset is measured latency minus predicted latency at the running fleet (what the model
-   misses for this workload: an additive error keeps a latency that replicas do not reduce from
-   asking for ever more of them); the tightening is learned from attainment: a miss tightens
+   offset is measured latency minus predicted latency at the replicas that served it (what the
+   model misses for this workload; additive, so a fixed overhead the planner leaves out does
+   not make more replicas look useful); the tightening is learned from attainment: a miss tightens
    the latency that missed (TTFT -> prefill or aggregated, TPOT -> decode or aggregated), at
    least one replica more for the roles it concerns, once per cold start, and only while the
    last lesson helped; it relaxes slowly while the target is met.
 4. Scale-down stabilisation, as the HPA does: a role shrinks only to the highest recommendation
-   of the last `scale_down_stabilization_s`, so steady load never oscillates.
+   of the last `scale_down_stabilization_s`, and only to a count that holds `scale_down_margin`
+   more load (hysteresis), so steady load never oscillates. Calibration and tightening together
+   never ask for more than `max_calibrated_growth` times the planner's own count.
 5. Constraints, in one place: bounds, pins (the pinned count wins), GPU budget (given first to
    roles whose SLO is missed), never below one replica.
 
