@@ -10,8 +10,9 @@ load steps and direction changes per hour.
 The oracle: per window (`oracle_window_s`), the fewest replicas per role that meet the SLO for
 the requests arriving in it, known in advance and asked for a cold start ahead. It starts from
 the planner's sizing for each window's rate and mean lengths, then is corrected by simulation:
-windows that miss the attainment target get one more replica of the role that misses (TTFT:
-prefill or aggregated, TPOT: decode or aggregated) until every window meets it; then passes
+windows that miss the attainment target get more replicas of the role that misses (TTFT:
+prefill or aggregated, TPOT: decode or aggregated; one, or in proportion to twice the share of
+requests missed) until every window meets it; then passes
 take a replica away from each window that met it (one role per pass), put it back where that
 made the window miss, and keep the pass when no window misses that met the target before.
 
@@ -397,7 +398,7 @@ def clairvoyant_oracle(
     config: FleetConfig,
     window_s: float = DEFAULT_ORACLE_WINDOW_S,
     *,
-    max_raise_passes: int = 6,
+    max_raise_passes: int = 8,
     max_lower_passes: int = 4,
 ) -> Oracle:
     """The fewest replicas per window that meet the SLO, found as the module docstring says."""
@@ -414,10 +415,13 @@ def clairvoyant_oracle(
         for index, score in enumerate(scores):
             if score.meets(target):
                 continue
+            # In proportion to the share missed: a burst that most requests miss needs many.
+            missed = 1 - score.met / score.requests
             for role in _responsible(service, score):
                 bounds = service.bounds[role]
                 if needs[index][role] < bounds.max_replicas:
-                    needs[index][role] += 1
+                    step = max(1, round(needs[index][role] * min(1.0, 2 * missed)))
+                    needs[index][role] = min(bounds.max_replicas, needs[index][role] + step)
                     raised = True
         return raised
 
