@@ -21,8 +21,12 @@ decode the engine's own counters are read twice (`/metrics`) with its CPU time (
   decode step for a batch of C at the requests' mean context. (The modelled mean step of the
   window is reported too; it sits above the whole-decode mean, as contexts grow.)
 
-The knee is the first level whose stretch reaches `--tolerance` (5%). The client's own CPU is
-reported too: past a full core its TPOT includes its own queueing, not the engine's.
+The knee is the first level whose stretch reaches `--tolerance` (5%). As that depends on
+whatever else the machine runs, the engine's CPU seconds per modelled second are reported as
+well: the share of one core it needs to keep pace, which a shared machine does not change.
+Levels are run for each of `--gpus`: a faster emulated GPU has shorter steps to keep pace
+with, so fewer streams fit a core. The client's own CPU is reported too: past a full core its
+TPOT includes its own queueing, not the engine's.
 
 It writes `emulator_capacity.json` and `emulator_capacity.md` to `--out`.
 """
@@ -70,6 +74,7 @@ CLIENT_CPU = 0
 
 @dataclass(frozen=True, slots=True)
 class Level:
+    gpu: str
     streams: int
     output_tokens: int
     planner_step_ms: float
@@ -81,6 +86,9 @@ class Level:
     schedule_resets: float
     engine_cpu: float
     """Cores the engine process used over the window."""
+    core_share_needed: float
+    """The engine's CPU seconds per modelled second: the share of one core it needs to keep
+    pace at this batch, whatever else runs on the machine (near 1, it cannot)."""
     engine_us_per_token: float
     modelled_step_ms: float
     client_tpot_ms: Distribution | None
@@ -173,6 +181,7 @@ def measure(
     modelled_step = modelled / steps if steps else math.nan
     tpot_p50 = tpot.p50 / 1e3 if tpot else math.nan
     return Level(
+        gpu=shape.gpu,
         streams=streams,
         output_tokens=output_tokens,
         planner_step_ms=planner_step * 1e3,
@@ -183,6 +192,7 @@ def measure(
         late_ms_per_step=1e3 * late / steps if steps else math.nan,
         schedule_resets=resets,
         engine_cpu=(cpu_after - cpu_before) / window,
+        core_share_needed=(cpu_after - cpu_before) / modelled if modelled else math.nan,
         engine_us_per_token=1e6 * (cpu_after - cpu_before) / (steps * streams)
         if steps
         else math.nan,
@@ -199,18 +209,24 @@ def measure(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--streams", default="50,100,200,400,800,1200")
+    parser.add_argument("--streams", default="50,100,200,400,800,1200,1600")
     parser.add_argument("--model", default="llama-3.1-8b")
-    parser.add_argument("--gpu", default="H100-80GB", help="Emulated GPU.")
+    parser.add_argument(
+        "--gpus",
+        default="H100-80GB,B200-180GB",
+        help="Emulated GPUs, comma-separated: a faster GPU has shorter steps to keep pace with.",
+    )
     parser.add_argument("--max-sequences", type=int, default=2048)
     parser.add_argument("--input-tokens", type=int, default=32)
-    parser.add_argument("--decode-seconds", type=float, default=10.0)
+    parser.add_argument("--decode-seconds", type=float, default=8.0)
     parser.add_argument(
         "--tolerance", type=float, default=0.05, help="Stretch that marks the knee."
     )
+    parser.add_argument(
+        "--share-limit", type=float, default=0.8, help="Core share that marks the CPU knee."
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
-    shape = EngineShape(args.model, args.gpu, args.max_sequences)
     levels = [int(value) for value in args.streams.split(",")]
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
@@ -221,39 +237,54 @@ def main(argv: Sequence[str] | None = None) -> int:
     info = machine()
     info["busy_cores_before"] = round(other_busy_cores(), 2)
     results: list[Level] = []
-    with tempfile.TemporaryDirectory(prefix="emulator-capacity-") as logs:
-        engine = start_engine("engine", shape, Path(logs), {ENGINE_CPU} if pinned else None)
-        with running([engine]):
-            measure(
-                engine, shape, streams=20, input_tokens=args.input_tokens, decode_s=2.0
-            )  # warm-up
-            for streams in levels:
-                level = measure(
-                    engine,
-                    shape,
-                    streams=streams,
-                    input_tokens=args.input_tokens,
-                    decode_s=args.decode_seconds,
-                )
-                results.append(level)
-                print(
-                    f"{streams} streams: stretch {level.stretch:+.3f}, late "
-                    f"{level.late_ms_per_step:.2f} ms/step, engine CPU {level.engine_cpu:.2f}, "
-                    f"client CPU {level.client_cpu:.2f}, TPOT vs modelled "
-                    f"{level.tpot_vs_modelled:+.3f}",
-                    file=sys.stderr,
-                )
+    summaries: list[dict[str, Any]] = []
+    for gpu in args.gpus.split(","):
+        shape = EngineShape(args.model, gpu, args.max_sequences)
+        measured: list[Level] = []
+        with tempfile.TemporaryDirectory(prefix="emulator-capacity-") as logs:
+            engine = start_engine("engine", shape, Path(logs), {ENGINE_CPU} if pinned else None)
+            with running([engine]):
+                measure(engine, shape, streams=20, input_tokens=args.input_tokens, decode_s=2.0)
+                for streams in levels:
+                    level = measure(
+                        engine,
+                        shape,
+                        streams=streams,
+                        input_tokens=args.input_tokens,
+                        decode_s=args.decode_seconds,
+                    )
+                    measured.append(level)
+                    print(
+                        f"{gpu} {streams} streams: stretch {level.stretch:+.3f}, late "
+                        f"{level.late_ms_per_step:.2f} ms/step, engine CPU "
+                        f"{level.engine_cpu:.2f}, needs {level.core_share_needed:.2f} of a core, "
+                        f"client CPU {level.client_cpu:.2f}",
+                        file=sys.stderr,
+                    )
+        results += measured
+        knee = next((lv.streams for lv in measured if lv.stretch >= args.tolerance), None)
+        cpu_knee = next(
+            (lv.streams for lv in measured if lv.core_share_needed >= args.share_limit), None
+        )
+        summaries.append(
+            {
+                "gpu": gpu,
+                "engine": shape.describe(),
+                "knee_streams": knee,
+                "cpu_knee_streams": cpu_knee,
+                "largest_level_within_tolerance": max(
+                    (lv.streams for lv in measured if lv.stretch < args.tolerance), default=None
+                ),
+            }
+        )
     info["busy_cores_after"] = round(other_busy_cores(), 2)
-    knee = next((level.streams for level in results if level.stretch >= args.tolerance), None)
-    kept = [level.streams for level in results if level.stretch < args.tolerance]
     document: dict[str, Any] = {
         "machine": info,
-        "engine": shape.describe(),
         "pinned": pinned,
         "input_tokens": args.input_tokens,
         "tolerance": args.tolerance,
-        "knee_streams": knee,
-        "largest_level_within_tolerance": max(kept) if kept else None,
+        "share_limit": args.share_limit,
+        "gpus": summaries,
         "levels": [asdict(level) for level in results],
     }
     args.out.mkdir(parents=True, exist_ok=True)
@@ -265,16 +296,22 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def markdown(document: dict[str, Any]) -> str:
     info = document["machine"]
-    knee = document["knee_streams"]
-    largest = document["largest_level_within_tolerance"]
     tolerance = document["tolerance"]
-    verdict = (
-        f"Knee: {knee} streams (the first level whose stretch reached {tolerance:.0%}); the "
-        f"largest level within it: {largest} streams."
-        if knee is not None
-        else f"No knee up to {document['levels'][-1]['streams']} streams: every level kept "
-        f"its stretch under {tolerance:.0%}."
-    )
+    verdicts = []
+    for summary in document["gpus"]:
+        knee, cpu_knee = summary["knee_streams"], summary["cpu_knee_streams"]
+        observed = (
+            f"timing distorted (stretch >= {tolerance:.0%}) from {knee} streams, within it up "
+            f"to {summary['largest_level_within_tolerance']}"
+            if knee is not None
+            else f"timing kept (stretch < {tolerance:.0%}) at every level"
+        )
+        needed = (
+            f"it needs {document['share_limit']:.0%} of a core from {cpu_knee} streams"
+            if cpu_knee is not None
+            else f"it needs less than {document['share_limit']:.0%} of a core at every level"
+        )
+        verdicts.append(f"- {summary['engine']}: {observed} on this machine; {needed}.")
     lines = [
         "# Engine emulator capacity: streams per core",
         "",
@@ -282,14 +319,21 @@ def markdown(document: dict[str, Any]) -> str:
         f"Busy cores before the run (other work on the machine): {info['busy_cores_before']}; "
         f"after: {info['busy_cores_after']}.",
         "",
-        f"One `inferfleet sim-engine` process ({document['engine']})"
-        + (" pinned to one core" if document["pinned"] else "")
-        + ", the load generator on the other"
+        "One `inferfleet sim-engine` process"
+        + (
+            " pinned to one core, the load generator pinned to the other"
+            if document["pinned"]
+            else ""
+        )
         + f". Each level: that many streamed requests of {document['input_tokens']} prompt "
         "tokens sent within 0.5 s, decoding together; engine counters read over a window in "
-        "the middle of the decode.",
+        "the middle of the decode. Stretch: wall time over modelled busy time, minus 1 (0 while "
+        "the emulator keeps pace). Core share needed: the engine's CPU seconds per modelled "
+        "second, the share of a core it must get to keep pace, which does not depend on what "
+        "else runs on the machine; the observed stretch does (a pinned engine that gets less "
+        "of its core than it needs falls behind).",
         "",
-        verdict,
+        *verdicts,
         "",
     ]
     rows = []
@@ -297,6 +341,7 @@ def markdown(document: dict[str, Any]) -> str:
         tpot = level["client_tpot_ms"]
         rows.append(
             [
+                level["gpu"],
                 level["streams"],
                 level["output_tokens"],
                 f"{level['modelled_step_ms']:.1f}",
@@ -307,6 +352,7 @@ def markdown(document: dict[str, Any]) -> str:
                 f"{level['late_ms_per_step']:.2f}",
                 f"{level['schedule_resets']:.0f}",
                 f"{level['engine_cpu']:.2f}",
+                f"{level['core_share_needed']:.2f}",
                 f"{level['engine_us_per_token']:.1f}",
                 f"{level['client_cpu']:.2f}",
                 f"{level['errors']}",
@@ -315,6 +361,7 @@ def markdown(document: dict[str, Any]) -> str:
     lines += [
         table(
             [
+                "emulated GPU",
                 "streams",
                 "output tokens",
                 "modelled step ms",
@@ -325,6 +372,7 @@ def markdown(document: dict[str, Any]) -> str:
                 "late ms/step",
                 "resets",
                 "engine CPU (cores)",
+                "core share needed",
                 "engine us/token",
                 "client CPU (cores)",
                 "errors",
@@ -334,7 +382,7 @@ def markdown(document: dict[str, Any]) -> str:
         "",
         "Other work on the machine during each level (CPU s of the busiest other processes): "
         + "; ".join(
-            f"{level['streams']}: "
+            f"{level['gpu']} {level['streams']}: "
             + (", ".join(f"{name} {cpu}" for name, cpu in level["other_work"].items()) or "none")
             for level in document["levels"]
         )

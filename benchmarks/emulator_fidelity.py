@@ -2,10 +2,10 @@
 
     .venv/bin/python -m benchmarks.emulator_fidelity [--fractions 0.2,0.5,0.8]
 
-One `inferfleet sim-engine` process (pinned to one core, the load generator to the other)
-and, for each request mix (fixed prompt and output lengths) and each fraction of the
-planner's saturation rate (the highest rate at which `planning.load.operating_point` finds a
-steady state), Poisson arrivals at that rate, replayed open-loop by the load generator. The
+One `inferfleet sim-engine` process and, for each request mix (fixed prompt and output
+lengths) and each fraction of the planner's saturation rate (the highest rate at which
+`planning.load.operating_point` finds a steady state), Poisson arrivals at that rate,
+replayed open-loop by the load generator. The
 planner predicts TTFT mean and p95 and one TPOT (its mean; the model takes the p50 and p95
 equal to it); the client measures them per request. Requests arriving in the first request
 lifetime (the batch filling up from empty) are left out.
@@ -193,12 +193,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--gpu", default="H100-80GB")
     parser.add_argument("--max-sequences", type=int, default=256)
     parser.add_argument("--requests", type=int, default=250, help="Target requests per run.")
+    parser.add_argument(
+        "--pin", action="store_true", help="Engine on core 1, load generator on core 0."
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     shape = EngineShape(args.model, args.gpu, args.max_sequences)
     fractions = [float(value) for value in args.fractions.split(",")]
     mixes = [tuple(int(n) for n in mix.split("/")) for mix in args.mixes.split(",")]
-    pinned = (os.cpu_count() or 1) >= 2
+    # Not pinned: on a shared machine a pinned process waits for its one core while the other
+    # may be idle. `--pin` keeps the engine and the load generator on separate cores.
+    pinned = args.pin and (os.cpu_count() or 1) >= 2
     if pinned:
         os.sched_setaffinity(0, {CLIENT_CPU})
     info = machine()
@@ -268,7 +273,11 @@ def markdown(document: dict[str, Any]) -> str:
         f"after: {info['busy_cores_after']}.",
         "",
         f"One `inferfleet sim-engine` process ({document['engine']})"
-        + (" pinned to one core, the load generator on the other" if document["pinned"] else "")
+        + (
+            " pinned to one core, the load generator on the other"
+            if document["pinned"]
+            else "; neither it nor the load generator pinned to a core"
+        )
         + ". Poisson arrivals, open-loop, at fractions of the planner's saturation rate; "
         "fixed prompt/output lengths per mix. Measured at the client (so with the HTTP path, "
         "about a millisecond); the first request lifetime of each run is left out. The planner "

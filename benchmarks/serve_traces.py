@@ -73,14 +73,16 @@ RUNS = (
     ),
     TraceRun(
         "azure2023_code.csv",
-        0.0,
-        90.0,
-        2.0,
+        180.0,
+        120.0,
+        1.0,
         1,
         False,
         2000.0,
         50.0,
-        "90 s at twice the recorded rate: long prompts in bursts, to show queueing in the tail",
+        "two minutes as recorded from 180 s (the first minutes are nearly idle: 63 requests, "
+        "then none from 40 s to 180 s): 2048-token prompts in bursts of up to 14 req/s, which "
+        "queue for prefill",
     ),
     TraceRun(
         "mooncake_synthetic.jsonl",
