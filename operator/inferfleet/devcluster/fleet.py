@@ -496,6 +496,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # One line per readiness probe would drown what the agent does.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     state_dir: Path = options.state_dir.resolve()
     kubeconfig_path = state_dir / "kubeconfigs" / "admin.yaml"
     cluster = yaml.safe_load(kubeconfig_path.read_text())["clusters"][0]["cluster"]

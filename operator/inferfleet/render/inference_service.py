@@ -15,10 +15,12 @@ EndpointSlices in that namespace and nothing else. Pods behind it carry the labe
 `inferfleet.io/model-deployment=NAME` and `inferfleet.io/role=ROLE`. `engine` tells the router
 which prefill -> decode hand-off protocol a disaggregated pair speaks (vLLM's
 kv_transfer_params or TensorRT-LLM's disaggregated params); `weight` is the deployment's share
-of traffic. With `router_discovery=pods` (clusters whose pod addresses EndpointSlices refuse,
-as the dev cluster's loopback ones), the router gets `--discovery pods` and its Role reads
-Services and pods instead: it finds the Ready pods each Service selects. Then the SLO: `--slo-ttft-p95-ms`, `--slo-tpot-p95-ms` (each only when set) and
+of traffic. Then the SLO: `--slo-ttft-p95-ms`, `--slo-tpot-p95-ms` (each only when set) and
 `--slo-attainment-target`, which the router uses to count each request's SLO outcome.
+
+With `router_discovery=pods` (clusters whose pod addresses EndpointSlices refuse, as the dev
+cluster's loopback ones), the router gets `--discovery pods` and its Role reads Services and
+pods instead of EndpointSlices: it routes to the Ready pods each Service selects.
 
 Referenced ModelDeployments are passed in by name and must live in the service's namespace; a
 missing one raises `MissingReferenceError`, which the reconciler reports as a condition.
