@@ -567,7 +567,7 @@ def test_steady_noisy_load_never_changes_direction(spec: PolicySpec) -> None:
         assert len(steps) <= 2, series
     # The model misses a fifth of the latency: the calibration learns it is optimistic.
     assert history.calibration.tpot_s > 0
-    slo = planning_slo(spec.slo, history.calibration, history.tightening)
+    slo = planning_slo(spec, history.calibration, history.tightening)
     for role in spec.role_names:
         low = planned(spec, HIGH * 0.92, slo=slo)[role]
         high = planned(spec, HIGH * 1.08, slo=slo)[role]
@@ -610,6 +610,32 @@ def test_a_miss_the_model_already_explains_teaches_nothing() -> None:
     assert decision.reason == Reason.SCALE_UP_TTFT
 
 
+def test_a_count_that_answered_a_miss_holds_while_the_load_does() -> None:
+    """Without it, attainment at the edge of its target cycles: a miss adds a replica, the
+    target is met, the lesson relaxes, the replica goes, the target is missed again."""
+    count = AGG_HIGH[Role.AGGREGATED]
+    missed = snapshot(HIGH, AGG_HIGH, attainment=0.98, ttft_p95_s=0.6)
+    first = decide(AGG_FEEDBACK, missed, AGG_HIGH, recommended(NOW - 30, AGG_HIGH))
+    grown = dict(first.replicas)
+    assert grown[Role.AGGREGATED] > count
+    floor = first.history.miss_floors[Role.AGGREGATED]
+    assert floor.replicas == count + 1
+    # Long after, the target met, the lesson relaxed away: the count holds at the same load...
+    later = NOW + 2 * AGG_FEEDBACK.scale_down_stabilization_s
+    relaxed = replace(first.history, tightening=LatencyFactors())
+    held = decide(AGG_FEEDBACK, snapshot(HIGH, grown, at_s=later), grown, relaxed)
+    assert held.replicas[Role.AGGREGATED] >= floor.replicas
+    # ...not when the load that missed is gone, nor once the memory of it has expired.
+    lighter = decide(AGG_FEEDBACK, snapshot(LOW, grown, at_s=later), grown, relaxed)
+    assert lighter.replicas[Role.AGGREGATED] < floor.replicas
+    expired = floor.until_s + AGG_FEEDBACK.scale_down_stabilization_s
+    forgotten = decide(AGG_FEEDBACK, snapshot(HIGH, grown, at_s=expired), grown, relaxed)
+    assert Role.AGGREGATED not in forgotten.history.miss_floors
+    shrinking = replace(AGG, load_margin=AGG.load_margin + AGG.scale_down_margin)
+    want = min(grown[Role.AGGREGATED], planned(shrinking, HIGH)[Role.AGGREGATED])
+    assert forgotten.replicas == {Role.AGGREGATED: want}
+
+
 def predicted_latency(spec: PolicySpec, rate: float, count: int) -> tuple[float, float]:
     """The planner's TTFT p95 and TPOT for one aggregated replica of `count` at `rate`."""
     point = operating_point(spec.roles[0].replica, rate / count, 1000, 200)
@@ -637,27 +663,29 @@ def run_with_model_error(spec: PolicySpec, error: float, ticks: int) -> Decision
 
 
 def calibrated(spec: PolicySpec, decision: Decision) -> Slo:
-    return planning_slo(spec.slo, decision.history.calibration, decision.history.tightening)
+    return planning_slo(spec, decision.history.calibration, decision.history.tightening)
+
+
+# Targets tight enough that latency, not stability, sets the count.
+TIGHT = replace(AGG, slo=Slo(ttft_p95_s=0.2, tpot_p95_s=0.018))
 
 
 def test_calibration_learns_an_optimistic_model() -> None:
     error = 1.6
-    decision = run_with_model_error(AGG, error, ticks=12)
+    decision = run_with_model_error(TIGHT, error, ticks=12)
     final = decision.replicas[Role.AGGREGATED]
-    _, tpot = predicted_latency(AGG, HIGH, final)
+    _, tpot = predicted_latency(TIGHT, HIGH, final)
     # What the model misses at the fleet it settled on, and the count that covers it.
     assert decision.history.calibration.tpot_s == pytest.approx((error - 1) * tpot, rel=0.03)
-    assert dict(decision.replicas) == planned(AGG, HIGH, slo=calibrated(AGG, decision))
-    assert final > AGG_HIGH[Role.AGGREGATED]
+    assert dict(decision.replicas) == planned(TIGHT, HIGH, slo=calibrated(TIGHT, decision))
+    assert final > planned(TIGHT, HIGH)[Role.AGGREGATED]
 
 
 def test_calibration_relaxes_a_pessimistic_model() -> None:
-    """Under targets tight enough that latency, not stability, sets the count."""
-    tight = replace(AGG, slo=Slo(ttft_p95_s=0.2, tpot_p95_s=0.018))
-    decision = run_with_model_error(tight, 0.7, ticks=12)
+    decision = run_with_model_error(TIGHT, 0.3, ticks=12)
     assert decision.history.calibration.tpot_s < 0
     assert decision.history.calibration.ttft_s < 0
-    assert decision.replicas[Role.AGGREGATED] < planned(tight, HIGH)[Role.AGGREGATED]
+    assert decision.replicas[Role.AGGREGATED] < planned(TIGHT, HIGH)[Role.AGGREGATED]
 
 
 def test_a_latency_replicas_do_not_reduce_never_runs_away() -> None:

@@ -13,13 +13,15 @@ One tick, in order:
    TPOT, its batch limit and its KV cache, an aggregated pool on both. Measured concurrency and
    KV-cache usage give floors of their own (the decode pool must hold the sequences running
    now). As the mix shifts, each pool follows its own half of the work: prefill:decode rebalances.
-3. Calibration and feedback. The planner plans against (target - offset) / tightening. The
-   offset is measured latency minus predicted latency at the replicas that served it (what the
-   model misses for this workload; additive, so a fixed overhead the planner leaves out does
-   not make more replicas look useful); the tightening is learned from attainment: a miss tightens
-   the latency that missed (TTFT -> prefill or aggregated, TPOT -> decode or aggregated), at
-   least one replica more for the roles it concerns, once per cold start, and only while the
-   last lesson helped; it relaxes slowly while the target is met.
+3. Calibration and feedback. The planner plans against (target - weight x offset) /
+   tightening. The offset is measured latency minus predicted latency at the replicas that
+   served it (what the model misses for this workload; additive, so a fixed overhead the
+   planner leaves out does not make more replicas look useful). The tightening is learned from
+   attainment: a miss tightens the latency that missed (TTFT -> prefill or aggregated, TPOT ->
+   decode or aggregated), with at least one replica more for the roles it concerns, once per
+   cold start and only while the last lesson helped; it relaxes slowly while the target is met,
+   and the count that answered the miss holds while the load that missed does
+   (`miss_memory_s`), so attainment at the edge of its target does not cycle.
 4. Scale-down stabilisation, as the HPA does: a role shrinks only to the highest recommendation
    of the last `scale_down_stabilization_s`, and only to a count that holds `scale_down_margin`
    more load (hysteresis), so steady load never oscillates. Calibration and tightening together
@@ -150,6 +152,12 @@ class PolicySpec:
     PolicyHistory.calibration)."""
     calibration_limit: float = 0.5
     """The calibration offset stays within this fraction of its target, either way."""
+    calibration_weight: float = 0.5
+    """The share of the offset planned against: it is measured at p95 over a window that takes
+    in bursts, and attainment feedback tightens further where that is not enough."""
+    miss_memory_s: float = 1800.0
+    """After a miss taught a lesson, the role keeps the count that answered it this long while
+    the load stays (so the target is not lost again as soon as the lesson relaxes)."""
     max_calibrated_growth: float = 2.0
     """Calibration and tightening together never ask for more than this multiple of the
     planner's own count for the raw targets (a bound on what a wrong lesson can cost)."""
@@ -250,6 +258,15 @@ class DemandSample:
 
 
 @dataclass(frozen=True)
+class MissFloor:
+    """After a miss: the count that answered it, at what load, until when."""
+
+    replicas: int
+    requests_per_s: float
+    until_s: float
+
+
+@dataclass(frozen=True)
 class LastDecision:
     at_s: float
     replicas: Mapping[Role, int]
@@ -286,12 +303,13 @@ class LatencyOffsets:
         return cls(float(data.get("ttftS", 0.0)), float(data.get("tpotS", 0.0)))
 
 
-def planning_slo(slo: Slo, offsets: LatencyOffsets, tightening: LatencyFactors) -> Slo:
-    """The targets the planner plans against: each less what the model misses, then tightened
-    by what attainment taught."""
+def planning_slo(spec: PolicySpec, offsets: LatencyOffsets, tightening: LatencyFactors) -> Slo:
+    """The targets the planner plans against: each less (a share of) what the model misses,
+    then tightened by what attainment taught."""
+    slo, weight = spec.slo, spec.calibration_weight
 
     def target(value: float | None, offset: float, factor: float) -> float | None:
-        return None if value is None else (value - offset) / factor
+        return None if value is None else (value - weight * offset) / factor
 
     return Slo(
         ttft_p95_s=target(slo.ttft_p95_s, offsets.ttft_s, tightening.ttft),
@@ -317,6 +335,7 @@ class PolicyHistory:
     tightened_at_s: float | None = None
     attainment_when_tightened: float | None = None
     """The attainment that taught the last lesson: the next one needs it to have improved."""
+    miss_floors: Mapping[Role, MissFloor] = field(default_factory=dict)
     last_decision: LastDecision | None = None
 
     def to_wire(self) -> dict[str, Any]:
@@ -339,6 +358,14 @@ class PolicyHistory:
             "tightening": self.tightening.to_wire(),
             "tightenedAtS": self.tightened_at_s,
             "attainmentWhenTightened": self.attainment_when_tightened,
+            "missFloors": {
+                role.value: {
+                    "replicas": f.replicas,
+                    "requestsPerS": f.requests_per_s,
+                    "untilS": f.until_s,
+                }
+                for role, f in sorted(self.miss_floors.items())
+            },
             "lastDecision": None
             if last is None
             else {"atS": last.at_s, "replicas": counts(last.replicas), "reason": last.reason.value},
@@ -368,6 +395,12 @@ class PolicyHistory:
             tightening=LatencyFactors.from_wire(data.get("tightening", {})),
             tightened_at_s=None if tightened is None else float(tightened),
             attainment_when_tightened=None if taught is None else float(taught),
+            miss_floors={
+                Role(role): MissFloor(
+                    int(f["replicas"]), float(f["requestsPerS"]), float(f["untilS"])
+                )
+                for role, f in data.get("missFloors", {}).items()
+            },
             last_decision=None
             if last is None
             else LastDecision(float(last["atS"]), counts(last["replicas"]), Reason(last["reason"])),
@@ -1073,7 +1106,7 @@ def _decide_fresh(
             spec.role(role),
             demand=demand,
             metrics=_role_metrics(snapshot, role),
-            slo=planning_slo(spec.slo, calibration, tightening),
+            slo=planning_slo(spec, calibration, tightening),
             margin=spec.load_margin + extra_margin,
         )
 
@@ -1100,6 +1133,21 @@ def _decide_fresh(
             held = _Sizing(current_counts[role], shrunk.feasible, shrunk.why)
             sizings[role] = shrunk if shrunk.needed < current_counts[role] else held
 
+    # A count that answered a miss holds while the load that missed does.
+    floors = {
+        role: floor
+        for role, floor in history.miss_floors.items()
+        if floor.until_s > now and role in roles
+    } | {
+        role: MissFloor(current_counts[role] + 1, demand.requests_per_s, now + spec.miss_memory_s)
+        for role in learned
+    }
+    holding = {
+        role: floor.replicas
+        for role, floor in floors.items()
+        if demand.requests_per_s >= floor.requests_per_s * (1 - spec.scale_down_margin)
+    }
+
     # The first tick seeds the window with the current replicas (as the HPA does), so a restart
     # with an empty history never scales down at once.
     window_start = now - spec.scale_down_stabilization_s
@@ -1114,6 +1162,7 @@ def _decide_fresh(
             want = max(want, current_counts[role] + 1)
         if role in feedback.missed:
             want = max(want, current_counts[role])
+        want = max(want, holding.get(role, 0))
         raw[role] = want
         recommended[role] = _stabilised(spec, role, want, current_counts[role], past)
 
@@ -1172,6 +1221,7 @@ def _decide_fresh(
         tightening=tightening,
         tightened_at_s=tightened_at,
         attainment_when_tightened=taught,
+        miss_floors=floors,
         last_decision=LastDecision(now, dict(replicas), reason),
     )
     return Decision(dict(replicas), reason, message, new_history, estimates)
