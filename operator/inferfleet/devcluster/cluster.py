@@ -44,7 +44,7 @@ STATE_FILE = "state.json"
 # Components start in this order and stop in the reverse one.
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 # With the fleet, these start after the control plane, in this order, and stop before it.
-FLEET_COMPONENTS = ("fleet-agent", "operator", "prometheus")
+FLEET_COMPONENTS = ("fleet-agent", "prometheus", "operator")
 # The operator's ServiceAccount token: a dev cluster rarely lives longer.
 OPERATOR_TOKEN_LIFETIME_S = 7 * 24 * 3600
 SCRAPE_INTERVAL_S = 1.0
@@ -338,7 +338,8 @@ class DevCluster:
 
     def start_fleet(self, *, bound_to_parent: bool = False, timeout_s: float = 60.0) -> State:
         """On a running cluster: the CRDs, the operator's RBAC (deploy/rbac/cluster-wide.yaml),
-        then the fleet agent, the operator as its ServiceAccount and Prometheus."""
+        then the fleet agent, Prometheus, and the operator as its ServiceAccount (routers that
+        find replicas by pod, autoscaling from that Prometheus)."""
         state = self.state()
         if state is None or not processes.alive(state.pids.get("kube-apiserver", 0)):
             raise DevClusterError(f"no dev cluster runs from {self.state_dir}")
@@ -353,26 +354,16 @@ class DevCluster:
         state.fleet = True
         state.operator_health_port = processes.free_port()
         python = sys.executable
-        specs = [
-            ProcessSpec(
-                "fleet-agent", (python, "-m", "inferfleet.devcluster.fleet", str(self.state_dir))
-            ),
-            ProcessSpec(
-                "operator",
-                (
-                    python, "-m", "inferfleet.cli", "run", "--router-discovery", "pods",
-                    "--liveness", f"http://127.0.0.1:{state.operator_health_port}/healthz",
-                ),
-                env={"KUBECONFIG": str(operator_kubeconfig)},
-            ),
-        ]  # fmt: skip
+        certs = self._pki_paths()
         try:
-            for spec in specs:
-                state.pids[spec.name] = processes.start(
-                    spec, self.log_dir, bound_to_parent=bound_to_parent
-                )
-                state.save(self._state_path)
-            certs = self._pki_paths()
+            self._start(
+                ProcessSpec(
+                    "fleet-agent",
+                    (python, "-m", "inferfleet.devcluster.fleet", str(self.state_dir)),
+                ),
+                state,
+                bound_to_parent=bound_to_parent,
+            )
             job = kubernetes_pods_job(
                 "kubernetes-pods",
                 api_server=f"https://127.0.0.1:{state.ports.apiserver}",
@@ -390,12 +381,30 @@ class DevCluster:
             state.pids["prometheus"] = prometheus.pid
             state.prometheus_port = prometheus.port
             state.save(self._state_path)
+            # Last: it reads the metrics of the services it autoscales from that Prometheus.
+            self._start(
+                ProcessSpec(
+                    "operator",
+                    (
+                        python, "-m", "inferfleet.cli", "run", "--router-discovery", "pods",
+                        "--prometheus-url", prometheus.url,
+                        "--liveness", f"http://127.0.0.1:{state.operator_health_port}/healthz",
+                    ),
+                    env={"KUBECONFIG": str(operator_kubeconfig)},
+                ),
+                state,
+                bound_to_parent=bound_to_parent,
+            )  # fmt: skip
             for component in ("fleet-agent", "operator"):
                 self._wait_healthy(component, state, certs, timeout_s)
         except BaseException:
             self.down()
             raise
         return state
+
+    def _start(self, spec: ProcessSpec, state: State, *, bound_to_parent: bool) -> None:
+        state.pids[spec.name] = processes.start(spec, self.log_dir, bound_to_parent=bound_to_parent)
+        state.save(self._state_path)
 
     def _operator_kubeconfig(self, kube: Kube) -> Path:
         """A kubeconfig with a token of the operator's ServiceAccount, as its pod would get."""
@@ -417,8 +426,9 @@ class DevCluster:
 
     @property
     def prometheus_url(self) -> str | None:
+        """Where the fleet's Prometheus answers, while it runs."""
         state = self.state()
-        if state is None or state.prometheus_port is None:
+        if state is None or state.prometheus_port is None or "prometheus" not in state.pids:
             return None
         return f"http://127.0.0.1:{state.prometheus_port}"
 
