@@ -4,6 +4,7 @@ pods, what the operator renders for pod discovery, and Prometheus' pod discovery
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -23,10 +24,15 @@ from inferfleet.devcluster.fleet import (
     readiness_status,
     service_account_kubeconfig,
 )
-from inferfleet.devcluster.prometheus import config_text, kubernetes_pods_job
+from inferfleet.devcluster.prometheus import (
+    config_text,
+    kubernetes_pods_job,
+    pod_discovery_rbac,
+)
 from inferfleet.render import render_inference_service, render_model_deployment
-from inferfleet.router.config import DiscoveryMode
+from inferfleet.router.config import DiscoveryMode, parse_backend
 from inferfleet.router.discovery import (
+    PodWatcher,
     pod_is_ready,
     ready_pod_urls,
     selects,
@@ -280,17 +286,16 @@ def test_the_pod_discovery_job_keeps_annotated_pods_and_maps_their_labels() -> N
         "kubernetes-pods",
         api_server="https://127.0.0.1:6443",
         ca_file=Path("/pki/ca.crt"),
-        cert_file=Path("/pki/admin.crt"),
-        key_file=Path("/pki/admin.key"),
+        token_file=Path("/state/prometheus.token"),
         namespaces=["fleet"],
     )
     (sd,) = job["kubernetes_sd_configs"]
     assert sd["role"] == "pod"
     assert sd["api_server"] == "https://127.0.0.1:6443"
-    assert sd["tls_config"] == {
-        "ca_file": "/pki/ca.crt",
-        "cert_file": "/pki/admin.crt",
-        "key_file": "/pki/admin.key",
+    assert sd["tls_config"] == {"ca_file": "/pki/ca.crt"}
+    assert sd["authorization"] == {
+        "type": "Bearer",
+        "credentials_file": "/state/prometheus.token",
     }
     assert sd["namespaces"] == {"names": ["fleet"]}
     rules = job["relabel_configs"]
@@ -312,6 +317,19 @@ def test_the_pod_discovery_job_keeps_annotated_pods_and_maps_their_labels() -> N
     assert document["scrape_configs"][0]["job_name"] == "kubernetes-pods"
 
 
+def test_prometheus_reads_pods_and_nothing_else() -> None:
+    account, role, binding = pod_discovery_rbac("prometheus", "monitoring")
+    assert account["metadata"] == {"name": "prometheus", "namespace": "monitoring"}
+    assert role["kind"] == "ClusterRole"
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+    ]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "prometheus", "namespace": "monitoring"}
+    ]
+
+
 def test_rendered_pods_carry_what_the_discovery_job_keeps() -> None:
     for component in ("aggregated", "router"):
         template = deployment_of(rendered(), component)["spec"]["template"]
@@ -331,3 +349,62 @@ def test_state_files_without_the_fleet_still_load(tmp_path: Path) -> None:
     state = State.load(path)
     assert state.fleet is False
     assert state.prometheus_port is None
+
+
+class FakeKube:
+    """Answers a PodWatcher as the API server would: Services by name, then one list and
+    the watch events given."""
+
+    def __init__(self, services: dict[str, Wire], pods: list[Wire], events: list[tuple[str, Wire]]):
+        self.services = services
+        self.pods = pods
+        self.events = events
+
+    def get(
+        self, api_version: str, kind: str, name: str, namespace: str | None = None
+    ) -> Wire | None:
+        assert (api_version, kind, namespace) == ("v1", "Service", "fleet")
+        return self.services.get(name)
+
+    def list_and_watch(
+        self, api_version: str, kind: str, namespace: str | None, label_selector: str
+    ) -> Iterator[tuple[str, Wire]]:
+        assert (api_version, kind, namespace) == ("v1", "Pod", "fleet")
+        for pod in self.pods:
+            yield "LISTED", pod
+        yield "SYNCED", {}
+        yield from self.events
+
+
+def test_the_pod_watcher_publishes_each_change_of_a_backends_ready_pods() -> None:
+    objects = rendered()
+    engine = deployment_of(objects, "aggregated")
+    services = {o["metadata"]["name"]: o for o in objects if o["kind"] == "Service"}
+    backend = parse_backend(
+        "deployment=llama-3-1-8b,role=aggregated,engine=sim,model=m,"
+        "service=llama-3-1-8b-aggregated,port=8000"
+    )
+    first, second = pod_of(engine, "a", ip="127.1.0.1"), pod_of(engine, "b", ip="127.1.0.2")
+    unready = copy.deepcopy(second)
+    unready["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
+    events = [
+        ("ADDED", second),
+        ("MODIFIED", second),  # nothing changed for the router: not published again
+        ("MODIFIED", unready),
+        ("DELETED", first),
+    ]
+    published: list[list[str]] = []
+    kube = FakeKube(services, [first], events)
+    watcher = PodWatcher(
+        kube,  # type: ignore[arg-type]
+        "fleet",
+        {"llama-3-1-8b-aggregated": backend},
+        lambda _, urls: published.append(urls),
+    )
+    watcher._sync_once()
+    assert published == [
+        ["http://127.1.0.1:8000"],
+        ["http://127.1.0.1:8000", "http://127.1.0.2:8000"],
+        ["http://127.1.0.1:8000"],
+        [],
+    ]

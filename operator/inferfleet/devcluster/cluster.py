@@ -32,7 +32,12 @@ from inferfleet.api.crd import custom_resource_definitions
 from inferfleet.devcluster import pki, processes
 from inferfleet.devcluster.nodes import NodePool, fleet_nodes
 from inferfleet.devcluster.processes import ProcessSpec
-from inferfleet.devcluster.prometheus import Prometheus, ensure_prometheus, kubernetes_pods_job
+from inferfleet.devcluster.prometheus import (
+    Prometheus,
+    ensure_prometheus,
+    kubernetes_pods_job,
+    pod_discovery_rbac,
+)
 from inferfleet.kube import Kube
 from inferfleet.render.rbac import DEFAULT_NAMESPACE as OPERATOR_NAMESPACE
 from inferfleet.render.rbac import OPERATOR_NAME, cluster_wide
@@ -45,8 +50,11 @@ STATE_FILE = "state.json"
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 # With the fleet, these start after the control plane, in this order, and stop before it.
 FLEET_COMPONENTS = ("fleet-agent", "prometheus", "operator")
-# The operator's ServiceAccount token: a dev cluster rarely lives longer.
-OPERATOR_TOKEN_LIFETIME_S = 7 * 24 * 3600
+# ServiceAccount tokens of the operator and Prometheus: a dev cluster rarely lives longer.
+TOKEN_LIFETIME_S = 7 * 24 * 3600
+# Prometheus' identity: a ServiceAccount that reads pods, nothing else.
+MONITORING_NAMESPACE = "monitoring"
+PROMETHEUS_ACCOUNT = "prometheus"
 SCRAPE_INTERVAL_S = 1.0
 # Controllers an inference fleet needs; node IPAM and cloud controllers are pointless here.
 CONTROLLERS = (
@@ -345,12 +353,16 @@ class DevCluster:
             raise DevClusterError(f"no dev cluster runs from {self.state_dir}")
         self.install_crds()
         kube = Kube.from_kubeconfig(self.kubeconfig_path)
-        kube.apply(
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": OPERATOR_NAMESPACE}}
-        )
+        for namespace in (OPERATOR_NAMESPACE, MONITORING_NAMESPACE):
+            kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
         for obj in cluster_wide(OPERATOR_NAMESPACE):
             kube.apply(obj)
+        for obj in pod_discovery_rbac(PROMETHEUS_ACCOUNT, MONITORING_NAMESPACE):
+            kube.apply(obj)
         operator_kubeconfig = self._operator_kubeconfig(kube)
+        prometheus_token = self._token_file(
+            kube, PROMETHEUS_ACCOUNT, MONITORING_NAMESPACE, "prometheus.token"
+        )
         state.fleet = True
         state.operator_health_port = processes.free_port()
         python = sys.executable
@@ -368,8 +380,7 @@ class DevCluster:
                 "kubernetes-pods",
                 api_server=f"https://127.0.0.1:{state.ports.apiserver}",
                 ca_file=certs.ca.cert,
-                cert_file=certs.admin.cert,
-                key_file=certs.admin.key,
+                token_file=prometheus_token,
             )
             prometheus = Prometheus.start(
                 self.state_dir / "prometheus",
@@ -406,20 +417,22 @@ class DevCluster:
         state.pids[spec.name] = processes.start(spec, self.log_dir, bound_to_parent=bound_to_parent)
         state.save(self._state_path)
 
+    def _token_file(self, kube: Kube, account: str, namespace: str, file_name: str) -> Path:
+        """A token of a ServiceAccount (TokenRequest API) in a private file."""
+        token = kube.request_token(account, namespace, expiration_s=TOKEN_LIFETIME_S)
+        path = self.state_dir / "kubeconfigs" / file_name
+        path.touch(mode=0o600)
+        path.write_text(token)
+        return path
+
     def _operator_kubeconfig(self, kube: Kube) -> Path:
         """A kubeconfig with a token of the operator's ServiceAccount, as its pod would get."""
-        token = kube.request_token(
-            OPERATOR_NAME, OPERATOR_NAMESPACE, expiration_s=OPERATOR_TOKEN_LIFETIME_S
-        )
-        directory = self.state_dir / "kubeconfigs"
-        token_file = directory / "operator.token"
-        token_file.touch(mode=0o600)
-        token_file.write_text(token)
+        token_file = self._token_file(kube, OPERATOR_NAME, OPERATOR_NAMESPACE, "operator.token")
         admin = yaml.safe_load(self.kubeconfig_path.read_text())
         admin["users"] = [
             {"name": admin["users"][0]["name"], "user": {"tokenFile": str(token_file)}}
         ]
-        path = directory / "operator.yaml"
+        path = self.state_dir / "kubeconfigs" / "operator.yaml"
         path.write_text(yaml.safe_dump(admin))
         path.chmod(0o600)
         return path

@@ -79,23 +79,20 @@ def kubernetes_pods_job(
     *,
     api_server: str,
     ca_file: Path,
-    cert_file: Path,
-    key_file: Path,
+    token_file: Path,
     namespaces: Sequence[str] = (),
 ) -> dict[str, Any]:
     """A scrape job over the pods Kubernetes lists (`kubernetes_sd_configs`, role `pod`), as
     a cluster's Prometheus runs it: pods annotated `prometheus.io/scrape: "true"`, at their
     pod IP and `prometheus.io/port`, on `prometheus.io/path`; every pod label becomes a target
     label with `.`, `/` and `-` as `_` (`inferfleet.io/role` -> `inferfleet_io_role`), plus
-    `namespace` and `pod`. The client certificate must let it list and watch pods."""
+    `namespace` and `pod`. The token (a ServiceAccount's, see `pod_discovery_rbac`) must let
+    it list and watch pods; Prometheus reads its file at each request, so it may be renewed."""
     discovery: dict[str, Any] = {
         "role": "pod",
         "api_server": api_server,
-        "tls_config": {
-            "ca_file": str(ca_file),
-            "cert_file": str(cert_file),
-            "key_file": str(key_file),
-        },
+        "tls_config": {"ca_file": str(ca_file)},
+        "authorization": {"type": "Bearer", "credentials_file": str(token_file)},
     }
     if namespaces:
         discovery["namespaces"] = {"names": list(namespaces)}
@@ -128,6 +125,40 @@ def kubernetes_pods_job(
             {"source_labels": [f"{meta}_name"], "target_label": "pod"},
         ],
     }
+
+
+def pod_discovery_rbac(service_account: str, namespace: str) -> list[dict[str, Any]]:
+    """A ServiceAccount for Prometheus that may read pods in every namespace and nothing
+    else: what `kubernetes_pods_job` needs."""
+    name = f"{namespace}-{service_account}-pod-discovery"
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": service_account, "namespace": namespace},
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": name},
+            "rules": [
+                {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": name},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": name,
+            },
+            "subjects": [
+                {"kind": "ServiceAccount", "name": service_account, "namespace": namespace}
+            ],
+        },
+    ]
 
 
 def config_text(jobs: Sequence[Mapping[str, Any]], scrape_interval_s: float) -> str:
