@@ -11,8 +11,8 @@ spec of a user's resource is never written (only `patch` for kopf's finalizer an
 annotations, and the status subresource); no Secrets (engines read the Hugging Face token by
 reference, the kubelet resolves it); no leases (kopf peering is off: one operator replica,
 `settings.peering.standalone`); RBAC objects only to give each router a ServiceAccount that
-reads EndpointSlices (which the operator must then read itself: RBAC lets one grant only what
-one holds); no `update` (everything is server-side apply, which is `patch`; `create` is kept
+reads EndpointSlices, or pods and Services with `--router-discovery pods` (which the operator
+must then read itself: RBAC lets one grant only what one holds); no `update` (everything is server-side apply, which is `patch`; `create` is kept
 for clients that create first).
 
 `rbac_files` is pure; a unit test compares the committed files with it.
@@ -88,7 +88,8 @@ NAMESPACED_RULES: Final = (
         ("",),
         ("configmaps", "services"),
         _WRITE,
-        "engine config files and the Services of engines and routers",
+        "engine config files and the Services of engines and routers; reading them is "
+        "granted on to routers that find replicas by pod",
     ),
     Rule(
         ("policy",),
@@ -100,19 +101,21 @@ NAMESPACED_RULES: Final = (
         ("",),
         ("pods",),
         ("get", "list", "watch"),
-        "pod readiness and failures (crash loops, unschedulable) for conditions",
+        "pod readiness and failures (crash loops, unschedulable) for conditions; granted on "
+        "to routers that find replicas by pod",
     ),
     Rule(
         ("",),
         ("serviceaccounts",),
         _WRITE,
-        "each router's own identity, for reading its EndpointSlices",
+        "each router's own identity, for finding its replicas",
     ),
     Rule(
         ("rbac.authorization.k8s.io",),
         ("rolebindings", "roles"),
         _WRITE,
-        "each router's read access to the EndpointSlices of its namespace",
+        "each router's read access to the EndpointSlices (or pods and Services) of its "
+        "namespace",
     ),
     Rule(
         ("discovery.k8s.io",),
