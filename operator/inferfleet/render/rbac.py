@@ -12,8 +12,8 @@ annotations, and the status subresource); no Secrets (engines read the Hugging F
 reference, the kubelet resolves it); no leases (kopf peering is off: one operator replica,
 `settings.peering.standalone`); RBAC objects only to give each router a ServiceAccount that
 reads EndpointSlices, or pods and Services with `--router-discovery pods` (which the operator
-must then read itself: RBAC lets one grant only what one holds); no `update` (everything is server-side apply, which is `patch`; `create` is kept
-for clients that create first).
+must then read itself: RBAC lets one grant only what one holds); no `update` (everything is
+server-side apply, which is `patch`; `create` is kept for clients that create first).
 
 `rbac_files` is pure; a unit test compares the committed files with it.
 """
