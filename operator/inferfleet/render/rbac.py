@@ -114,8 +114,7 @@ NAMESPACED_RULES: Final = (
         ("rbac.authorization.k8s.io",),
         ("rolebindings", "roles"),
         _WRITE,
-        "each router's read access to the EndpointSlices (or pods and Services) of its "
-        "namespace",
+        "each router's read access to the EndpointSlices (or pods and Services) of its namespace",
     ),
     Rule(
         ("discovery.k8s.io",),
