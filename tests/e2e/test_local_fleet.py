@@ -1,12 +1,14 @@
 """The local fleet: a dev cluster with the fleet agent, the operator and Prometheus. Pods of
 the `sim` example become real processes on their pod IPs; a request through a router pod
-streams tokens; scaling adds an engine the routers find; deleting a pod ends its process; and
-Prometheus, discovering pods through the API server, scrapes engines and routers with the
-labels the autoscaling controller's PromQL selects by."""
+streams tokens; scaling adds an engine the routers find; deleting a pod ends its process, and
+one that dies is restarted; and Prometheus, discovering pods through the API server, scrapes
+engines and routers with the labels the autoscaling controller's PromQL selects by."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -229,3 +231,25 @@ def test_prometheus_scrapes_engines_and_routers_with_their_pod_labels(fleet: Fle
     assert wait_until(
         lambda: prometheus.scalar(promql(SERVICE_QUERIES["requests_per_s"])) is not None, 30, 0.5
     )
+
+
+def test_a_process_that_dies_is_restarted_and_counted(fleet: Fleet) -> None:
+    assert wait_until(lambda: len(fleet.running_ips(ENGINES)) >= 1, 60, 0.5)
+    ip = fleet.running_ips(ENGINES)[0]
+    assert wait_until(lambda: _healthy(ip), 30, 0.5), fleet.diagnostics()
+    (pid,) = _pids_listening_on(ip)
+    os.kill(pid, signal.SIGKILL)
+
+    def pod() -> dict[str, Any]:
+        (found,) = [p for p in fleet.pods(ENGINES) if p["status"].get("podIP") == ip]
+        return found
+
+    def restarted() -> bool:
+        statuses = pod()["status"].get("containerStatuses") or [{}]
+        return bool(statuses[0].get("restartCount", 0) >= 1 and _ready_condition(pod()) == "True")
+
+    assert wait_until(restarted, 30, 0.5), (pod()["status"], fleet.diagnostics())
+    assert _healthy(ip)
+    new = _pids_listening_on(ip)
+    assert new
+    assert pid not in new

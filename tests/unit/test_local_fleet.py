@@ -154,6 +154,7 @@ def test_an_engine_pod_runs_the_sim_engine_on_its_ip() -> None:
     assert process.service_account is None
     assert process.readiness == Probe("/health", 8000)
     assert process.key == "fleet_llama-0"
+    assert process.container == "engine"
 
 
 def test_a_router_pod_runs_with_its_namespace_and_service_account() -> None:
@@ -200,13 +201,16 @@ def test_a_new_ip_is_a_new_process() -> None:
 
 def test_readiness_is_written_as_a_kubelet_writes_it() -> None:
     now = datetime(2026, 11, 22, 3, 0, tzinfo=UTC)
-    status = readiness_status(False, "ProbeFailed", now)
+    status = readiness_status("engine", False, "ProbeFailed", 2, now)
     assert [c["type"] for c in status["conditions"]] == ["Ready", "ContainersReady"]
+    assert status["containerStatuses"] == [{"name": "engine", "ready": False, "restartCount": 2}]
     assert all(
         c["status"] == "False" and c["reason"] == "ProbeFailed" for c in status["conditions"]
     )
     assert status["conditions"][0]["lastTransitionTime"] == "2026-11-22T03:00:00Z"
-    assert all("reason" not in c for c in readiness_status(True, "x", now)["conditions"])
+    assert all(
+        "reason" not in c for c in readiness_status("engine", True, "x", 0, now)["conditions"]
+    )
 
 
 def test_a_router_kubeconfig_reads_its_token_from_a_file() -> None:

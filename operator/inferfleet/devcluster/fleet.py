@@ -99,6 +99,7 @@ class PodProcess:
     uid: str
     namespace: str
     name: str
+    container: str
     kind: Kind
     ip: str
     argv: tuple[str, ...]
@@ -219,6 +220,7 @@ def pod_process(pod: Mapping[str, Any], executable: str) -> PodProcess | None:
         uid=str(metadata.get("uid", "")),
         namespace=str(metadata.get("namespace", "")),
         name=str(metadata["name"]),
+        container=str(container.get("name", "")),
         kind=kind,
         ip=ip,
         argv=(executable, kind.value, *listen_on(args, ip)),
@@ -231,8 +233,11 @@ def pod_process(pod: Mapping[str, Any], executable: str) -> PodProcess | None:
     )
 
 
-def readiness_status(ready: bool, reason: str, now: datetime) -> dict[str, Any]:
-    """The pod status a kubelet writes when a container's readiness changes."""
+def readiness_status(
+    container: str, ready: bool, reason: str, restarts: int, now: datetime
+) -> dict[str, Any]:
+    """The pod status a kubelet writes when a container's readiness changes or it restarts
+    (a strategic merge: conditions by type, container statuses by name)."""
     stamp = now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     value = "True" if ready else "False"
     conditions = [
@@ -240,7 +245,10 @@ def readiness_status(ready: bool, reason: str, now: datetime) -> dict[str, Any]:
         | ({} if ready else {"reason": reason})
         for kind in ("Ready", "ContainersReady")
     ]
-    return {"conditions": conditions}
+    return {
+        "conditions": conditions,
+        "containerStatuses": [{"name": container, "ready": ready, "restartCount": restarts}],
+    }
 
 
 def service_account_kubeconfig(server: str, ca_file: Path, token_file: Path) -> dict[str, Any]:
@@ -286,7 +294,7 @@ class PodSupervisor:
         self,
         pod: PodProcess,
         context: AgentContext,
-        report_ready: Callable[[PodProcess, bool, str], None],
+        report_ready: Callable[[PodProcess, bool, str, int], None],
     ) -> None:
         self.pod = pod
         self.context = context
@@ -365,9 +373,8 @@ class PodSupervisor:
                 observed = self._probe()
                 if observed != ready:
                     ready = observed
-                    self.report_ready(
-                        self.pod, observed, "ProbeSucceeded" if observed else "ProbeFailed"
-                    )
+                    reason = "ProbeSucceeded" if observed else "ProbeFailed"
+                    self.report_ready(self.pod, observed, reason, self.restarts)
                 if self._stopping.wait(PROBE_INTERVAL_S):
                     processes.stop([process.pid], grace_s=self.grace_s)
                     log.info("%s: stopped (pid %d)", self.pod.key, process.pid)
@@ -377,7 +384,7 @@ class PodSupervisor:
                 processes.stop([process.pid], grace_s=self.grace_s)
         self.restarts += 1
         if not self._stopping.is_set():
-            self.report_ready(self.pod, False, "ContainerExited")
+            self.report_ready(self.pod, False, "ContainerExited", self.restarts)
         raise ProcessExitedError(f"exited with status {process.returncode}")
 
     def _probe(self) -> bool:
@@ -432,10 +439,12 @@ class FleetAgent:
                     self.supervisors[uid] = supervisor
                     supervisor.start()
 
-    def _report_ready(self, pod: PodProcess, ready: bool, reason: str) -> None:
+    def _report_ready(self, pod: PodProcess, ready: bool, reason: str, restarts: int) -> None:
         try:
             self.context.kube.patch_pod_status(
-                pod.name, pod.namespace, readiness_status(ready, reason, datetime.now(UTC))
+                pod.name,
+                pod.namespace,
+                readiness_status(pod.container, ready, reason, restarts, datetime.now(UTC)),
             )
         except Exception as error:  # a pod deleted meanwhile: nothing to report
             log.info("%s: readiness not reported: %s", pod.key, error)
