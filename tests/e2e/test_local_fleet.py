@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +23,7 @@ from inferfleet.autoscale.snapshot import ROLE_QUERIES, SERVICE_QUERIES
 from inferfleet.devcluster.binaries import ensure_binaries
 from inferfleet.devcluster.cluster import DevCluster, running
 from inferfleet.devcluster.nodes import NodePool
-from inferfleet.devcluster.processes import wait_until
+from inferfleet.devcluster.processes import alive, wait_until
 from inferfleet.devcluster.prometheus import Prometheus
 from tests.e2e.conftest import Kubectl
 
@@ -127,6 +129,34 @@ def _stream_completion(router_ip: str) -> list[str]:
             if line.startswith("data: ") and line != "data: [DONE]":
                 pieces.append(json.loads(line[len("data: ") :])["choices"][0]["text"])
     return pieces
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "inferfleet.cli", "dev-cluster", *args],
+        capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+
+
+def test_dev_cluster_up_with_fleet_status_and_down(tmp_path: Path) -> None:
+    directory = str(tmp_path / "dev-cluster")
+    try:
+        up = _cli("up", "--with-fleet", "--dir", directory, "--nodes", "H100-80GB=1")
+        assert up.returncode == 0, up.stderr
+        status = _cli("status", "--dir", directory)
+        assert status.returncode == 0, status.stdout
+        # `status` prints a 24-character name column, then the state.
+        lines = {line[:24].strip(): line[24:].strip() for line in status.stdout.splitlines()}
+        for component in ("fleet-agent", "operator", "prometheus"):
+            assert lines[component].startswith("running"), status.stdout
+        url = lines["prometheus url"]
+        assert httpx.get(f"{url}/-/ready", timeout=5.0).status_code == 200
+        state = json.loads((tmp_path / "dev-cluster" / "state.json").read_text())
+        pids = list(state["pids"].values())
+    finally:
+        down = _cli("down", "--dir", directory)
+    assert down.returncode == 0, down.stderr
+    assert not [pid for pid in pids if alive(pid)]
 
 
 def test_pods_run_as_processes_and_the_routers_follow_scaling(fleet: Fleet) -> None:
