@@ -21,13 +21,15 @@ it is not rotated in place as a kubelet's projected token is.
 Readiness: kwok marks a pod Ready the moment it turns Running. The agent then reports what
 the container's readiness probe (an HTTP GET) actually sees, as a kubelet would: the pod's
 `Ready` and `ContainersReady` conditions turn False until the process answers, and follow it
-after. kwok's stages leave a Running pod's status alone, so nothing overwrites that. Probes
-run every second (the rendered periods are meant for GPUs and slow model loads).
+after; the container status carries the restart count. kwok's stages leave a Running pod's
+status alone, so nothing overwrites that. Probes run every second (the rendered periods are
+meant for GPUs and slow model loads).
 
 Each process sees only its container's environment (plus PATH and HOME), not the agent's
 credentials. Logs go to `<state dir>/logs/pods/<namespace>_<pod>.log`, per-pod files
-(kubeconfig, token) to `<state dir>/pods/`. Nothing outlives the agent: processes run in
-process groups of their own, bound to the agent by PDEATHSIG, and stopped on SIGTERM.
+(kubeconfig, token) to `<state dir>/pods/<namespace>_<pod>_<uid>/`, removed with the pod.
+Nothing outlives the agent: processes run in process groups of their own, bound to the agent by
+PDEATHSIG, and stopped on SIGTERM.
 
 Everything that decides what to run is pure (`pod_process` and its helpers).
 """
@@ -112,6 +114,11 @@ class PodProcess:
     @property
     def key(self) -> str:
         return f"{self.namespace}_{self.name}"
+
+    @property
+    def files(self) -> str:
+        """Its directory under `pods/`: by uid too, as a pod may come back under its name."""
+        return f"{self.key}_{self.uid}"
 
 
 def expand_references(text: str, env: Mapping[str, str]) -> str:
@@ -337,7 +344,7 @@ class PodSupervisor:
     def _environment(self) -> dict[str, str]:
         env = host_environment(os.environ) | dict(self.pod.env)
         if self.pod.kind == Kind.ROUTER and self.pod.service_account is not None:
-            directory = self.context.state_dir / "pods" / self.pod.key
+            directory = self.context.state_dir / "pods" / self.pod.files
             directory.mkdir(parents=True, exist_ok=True, mode=0o700)
             token = self.context.kube.request_token(
                 self.pod.service_account,
@@ -398,7 +405,7 @@ class PodSupervisor:
         return bool(200 <= answer.status_code < 400)
 
     def _cleanup(self) -> None:
-        shutil.rmtree(self.context.state_dir / "pods" / self.pod.key, ignore_errors=True)
+        shutil.rmtree(self.context.state_dir / "pods" / self.pod.files, ignore_errors=True)
 
 
 class FleetAgent:
