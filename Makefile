@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit e2e control-plane prometheus bench-operator crds calibration clean
+.PHONY: demo test lint typecheck unit e2e control-plane prometheus bench-operator bench-router bench-emulator crds calibration clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,9 +38,11 @@ unit: $(STAMP)
 control-plane:
 	bash tools/devcluster/build.sh
 
-# Prometheus from Debian's package at a pinned version, unpacked once into a cache.
+# Prometheus from Debian's package at a pinned version, unpacked once into a cache; and, for
+# the local fleet's pod discovery (which Debian's lacks), one built once from its Go module.
 prometheus:
 	bash tools/prometheus/fetch.sh
+	bash tools/prometheus/build-kubernetes-sd.sh
 
 e2e: $(STAMP) control-plane prometheus
 	$(BIN)/pytest tests/e2e
@@ -48,6 +50,16 @@ e2e: $(STAMP) control-plane prometheus
 # Performance, kept out of the tests: 200 InferenceServices applied at once on the dev cluster.
 bench-operator: $(STAMP) control-plane
 	$(BIN)/python -m benchmarks.operator_scale
+
+# The data plane: router overhead against direct-to-engine at 100, 500 and 1000 streams.
+bench-router: $(STAMP)
+	$(BIN)/python -m benchmarks.router_overhead
+
+# The engine emulator: streams per core before its timing distorts, and TTFT/TPOT against the
+# planner's prediction.
+bench-emulator: $(STAMP)
+	$(BIN)/python -m benchmarks.emulator_capacity
+	$(BIN)/python -m benchmarks.emulator_fidelity
 
 crds: $(STAMP)
 	$(BIN)/inferfleet crds

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -21,10 +22,13 @@ from inferfleet.api.catalog import GpuCatalog
 from inferfleet.api.crd import crd_files
 from inferfleet.api.inference_service import InferenceService, InferenceServiceSpec
 from inferfleet.api.model_deployment import ModelDeployment, ModelDeploymentSpec, Role
+from inferfleet.autoscale.controller import AutoscalerSettings
+from inferfleet.bench import autoscale as bench_autoscale_lib
 from inferfleet.bench import loadgen, traces
 from inferfleet.devcluster.binaries import BinariesUnavailableError, ensure_binaries
 from inferfleet.devcluster.cluster import DevCluster, DevClusterError
 from inferfleet.devcluster.nodes import NodePool
+from inferfleet.devcluster.prometheus import PrometheusUnavailableError
 from inferfleet.planning import calibration
 from inferfleet.planning.capacity import CapacityPlan, Slo, Workload, plan, report
 from inferfleet.planning.performance import DEFAULT_EFFICIENCY
@@ -37,7 +41,7 @@ from inferfleet.render import (
     render_model_deployment,
 )
 from inferfleet.router import proxy as router_proxy
-from inferfleet.router.config import RouterConfig, parse_backends
+from inferfleet.router.config import DiscoveryMode, RouterConfig, parse_backends
 from inferfleet.router.discovery import discovery_for
 from inferfleet.sim import openai_api as sim_server
 from inferfleet.slo import Slo as RequestSlo
@@ -361,6 +365,13 @@ def dev_cluster_up(
         int, typer.Option(min=0, help="Untainted nodes without GPUs, for routers and the like.")
     ] = 1,
     crds: Annotated[bool, typer.Option(help="Install the inferfleet CRDs.")] = True,
+    with_fleet: Annotated[
+        bool,
+        typer.Option(
+            help="Also run the fleet agent (a real process per sim engine and router pod), "
+            "the operator and a Prometheus that discovers pods through the API server."
+        ),
+    ] = False,
     timeout: Annotated[float, typer.Option(help="Seconds each component may take.")] = 120.0,
 ) -> None:
     """Build (first time only) and start the control plane; print how to reach it."""
@@ -374,9 +385,11 @@ def dev_cluster_up(
     try:
         bin_dir = ensure_binaries()
         cluster.up(bin_dir, pools, cpu_nodes=cpu_nodes, timeout_s=timeout)
-        if crds:
+        if crds or with_fleet:
             cluster.install_crds()
-    except (DevClusterError, BinariesUnavailableError) as error:
+        if with_fleet:
+            cluster.start_fleet(timeout_s=timeout)
+    except (DevClusterError, BinariesUnavailableError, PrometheusUnavailableError) as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(1) from None
     typer.echo(
@@ -384,6 +397,8 @@ def dev_cluster_up(
     )
     typer.echo(f"export KUBECONFIG={cluster.kubeconfig_path}")
     typer.echo("inferfleet dev-cluster kubectl get nodes")
+    if with_fleet:
+        typer.echo(f"Prometheus: {cluster.prometheus_url}")
 
 
 @dev_cluster.command("down")
@@ -396,9 +411,12 @@ def dev_cluster_down(directory: StateDir = DEFAULT_DEV_CLUSTER_DIR) -> None:
 @dev_cluster.command("status")
 def dev_cluster_status(directory: StateDir = DEFAULT_DEV_CLUSTER_DIR) -> None:
     """Each component: running or stopped, healthy or not."""
-    report = DevCluster(directory).status()
+    cluster = DevCluster(directory)
+    report = cluster.status()
     for component, state in report.items():
         typer.echo(f"{component:<24} {state}")
+    if cluster.prometheus_url is not None:
+        typer.echo(f"{'prometheus url':<24} {cluster.prometheus_url}")
     if any(not s.startswith("running") or "not healthy" in s for s in report.values()):
         raise typer.Exit(1)
 
@@ -501,6 +519,13 @@ def router_command(
     namespace: Annotated[
         str | None, typer.Option(help="Namespace of the backends' Services.")
     ] = None,
+    discovery: Annotated[
+        DiscoveryMode,
+        typer.Option(
+            help="Find replicas in the Services' EndpointSlices, or as Ready pods "
+            "their selectors pick (clusters with loopback pod addresses)."
+        ),
+    ] = DiscoveryMode.ENDPOINT_SLICES,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
     slo_ttft_p95_ms: Annotated[float | None, typer.Option(help="TTFT target, ms.")] = None,
@@ -524,6 +549,7 @@ def router_command(
         config = RouterConfig(
             service=service,
             namespace=namespace,
+            discovery=discovery,
             backends=parse_backends(backend),
             slo=RequestSlo(slo_ttft_p95_ms, slo_tpot_p95_ms, slo_attainment_target),
             max_request_bytes=max_request_bytes,
@@ -549,9 +575,30 @@ def run_command(
     liveness: Annotated[
         str | None, typer.Option(help="Serve a liveness probe, e.g. http://0.0.0.0:8080/healthz.")
     ] = None,
+    router_discovery: Annotated[
+        DiscoveryMode,
+        typer.Option(
+            help="How rendered routers find replicas: endpointslices, or pods where "
+            "pod addresses are loopback (the dev cluster)."
+        ),
+    ] = DiscoveryMode.ENDPOINT_SLICES,
+    prometheus_url: Annotated[
+        str | None,
+        typer.Option(help="Prometheus that scrapes routers and engines (autoscaling reads it)."),
+    ] = None,
+    autoscale_interval: Annotated[
+        float, typer.Option(help="Seconds between autoscaling ticks of a service.")
+    ] = 15.0,
+    metrics_window: Annotated[
+        float, typer.Option(help="Rate window of the autoscaler's queries, seconds.")
+    ] = 60.0,
 ) -> None:
-    """Run the operator: reconcile ModelDeployments and InferenceServices into workloads."""
-    operator.run(namespace or (), liveness)
+    """Run the operator: reconcile ModelDeployments and InferenceServices into workloads, and
+    autoscale the services with `autoscaling.policy: goodput` from Prometheus."""
+    autoscaler = AutoscalerSettings(
+        prometheus_url=prometheus_url, interval_s=autoscale_interval, window_s=metrics_window
+    )
+    operator.run(namespace or (), liveness, router_discovery, autoscaler)
 
 
 @app.command("render")
@@ -637,6 +684,50 @@ def bench_serve(
     typer.echo(result.to_text())
     if result.slo_met is False:
         raise typer.Exit(EXIT_NO_FIT)
+
+
+@bench.command("autoscale")
+def bench_autoscale(
+    spec: Annotated[Path, typer.Option(help="Scenario file (benchmarks/autoscale/*.yaml).")],
+    trace: Annotated[
+        Path | None, typer.Option(help="Trace to replay instead of the scenario's.")
+    ] = None,
+    rate: Annotated[
+        float | None, typer.Option(help="Rate multiplier (trace) or req/s (pattern).")
+    ] = None,
+    policy: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Policies to compare (repeat): " + ", ".join(bench_autoscale_lib.POLICIES)
+        ),
+    ] = None,
+    traces_dir: Annotated[Path, typer.Option(help="Where the scenario's trace lives.")] = Path(
+        "../shared/traces"
+    ),
+    out: Annotated[Path, typer.Option(help="Directory for the tables and plots.")] = Path(
+        "benchmarks/autoscale/results"
+    ),
+    plots: Annotated[bool, typer.Option(help="Write PNG plots (needs matplotlib).")] = True,
+) -> None:
+    """Compare scaling policies on a scenario in the fleet simulator: attainment, goodput per
+    GPU-hour, GPU-hours against a clairvoyant oracle, reaction time, oscillation."""
+    try:
+        scenario = bench_autoscale_lib.load_scenario(spec)
+        if trace is not None:
+            scenario = dataclasses.replace(scenario, trace=trace.name, pattern=None)
+            traces_dir = trace.parent
+        result = bench_autoscale_lib.run_scenario(
+            scenario,
+            traces_dir,
+            tuple(policy or bench_autoscale_lib.POLICIES),
+            rate=rate,
+            cpu_clock=time.process_time,
+        )
+        bench_autoscale_lib.write_results(result, out, plots=plots)
+    except (ValueError, OSError) as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(EXIT_INVALID) from None
+    typer.echo(bench_autoscale_lib.markdown_table(result))
 
 
 def main() -> None:

@@ -40,7 +40,9 @@ class Operator:
     def start(self) -> None:
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "inferfleet.cli", "run"],
+                # Autoscaled services tick every 2 s against a Prometheus that is not there.
+                [sys.executable, "-m", "inferfleet.cli", "run",
+                 "--prometheus-url", "http://127.0.0.1:9", "--autoscale-interval", "2"],
                 env={**os.environ, "KUBECONFIG": str(self.kubeconfig)},
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
@@ -381,3 +383,55 @@ def test_dropping_a_role_prunes_its_objects(
 
     assert wait_until(aggregated_only, 60, 1), operator.tail()
     assert wait_until(lambda: _ready(kubectl, namespace, name), 90, 1), operator.tail()
+
+
+def test_an_autoscaled_service_without_metrics_holds_and_says_so(
+    operator: Operator, kubectl: Kubectl, namespace: str
+) -> None:
+    _apply(kubectl, namespace, EXAMPLES / "llama-3.1-8b-aggregated-vllm.yaml")
+    name = "llama-3-1-8b"
+    autoscaling = {"policy": "goodput", "aggregated": {"minReplicas": 1, "maxReplicas": 4}}
+    kubectl.run(
+        "patch", "infsvc", "chat", "-n", namespace, "--type=merge",
+        "-p", json.dumps({"spec": {"autoscaling": autoscaling}}),
+    )  # fmt: skip
+    assert wait_until(lambda: _ready(kubectl, namespace, name), 90, 1), operator.tail()
+
+    def service() -> dict[str, Any]:
+        found: dict[str, Any] = kubectl.json("get", "infsvc", "chat", "-n", namespace)
+        return found
+
+    def replicas() -> int:
+        return int(_deployments(kubectl, namespace, name)["aggregated"]["spec"]["replicas"])
+
+    assert wait_until(
+        lambda: _condition(service(), "MetricsAvailable").get("reason") == "PrometheusUnavailable",
+        30,
+        0.5,
+    ), operator.tail()
+    assert _condition(service(), "MetricsAvailable")["status"] == "False"
+    assert wait_until(lambda: '"PrometheusUnavailable"' in _events(kubectl, namespace), 15, 0.5)
+    # Held at what runs: the spec's two, never zero.
+    held = _md(kubectl, namespace, name)["status"]["autoscaling"]
+    assert held["service"] == "chat"
+    assert held["replicas"] == [{"role": "aggregated", "replicas": 2}]
+    assert replicas() == 2
+
+    # What the autoscaler chooses reaches the workload; the spec stays Git's.
+    kubectl.run(
+        "patch", "mdep", name, "-n", namespace, "--subresource=status", "--type=merge",
+        "-p", json.dumps({"status": {"autoscaling": {**held, "replicas": [
+            {"role": "aggregated", "replicas": 3}]}}}),
+    )  # fmt: skip
+    assert wait_until(lambda: replicas() == 3, 30, 0.5), operator.tail()
+    assert _md(kubectl, namespace, name)["spec"]["replicas"] == 2
+    time.sleep(5)  # ticks holding on stale metrics keep the last decision, not the spec
+    assert replicas() == 3
+
+    # Autoscaling off: the deployment follows its spec again.
+    kubectl.run(
+        "patch", "infsvc", "chat", "-n", namespace, "--type=merge",
+        "-p", json.dumps({"spec": {"autoscaling": {"policy": "none"}}}),
+    )  # fmt: skip
+    assert wait_until(lambda: replicas() == 2, 30, 0.5), operator.tail()
+    assert "autoscaling" not in _md(kubectl, namespace, name)["status"]

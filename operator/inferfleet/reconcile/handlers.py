@@ -9,6 +9,7 @@ differs, so an idle fleet costs no writes.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 from collections.abc import Mapping
@@ -22,6 +23,12 @@ from pydantic import ValidationError
 from inferfleet.api.common import API_GROUP, API_VERSION
 from inferfleet.api.inference_service import InferenceService
 from inferfleet.api.model_deployment import ModelDeployment, Role, TopologyMode
+from inferfleet.autoscale.controller import (
+    AutoscalerSettings,
+    PrometheusSource,
+    autoscaled_by,
+    tick,
+)
 from inferfleet.engines import roles_of
 from inferfleet.kube import Kube
 from inferfleet.planning.capacity import CapacityPlan, plan
@@ -41,6 +48,7 @@ from inferfleet.render.common import (
     MANAGED_BY,
     label_value,
 )
+from inferfleet.router.config import DiscoveryMode
 
 FIELD_MANAGER = "inferfleet-operator"
 # kopf's own bookkeeping, under a prefix of its own: kopf leaves annotations with its storage
@@ -115,6 +123,30 @@ class _Desired:
     pin_problem: str | None
 
 
+def _autoscaled(md: ModelDeployment) -> dict[Role, int] | None:
+    """The replicas an InferenceService's autoscaler chose, while it still autoscales `md`
+    (a service deleted, switched to `policy: none` or no longer routing to it: the spec)."""
+    recorded = md.status.autoscaling if md.status else None
+    if recorded is None:
+        return None
+    namespace = md.metadata.get("namespace")
+    found = kube().get(
+        f"{API_GROUP}/{API_VERSION}",
+        "InferenceService",
+        recorded.service,
+        str(namespace) if namespace else None,
+    )
+    if found is None:
+        return None
+    try:
+        service = InferenceService.model_validate(found)
+    except ValidationError:
+        return None
+    if not autoscaled_by(service, str(md.metadata.get("name"))):
+        return None
+    return {entry.role: entry.replicas for entry in recorded.replicas}
+
+
 def _desired(md: ModelDeployment) -> _Desired:
     """The objects to apply, or why none may be: a spec that does not fit asks for no GPU."""
     annotations = md.metadata.get("annotations") or {}
@@ -126,9 +158,10 @@ def _desired(md: ModelDeployment) -> _Desired:
         verdict = f"not applied: {capacity.memory.verdict()}"
         return _Desired(capacity, [], verdict, pin, pin_problem)
     roles = set(roles_of(md.spec))
-    overrides = {r: n for r, n in pin.replicas.items() if r in roles} if pin else None
+    overrides = {r: n for r, n in (_autoscaled(md) or {}).items() if r in roles}
+    overrides |= {r: n for r, n in pin.replicas.items() if r in roles} if pin else {}
     try:
-        objects = render_model_deployment(md, replicas=overrides)
+        objects = render_model_deployment(md, replicas=overrides or None)
     except UnsupportedSpecError as error:
         return _Desired(capacity, [], f"not applied: {error}", pin, pin_problem)
     return _Desired(capacity, objects, None, pin, pin_problem)
@@ -235,6 +268,20 @@ def _reconcile_model_deployment(
         patch.status.update(desired_status)
 
 
+@kopf.on.field(API_GROUP, API_VERSION, "modeldeployments", field="status.autoscaling")
+def autoscaled_replicas_changed(
+    *,
+    body: kopf.Body,
+    name: str,
+    namespace: str | None,
+    status: kopf.Status,
+    patch: kopf.Patch,
+    **_: Any,
+) -> None:
+    """The autoscaler chose new replicas (or let go): apply them to the workloads."""
+    _reconcile_model_deployment(body, name, _namespaced(namespace), status, patch)
+
+
 @kopf.timer(
     API_GROUP,
     API_VERSION,
@@ -283,8 +330,15 @@ def child_deployment_changed(*, body: kopf.Body, namespace: str | None, **_: Any
         kube().patch_status(current, desired_status)
 
 
+def _router_discovery(memo: kopf.Memo) -> DiscoveryMode:
+    """How rendered routers find replicas: `inferfleet run --router-discovery`."""
+    return DiscoveryMode(memo.get("router_discovery", DiscoveryMode.ENDPOINT_SLICES))
+
+
 def _service_state(
-    service: InferenceService, namespace: str
+    service: InferenceService,
+    namespace: str,
+    router_discovery: DiscoveryMode = DiscoveryMode.ENDPOINT_SLICES,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The router objects to apply and the service's status."""
     name = str(service.metadata.get("name"))
@@ -303,7 +357,7 @@ def _service_state(
         )  # fmt: skip
 
     try:
-        objects = render_inference_service(service, referenced)
+        objects = render_inference_service(service, referenced, router_discovery=router_discovery)
     except MissingReferenceError as error:
         return [], {
             "observedGeneration": generation,
@@ -333,16 +387,23 @@ def _service_state(
 @kopf.on.create(API_GROUP, API_VERSION, "inferenceservices")
 @kopf.on.update(API_GROUP, API_VERSION, "inferenceservices")
 def reconcile_inference_service(
-    *, body: kopf.Body, namespace: str | None, status: kopf.Status, patch: kopf.Patch, **_: Any
+    *,
+    body: kopf.Body,
+    namespace: str | None,
+    status: kopf.Status,
+    patch: kopf.Patch,
+    memo: kopf.Memo,
+    **_: Any,
 ) -> None:
     try:
         service = InferenceService.model_validate(dict(body))
     except ValidationError as error:
         kopf.warn(body, reason="InvalidSpec", message=f"spec refused: {error}")
         return
-    objects, desired = _service_state(service, _namespaced(namespace))
+    objects, desired = _service_state(service, _namespaced(namespace), _router_discovery(memo))
     for obj in objects:
         kube().apply(obj, FIELD_MANAGER)
+    _release(service, _namespaced(namespace))
     if _changed(status, desired):
         if desired["conditions"][0]["reason"] == "MissingDeployment":
             kopf.warn(body, reason="MissingDeployment", message=desired["conditions"][0]["message"])
@@ -359,3 +420,79 @@ def backend_changed(*, name: str, namespace: str | None, **_: Any) -> None:
         desired = _service_state(service, _namespaced(namespace))[1]
         if _changed(found.get("status"), desired):
             kube().patch_status(found, desired)
+
+
+AUTOSCALE_TIMER_S = 1.0
+"""How often each autoscaled service's timer wakes; it ticks every `--autoscale-interval`."""
+
+
+def _autoscaling_on(spec: kopf.Spec, **_: Any) -> bool:
+    return bool(spec.get("autoscaling", {}).get("policy") == "goodput")
+
+
+def _autoscaler_settings(memo: kopf.Memo) -> AutoscalerSettings:
+    settings = memo.get("autoscaler")
+    return settings if isinstance(settings, AutoscalerSettings) else AutoscalerSettings()
+
+
+@kopf.timer(
+    API_GROUP,
+    API_VERSION,
+    "inferenceservices",
+    interval=AUTOSCALE_TIMER_S,
+    when=_autoscaling_on,
+)
+def autoscale(
+    *, body: kopf.Body, namespace: str | None, patch: kopf.Patch, memo: kopf.Memo, **_: Any
+) -> None:
+    """One autoscaling tick (`autoscale.controller.tick`) of a `policy: goodput` service, on a
+    timer of its own so that a slow Prometheus answer delays no other service."""
+    settings = _autoscaler_settings(memo)
+    now = _now()
+    last = memo.get("last_tick")
+    if isinstance(last, datetime) and (now - last).total_seconds() < settings.interval_s:
+        return
+    memo["last_tick"] = now
+    try:
+        service = InferenceService.model_validate(dict(body))
+    except ValidationError:
+        return  # the reconciler reports it
+    space = _namespaced(namespace)
+    found: dict[str, dict[str, Any]] = {}
+    for ref in service.spec.deployments:
+        obj = kube().get(f"{API_GROUP}/{API_VERSION}", "ModelDeployment", ref.name, space)
+        if obj is not None:
+            found[ref.name] = obj
+    deployments = {name: ModelDeployment.model_validate(obj) for name, obj in found.items()}
+    source = (
+        PrometheusSource(settings.prometheus_url, settings.query_budget_s)
+        if settings.prometheus_url
+        else None
+    )
+    result = tick(service, deployments, source, settings=settings, now=now)
+    for decided in result.deployments:
+        if decided.autoscaling_status is not None:
+            kube().patch_status(found[decided.name], {"autoscaling": decided.autoscaling_status})
+    for reason, message, warning in result.events:
+        (kopf.warn if warning else kopf.info)(body, reason=reason, message=message)
+    if _changed(body.get("status"), result.status):
+        patch.status.update(result.status)
+
+
+def _release(service: InferenceService, namespace: str, *, deleted: bool = False) -> None:
+    """Hand the replicas of deployments this service no longer autoscales back to their specs."""
+    name = str(service.metadata.get("name"))
+    for ref in service.spec.deployments:
+        found = kube().get(f"{API_GROUP}/{API_VERSION}", "ModelDeployment", ref.name, namespace)
+        recorded = (found or {}).get("status", {}).get("autoscaling") or {}
+        if found is None or recorded.get("service") != name:
+            continue
+        if deleted or not autoscaled_by(service, ref.name):
+            kube().patch_status(found, {"autoscaling": None})
+
+
+@kopf.on.delete(API_GROUP, API_VERSION, "inferenceservices", optional=True)
+def inference_service_deleted(*, body: kopf.Body, namespace: str | None, **_: Any) -> None:
+    """A deleted service autoscales nothing: its deployments follow their specs again."""
+    with contextlib.suppress(ValidationError):
+        _release(InferenceService.model_validate(dict(body)), _namespaced(namespace), deleted=True)
