@@ -14,8 +14,11 @@ sized from a predicted latency drifts off C when the prediction is off, and the 
 would then be measured at different concurrencies). The workers are started over
 `--ramp-seconds`; after `--settle-seconds` more, the requests sent in the next
 `--measure-seconds` are measured. The workers use the load generator's HTTP client
-(`inferfleet.bench.loadgen`: its asyncio transport, at most 32 streams per connection pool,
-its prompt builder) and the SSE reader the router itself uses (`inferfleet.streaming`).
+(`inferfleet.bench.loadgen`: its asyncio transport and prompt builder) with
+`--streams-per-pool` streams per connection pool (4: at 500 streams the load generator's 32
+per pool held requests for seconds before sending them on this machine, while 4 per pool,
+or an aiohttp client, did not), and the SSE reader the router itself uses
+(`inferfleet.streaming`).
 
 It writes `router_overhead.json` and `router_overhead.md` to `--out`.
 """
@@ -84,7 +87,9 @@ class Load:
         return start, start + self.measure_s
 
 
-async def closed_loop(urls: Sequence[str], load: Load, model: str) -> list[RequestResult]:
+async def closed_loop(
+    urls: Sequence[str], load: Load, model: str, streams_per_pool: int
+) -> list[RequestResult]:
     """`load.streams` workers, worker i on `urls[i % len(urls)]`, each sending its next
     request when the last ended, until the measuring window closes."""
     loop = asyncio.get_running_loop()
@@ -100,7 +105,7 @@ async def closed_loop(urls: Sequence[str], load: Load, model: str) -> list[Reque
         },
         separators=(",", ":"),
     )[:-1]
-    pools = math.ceil(load.streams / DEFAULT_STREAMS_PER_CLIENT)
+    pools = math.ceil(load.streams / streams_per_pool)
     clients = [
         httpx.AsyncClient(
             transport=AsyncioTransport(),
@@ -145,7 +150,7 @@ async def closed_loop(urls: Sequence[str], load: Load, model: str) -> list[Reque
 
     async def worker(slot: int, t0: float) -> None:
         await asyncio.sleep(load.ramp_s * slot / load.streams)
-        client = clients[slot // DEFAULT_STREAMS_PER_CLIENT]
+        client = clients[slot // streams_per_pool]
         url = urls[slot % len(urls)].rstrip("/") + "/v1/completions"
         while loop.time() - t0 < stop_at:
             await one(client, url, t0)
@@ -238,7 +243,13 @@ def engine_figures(
 
 
 def measure(
-    path: str, engines: Sequence[Service], router: Service, *, load: Load, model: str
+    path: str,
+    engines: Sequence[Service],
+    router: Service,
+    *,
+    load: Load,
+    model: str,
+    streams_per_pool: int,
 ) -> PathResult:
     pids = {f"engine {i}": engine.pid for i, engine in enumerate(engines)} | {"router": router.pid}
     urls = [engine.url for engine in engines] if path == "direct" else [router.url]
@@ -246,7 +257,7 @@ def measure(
     before = [scrape(engine.url) for engine in engines]
     router_before = scrape(router.url)
     meter.start()
-    results = asyncio.run(closed_loop(urls, load, model))
+    results = asyncio.run(closed_loop(urls, load, model, streams_per_pool))
     meter.stop()
     after = [scrape(engine.url) for engine in engines]
     router_after = scrape(router.url)
@@ -330,6 +341,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--settle-seconds", type=float, default=3.0, help="At least; else half a lifetime."
     )
     parser.add_argument("--measure-seconds", type=float, default=15.0)
+    parser.add_argument(
+        "--streams-per-pool",
+        type=int,
+        default=4,
+        help=f"Streams per client connection pool (the load generator uses "
+        f"{DEFAULT_STREAMS_PER_CLIENT}).",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     levels = [int(value) for value in args.streams.split(",")]
@@ -350,7 +368,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             # Warm-up: connections, imports, the router's first upstream calls.
             warm = Load(20, args.input_tokens, args.output_tokens, 0.5, 0.0, 3.0)
             for path in ("direct", "router"):
-                measure(path, engines, router, load=warm, model=args.model)
+                measure(
+                    path,
+                    engines,
+                    router,
+                    load=warm,
+                    model=args.model,
+                    streams_per_pool=args.streams_per_pool,
+                )
             for streams in levels:
                 point = closed_loop_point(
                     config,
@@ -372,7 +397,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for path in ("direct", "router"):
                     started = time.monotonic()
                     paths[path] = result = measure(
-                        path, engines, router, load=load, model=args.model
+                        path,
+                        engines,
+                        router,
+                        load=load,
+                        model=args.model,
+                        streams_per_pool=args.streams_per_pool,
                     )
                     print(
                         f"{streams} streams, {path}: {time.monotonic() - started:.0f} s, in "
@@ -401,6 +431,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "ramp_seconds": args.ramp_seconds,
         "settle_seconds": args.settle_seconds,
         "measure_seconds": args.measure_seconds,
+        "streams_per_pool": args.streams_per_pool,
         "levels": levels_out,
     }
     args.out.mkdir(parents=True, exist_ok=True)
@@ -433,7 +464,9 @@ def markdown(document: dict[str, Any]) -> str:
         f"{document['ramp_seconds']:g} s), then half a lifetime (at least "
         f"{document['settle_seconds']:g} s) to settle, then "
         f"the requests sent in the next {document['measure_seconds']:g} s are measured. "
-        "Direct (stream i to engine i mod N) first, then through the router, same load. "
+        "Direct (stream i to engine i mod N) first, then through the router, same load. The "
+        f"client: the load generator's transport, {document['streams_per_pool']} streams per "
+        "connection pool. "
         "Added latency = routed - direct; ratios are routed / direct from the same run.",
         "",
     ]
