@@ -6,9 +6,10 @@ router for one), keeping its report and plots.
 For each trace: start the engines (`inferfleet sim-engine`) and, where listed, a router in
 front of them (`inferfleet router`), then run the command line a user would,
 `inferfleet bench serve --trace ... --start ... --duration ... --rate-multiplier ...`, as its
-own process, writing `report.json`, `requests.jsonl`, `bench_latency.png` and `bench_cdf.png`
-to `--out/<trace name>/`, with the command's text output in `summary.txt`. The traces are read
-where they are; nothing of them is copied. A summary of all runs goes to
+own process, writing `report.json`, `bench_latency.png` and `bench_cdf.png` to
+`--out/<trace name>/`, with the command's text output in `summary.txt`. The traces are read
+where they are; nothing of them is copied: the command's `requests.jsonl` (one record per
+request, with the trace's arrival times and lengths) is removed. A summary of all runs goes to
 `--out/serve_traces.md` and `.json`.
 """
 
@@ -164,6 +165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 meter.used["load generator"] = client_s
                 meter.used["other processes"] = max(meter.used["other processes"] - client_s, 0.0)
         (out_dir / "summary.txt").write_text(output)
+        # Per-request records repeat the trace's rows (arrivals and lengths): not kept.
+        (out_dir / "requests.jsonl").unlink(missing_ok=True)
         print(f"== {run.trace} ({wall:.0f} s, exit {code})\n{output}", file=sys.stderr)
         if code not in (0, EXIT_SLO_MISSED):
             failed = True
@@ -202,8 +205,8 @@ def markdown(document: dict[str, Any]) -> str:
         f" after: {info['busy_cores_after']}.",
         "",
         f"Engines: {document['engine']}, emulated (`inferfleet sim-engine`). Each directory "
-        "holds the command's `report.json`, `requests.jsonl`, `bench_latency.png`, "
-        "`bench_cdf.png` and its text output (`summary.txt`).",
+        "holds the command's `report.json`, `bench_latency.png`, `bench_cdf.png` and its text "
+        "output (`summary.txt`); its `requests.jsonl` repeats the trace's rows and is not kept.",
         "",
     ]
     rows = []
