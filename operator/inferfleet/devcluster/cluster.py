@@ -344,7 +344,14 @@ class DevCluster:
             raise
         return state
 
-    def start_fleet(self, *, bound_to_parent: bool = False, timeout_s: float = 60.0) -> State:
+    def start_fleet(
+        self,
+        *,
+        bound_to_parent: bool = False,
+        timeout_s: float = 60.0,
+        autoscale_interval_s: float = 15.0,
+        metrics_window_s: float = 60.0,
+    ) -> State:
         """On a running cluster: the CRDs, the operator's RBAC (deploy/rbac/cluster-wide.yaml),
         then the fleet agent, Prometheus, and the operator as its ServiceAccount (routers that
         find replicas by pod, autoscaling from that Prometheus)."""
@@ -399,6 +406,8 @@ class DevCluster:
                     (
                         python, "-m", "inferfleet.cli", "run", "--router-discovery", "pods",
                         "--prometheus-url", prometheus.url,
+                        "--autoscale-interval", f"{autoscale_interval_s:g}",
+                        "--metrics-window", f"{metrics_window_s:g}",
                         "--liveness", f"http://127.0.0.1:{state.operator_health_port}/healthz",
                     ),
                     env={"KUBECONFIG": str(operator_kubeconfig)},
@@ -580,6 +589,8 @@ def running(
     timeout_s: float = 120.0,
     *,
     with_fleet: bool = False,
+    autoscale_interval_s: float = 15.0,
+    metrics_window_s: float = 60.0,
 ) -> Iterator[DevCluster]:
     """A cluster for the duration of a block, stopped however the block ends; with the
     fleet (agent, operator, Prometheus) when asked."""
@@ -587,7 +598,12 @@ def running(
     cluster.up(bin_dir, pools, cpu_nodes=cpu_nodes, bound_to_parent=True, timeout_s=timeout_s)
     try:
         if with_fleet:
-            cluster.start_fleet(bound_to_parent=True, timeout_s=timeout_s)
+            cluster.start_fleet(
+                bound_to_parent=True,
+                timeout_s=timeout_s,
+                autoscale_interval_s=autoscale_interval_s,
+                metrics_window_s=metrics_window_s,
+            )
         yield cluster
     finally:
         cluster.down()

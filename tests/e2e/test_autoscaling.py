@@ -1,0 +1,388 @@
+"""Closing the loop on the local fleet: the load generator drives a service through a router
+pod; Prometheus scrapes routers and engines through the API server; the operator's autoscaler
+reads it and scales the ModelDeployment's pools; the fleet agent starts the new engines.
+
+Each test reports what it measured (step to recovery, replicas over time) on stdout."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from inferfleet.bench import loadgen, traces
+from inferfleet.bench.report import RequestResult
+from inferfleet.devcluster.binaries import ensure_binaries
+from inferfleet.devcluster.cluster import DevCluster, running
+from inferfleet.devcluster.nodes import NodePool
+from inferfleet.devcluster.processes import wait_until
+from inferfleet.slo import Outcome, Slo
+from tests.e2e.conftest import Kubectl
+
+MODEL = "llama-3.1-8b"
+PORT = 8000
+# Llama-3.1-8B on an L4: a 2000-token prompt prefills in about 0.45 s, so one replica holds
+# about 1.3 requests/s of 2000/50 tokens within the SLO (`inferfleet plan`): small loads need
+# several replicas, and the emulators' CPU stays low.
+SLO = Slo(ttft_p95_ms=2000.0, tpot_p95_ms=150.0, attainment_target=0.9)
+INPUT_TOKENS = 2000
+OUTPUT_TOKENS = 50
+WINDOW_S = 20.0
+"""Requests are judged in windows of this many seconds of arrivals."""
+
+
+def manifests(name: str, *, disaggregated: bool = False) -> str:
+    deployment: dict[str, Any] = {
+        "apiVersion": "inferfleet.io/v1alpha1",
+        "kind": "ModelDeployment",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"name": MODEL, "source": "hf://meta-llama/Llama-3.1-8B-Instruct"},
+            "engine": {"name": "sim"},
+            "batching": {"maxModelLength": 8192},
+            "gpu": {"type": "L4-24GB"},
+            "replicas": 1,
+        },
+    }
+    bounds = {"minReplicas": 1, "maxReplicas": 6}
+    autoscaling: dict[str, Any] = {
+        "policy": "goodput",
+        "coldStartSeconds": 10,
+        "scaleDownStabilizationSeconds": 600,
+    }
+    if disaggregated:
+        deployment["spec"]["topology"] = {"mode": "disaggregated", "prefill": {"replicas": 1}}
+        autoscaling |= {"prefill": bounds, "decode": bounds}
+    else:
+        autoscaling["aggregated"] = bounds
+    service = {
+        "apiVersion": "inferfleet.io/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": name},
+        "spec": {
+            "deployments": [{"name": name}],
+            "slo": {
+                "ttftP95Ms": SLO.ttft_p95_ms,
+                "tpotP95Ms": SLO.tpot_p95_ms,
+                "attainmentTarget": SLO.attainment_target,
+            },
+            "expectedLoad": {
+                "requestsPerSecond": 0.5,
+                "inputTokens": INPUT_TOKENS,
+                "outputTokens": OUTPUT_TOKENS,
+            },
+            "autoscaling": autoscaling,
+        },
+    }
+    return yaml.safe_dump_all([deployment, service])
+
+
+@dataclass
+class Fleet:
+    cluster: DevCluster
+    kubectl: Kubectl
+
+    def apply(self, namespace: str, text: str) -> None:
+        self.kubectl.run("create", "namespace", namespace, check=False)
+        self.kubectl.run("apply", "--server-side", "-n", namespace, "-f", "-", stdin=text)
+
+    def get(self, kind: str, name: str, namespace: str) -> dict[str, Any]:
+        found: dict[str, Any] = self.kubectl.json("get", kind, name, "-n", namespace)
+        return found
+
+    def replicas(self, namespace: str, deployment: str) -> dict[str, int]:
+        items = self.kubectl.json(
+            "get", "deployments", "-n", namespace,
+            "-l", f"inferfleet.io/model-deployment={deployment}",
+        )["items"]  # fmt: skip
+        return {
+            d["metadata"]["labels"]["inferfleet.io/role"]: int(d["spec"]["replicas"]) for d in items
+        }
+
+    def healthy_ips(self, namespace: str, selector: str) -> list[str]:
+        pods = self.kubectl.json("get", "pods", "-n", namespace, "-l", selector)["items"]
+        ips = []
+        for pod in pods:
+            ip = pod["status"].get("podIP")
+            if pod["status"].get("phase") != "Running" or not ip:
+                continue
+            try:
+                if httpx.get(f"http://{ip}:{PORT}/health", timeout=1.0).status_code == 200:
+                    ips.append(ip)
+            except httpx.HTTPError:
+                continue
+        return sorted(ips)
+
+    def router(self, namespace: str, service: str) -> str:
+        selector = f"inferfleet.io/inference-service={service}"
+        assert wait_until(lambda: bool(self.healthy_ips(namespace, selector)), 90, 1), (
+            self.diagnostics()
+        )
+        return self.healthy_ips(namespace, selector)[0]
+
+    def diagnostics(self) -> str:
+        logs = []
+        for name in ("operator.log", "fleet-agent.log"):
+            path = self.cluster.log_dir / name
+            text = path.read_text(errors="replace") if path.exists() else ""
+            logs.append(f"--- {name}\n" + "\n".join(text.splitlines()[-30:]))
+        return "\n".join(logs)
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    bin_dir = ensure_binaries()
+    pools = NodePool.parse("L4-24GB=2")
+    with running(
+        tmp_path_factory.mktemp("autoscaling"), bin_dir, pools, cpu_nodes=1, with_fleet=True,
+        autoscale_interval_s=5.0, metrics_window_s=30.0,
+    ) as cluster:  # fmt: skip
+        yield Fleet(cluster, Kubectl(bin_dir / "kube", cluster.kubeconfig_path))
+
+
+@dataclass
+class Timeline:
+    """Replicas per role over the run, sampled from the API server."""
+
+    samples: list[tuple[float, dict[str, int]]] = field(default_factory=list)
+
+    def first(self, predicate: Any) -> float | None:
+        return next((t for t, counts in self.samples if predicate(counts)), None)
+
+    def describe(self) -> str:
+        changes, last = [], None
+        for moment, counts in self.samples:
+            if counts != last:
+                changes.append(f"{moment:.0f}s {counts}")
+                last = counts
+        return ", ".join(changes)
+
+
+async def _run(url: str, requests: list[traces.TraceRequest]) -> list[RequestResult]:
+    generator = loadgen.LoadGenerator(url, model=MODEL)
+    try:
+        return (await generator.run(requests, drain_s=60.0)).results
+    finally:
+        await generator.aclose()
+
+
+def replay(
+    fleet: Fleet, namespace: str, deployment: str, url: str, requests: list[traces.TraceRequest]
+) -> tuple[list[RequestResult], Timeline]:
+    """Replay open-loop through a router while sampling the replicas every second."""
+    timeline = Timeline()
+    done = threading.Event()
+    started = time.monotonic()
+
+    def sample() -> None:
+        while not done.is_set():
+            timeline.samples.append(
+                (time.monotonic() - started, fleet.replicas(namespace, deployment))
+            )
+            done.wait(1.0)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        results = asyncio.run(_run(url, requests))
+    finally:
+        done.set()
+        sampler.join()
+    return results, timeline
+
+
+def windows(results: list[RequestResult]) -> list[tuple[float, float, int]]:
+    """(window start, attainment, requests) per WINDOW_S of arrivals."""
+    by_window: dict[int, list[bool]] = {}
+    for result in results:
+        met = SLO.outcome(ok=result.ok, ttft_s=result.ttft_s, tpot_s=result.tpot_s) is Outcome.MET
+        by_window.setdefault(int(result.scheduled_s // WINDOW_S), []).append(met)
+    return [
+        (index * WINDOW_S, sum(found) / len(found), len(found))
+        for index, found in sorted(by_window.items())
+    ]
+
+
+def test_a_load_step_scales_the_pool_and_attainment_recovers(fleet: Fleet) -> None:
+    namespace, name = "step", "chat"
+    fleet.apply(namespace, manifests(name))
+    router = fleet.router(namespace, name)
+    step_at, duration = 30.0, 200.0
+    requests = traces.step(
+        0.5, 3.0, duration, switch_s=step_at,
+        input_tokens=INPUT_TOKENS, output_tokens=OUTPUT_TOKENS, seed=7,
+    )  # fmt: skip
+    results, timeline = replay(fleet, namespace, name, f"http://{router}:{PORT}", requests)
+    attainment = windows(results)
+    print(f"\nreplicas: {timeline.describe()}")
+    print(
+        "attainment per window: " + ", ".join(f"{t:.0f}s {a:.2f} (n={n})" for t, a, n in attainment)
+    )
+    failed = [r.error for r in results if not r.ok]
+    assert len(failed) <= 0.05 * len(requests), failed[:10]
+
+    # Before the step one replica holds the SLO; the step breaks it, then the loop scales.
+    before = [a for t, a, _ in attainment if t + WINDOW_S <= step_at]
+    assert before, attainment
+    assert min(before) >= SLO.attainment_target, attainment
+    after = [(t, a) for t, a, _ in attainment if t >= step_at]
+    dropped = [t for t, a in after if a < SLO.attainment_target]
+    assert dropped, f"the step never broke the SLO: {attainment}"
+    scaled_at = timeline.first(lambda counts: counts.get("aggregated", 1) >= 2)
+    assert scaled_at is not None, timeline.describe() + fleet.diagnostics()
+    peak = max(counts.get("aggregated", 0) for _, counts in timeline.samples)
+    assert peak >= 3, timeline.describe()
+    # Recovered: from some window on, every later window meets the target.
+    recovered = next(
+        (t for t, _ in after if all(a >= SLO.attainment_target for u, a in after if u >= t)), None
+    )
+    assert recovered is not None, attainment
+    print(
+        f"step at {step_at:.0f}s; first scale-up {scaled_at - step_at:.0f}s after it; "
+        f"attainment back to target from the window starting {recovered - step_at:.0f}s after it "
+        f"(windows of {WINDOW_S:.0f}s); peak {peak} replicas"
+    )
+    service = fleet.get("infsvc", name, namespace)
+    assert service["status"]["lastDecision"]["reason"].startswith(("ScaleUp", "Rebalance"))
+    assert service["status"]["observed"]["attainment"] is not None
+    assert any(
+        c["type"] == "MetricsAvailable" and c["status"] == "True"
+        for c in service["status"]["conditions"]
+    )
+
+
+class Background:
+    """A replay running in a thread while the test acts and watches."""
+
+    def __init__(self, url: str, requests: list[traces.TraceRequest]) -> None:
+        self.results: list[RequestResult] = []
+        self.thread = threading.Thread(target=self._run, args=(url, requests), daemon=True)
+        self.thread.start()
+
+    def _run(self, url: str, requests: list[traces.TraceRequest]) -> None:
+        self.results = asyncio.run(_run(url, requests))
+
+    def join(self) -> list[RequestResult]:
+        self.thread.join(timeout=600)
+        return self.results
+
+
+def _condition(fleet: Fleet, namespace: str, name: str, kind: str) -> dict[str, Any]:
+    status = fleet.get("infsvc", name, namespace).get("status") or {}
+    return next((c for c in status.get("conditions") or [] if c["type"] == kind), {})
+
+
+def _events(fleet: Fleet, namespace: str) -> str:
+    return fleet.kubectl.run("get", "events", "-n", namespace, "-o", "json").stdout
+
+
+def test_prometheus_stopped_holds_replicas_until_it_returns(fleet: Fleet) -> None:
+    namespace, name = "outage", "chat"
+    fleet.apply(namespace, manifests(name))
+    router = fleet.router(namespace, name)
+    load = Background(
+        f"http://{router}:{PORT}",
+        traces.poisson(2.0, 120.0, input_tokens=INPUT_TOKENS, output_tokens=OUTPUT_TOKENS, seed=3),
+    )
+    assert wait_until(
+        lambda: _condition(fleet, namespace, name, "MetricsAvailable").get("status") == "True",
+        60,
+        1,
+    ), fleet.diagnostics()
+    state = fleet.cluster.state()
+    assert state is not None
+    prometheus = state.pids["prometheus"]
+    time.sleep(20)  # let the loop size the pool for this load first
+    os.kill(prometheus, signal.SIGSTOP)  # no answers: connections hang, queries time out
+    try:
+        assert wait_until(
+            lambda: (
+                _condition(fleet, namespace, name, "MetricsAvailable").get("reason")
+                == "PrometheusUnavailable"
+            ),
+            45,
+            1,
+        ), fleet.diagnostics()
+        held = fleet.replicas(namespace, name)
+        samples = []
+        for _ in range(20):  # four ticks: nothing moves, nothing goes to zero
+            samples.append(fleet.replicas(namespace, name))
+            time.sleep(1)
+        print(f"\nheld while Prometheus was stopped: {held}, then {samples[-1]}")
+        assert all(sample == held for sample in samples), samples
+        assert held["aggregated"] >= 1
+        assert '"PrometheusUnavailable"' in _events(fleet, namespace)
+    finally:
+        os.kill(prometheus, signal.SIGCONT)
+    assert wait_until(
+        lambda: _condition(fleet, namespace, name, "MetricsAvailable").get("status") == "True",
+        60,
+        1,
+    ), fleet.diagnostics()
+    assert wait_until(lambda: '"MetricsAvailable"' in _events(fleet, namespace), 15, 1)
+    load.join()
+
+
+def test_a_pin_holds_until_it_expires_then_the_loop_resumes(fleet: Fleet) -> None:
+    namespace, name = "pinned", "chat"
+    fleet.apply(namespace, manifests(name))
+    router = fleet.router(namespace, name)
+    until = datetime.now(UTC) + timedelta(seconds=45)
+    pin = {"replicas": {"aggregated": 1}, "reason": "INC-42 freeze", "until": until.isoformat()}
+    fleet.kubectl.run(
+        "annotate", "mdep", name, "-n", namespace, f"inferfleet.io/pin={json.dumps(pin)}"
+    )
+    requests = traces.poisson(
+        3.0, 120.0, input_tokens=INPUT_TOKENS, output_tokens=OUTPUT_TOKENS, seed=5
+    )
+    results, timeline = replay(fleet, namespace, name, f"http://{router}:{PORT}", requests)
+    print(f"\nreplicas: {timeline.describe()} (pin until {until:%H:%M:%S})")
+    assert results
+    expiry = 45.0 - 3.0  # the replay started a moment after the pin was set
+    while_pinned = [counts for moment, counts in timeline.samples if moment < expiry]
+    assert while_pinned
+    assert all(counts.get("aggregated") == 1 for counts in while_pinned), timeline.describe()
+    resumed = timeline.first(lambda counts: counts.get("aggregated", 1) >= 2)
+    assert resumed is not None, timeline.describe() + fleet.diagnostics()
+    assert resumed >= expiry
+    print(f"the loop scaled up {resumed - 45.0:.0f}s after the pin expired")
+    events = _events(fleet, namespace)
+    assert '"Pinned"' in events
+    assert '"PinReleased"' in events
+
+
+def test_longer_prompts_at_the_same_rate_shift_the_prefill_decode_ratio(fleet: Fleet) -> None:
+    namespace, name = "mix", "chat"
+    fleet.apply(namespace, manifests(name, disaggregated=True))
+    router = fleet.router(namespace, name)
+    switch_at, duration = 50.0, 170.0
+    requests = traces.mix_shift(
+        1.0, duration, switch_s=switch_at,
+        input_tokens=300, output_tokens=OUTPUT_TOKENS,
+        input_tokens_after=4000, output_tokens_after=OUTPUT_TOKENS, seed=11,
+    )  # fmt: skip
+    results, timeline = replay(fleet, namespace, name, f"http://{router}:{PORT}", requests)
+    print(f"\nreplicas: {timeline.describe()}")
+    assert results
+    before = [c for t, c in timeline.samples if t < switch_at]
+    after = [c for t, c in timeline.samples if t > duration - 30]
+    assert before
+    assert after
+
+    def ratio(counts: dict[str, int]) -> float:
+        return counts.get("prefill", 1) / max(1, counts.get("decode", 1))
+
+    assert max(ratio(c) for c in before) <= 1.0, timeline.describe()
+    assert ratio(after[-1]) > max(ratio(c) for c in before), timeline.describe()
+    assert after[-1]["prefill"] >= 2, timeline.describe()
