@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import re
+import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from inferfleet.api.model_deployment import ModelDeployment, ModelDeploymentSpec
 from inferfleet.autoscale.controller import AutoscalerSettings
 from inferfleet.bench import autoscale as bench_autoscale_lib
 from inferfleet.bench import loadgen, traces
+from inferfleet.demo import DemoSettings, run_demo
 from inferfleet.devcluster.binaries import BinariesUnavailableError, ensure_binaries
 from inferfleet.devcluster.cluster import DevCluster, DevClusterError
 from inferfleet.devcluster.nodes import NodePool
@@ -500,6 +502,42 @@ def sim_engine_command(
         config, model_name or model, engine_role, host=host, port=port,
         prefix_caching=prefix_caching,
     )  # fmt: skip
+
+
+@app.command("demo")
+def demo_command(
+    example: Annotated[
+        Path, typer.Option(help="An autoscaled ModelDeployment and InferenceService (sim).")
+    ] = Path("examples/llama-3.1-8b-autoscaled-sim.yaml"),
+    trace: Annotated[Path, typer.Option(help="A trace to replay (.csv or .jsonl).")] = Path(
+        "../shared/traces/azure2023_conv.csv"
+    ),
+    rate_multiplier: Annotated[float, typer.Option(help="Replay at N x the recorded rate.")] = 1.0,
+    start: Annotated[float, typer.Option(help="Trace seconds to skip.")] = 0.0,
+    duration: Annotated[float, typer.Option(help="Seconds of trace to replay.")] = 120.0,
+    nodes: Annotated[str, typer.Option(help="GPU node pools.")] = "L4-24GB=2",
+    state_dir: Annotated[
+        Path | None, typer.Option("--dir", help="Where the fleet's state and logs go.")
+    ] = None,
+) -> None:
+    """Start a local fleet (dev cluster, fleet agent, operator, Prometheus), apply an
+    autoscaled example, replay a trace through its router and watch the fleet scale; then
+    stop everything."""
+    if not example.is_file() or not trace.is_file():
+        missing = example if not example.is_file() else trace
+        typer.echo(f"error: {missing} is not a file", err=True)
+        raise typer.Exit(EXIT_INVALID)
+    settings = DemoSettings(
+        example=example, trace=trace, rate_multiplier=rate_multiplier, start_s=start,
+        duration_s=duration, pools=nodes,
+    )  # fmt: skip
+    directory = state_dir or Path(tempfile.mkdtemp(prefix="inferfleet-demo-"))
+    try:
+        code = run_demo(settings, directory, typer.echo)
+    except (DevClusterError, BinariesUnavailableError, PrometheusUnavailableError) as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(1) from None
+    raise typer.Exit(code)
 
 
 @app.command("router")

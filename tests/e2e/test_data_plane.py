@@ -15,6 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from inferfleet.api.model_deployment import Role
+from inferfleet.autoscale.queries import role_queries, service_queries
 from inferfleet.bench import loadgen, traces
 from inferfleet.devcluster import processes
 from inferfleet.devcluster.processes import ProcessSpec
@@ -169,3 +171,18 @@ def test_attainment_read_from_prometheus_matches_the_clients(data_plane: DataPla
         assert served == len(requests), job
     tokens = prometheus.scalar(f'sum(inferfleet_router_output_tokens_total{{service="{SERVICE}"}})')
     assert tokens == sum(request.output_tokens for request in requests)
+
+
+def test_every_autoscaler_query_parses_in_prometheus(data_plane: DataPlane) -> None:
+    """The controller's PromQL, filled in for names with dots and dashes, is valid PromQL."""
+    queries = service_queries("chat-v1.2", "team-a", 30.0)
+    for role in Role:
+        queries |= {
+            f"{role.value}:{name}": query
+            for name, query in role_queries("team-a", "llama-3.1-8b", role, 30.0).items()
+        }
+    for name, query in queries.items():
+        answer = httpx.get(
+            f"{data_plane.prometheus.url}/api/v1/query", params={"query": query}, timeout=5.0
+        )
+        assert answer.status_code == 200, (name, query, answer.text)

@@ -114,8 +114,9 @@ def test_queries_name_the_service_its_namespace_the_deployment_and_the_window() 
     assert 'service="chat",namespace="serving"' in queries["attainment"]
     assert "[60s]" in queries["attainment"]
     assert "$" not in "".join(queries.values())
-    role = role_queries("serving", "llama.v2", Role.DECODE, 30.0)
-    assert 'inferfleet_io_model_deployment=~"llama\\.v2"' in role["running_requests"]
+    role = role_queries("serving", "llama-3.v2", Role.DECODE, 30.0)
+    # Regex-escaped, then escaped again for the PromQL string: `\-` alone does not parse.
+    assert 'inferfleet_io_model_deployment=~"llama\\\\-3\\\\.v2"' in role["running_requests"]
     assert 'inferfleet_io_role="decode"' in role["running_requests"]
     assert "[30s]" in role["prompt_tokens_per_s"]
     assert render('x{a="$S"}', service='we"ird', namespace="n") == 'x{a="we\\"ird"}'

@@ -50,7 +50,9 @@ def render(
     values = {
         "$NS": _quoted(namespace),
         "$S": _quoted(service),
-        "$MD": re.escape(_quoted(deployment)),
+        # A regex inside a PromQL string: regex-escaped first, then string-escaped (`\.` is
+        # written `\\.`; a bare `\-` is a PromQL parse error).
+        "$MD": _quoted(re.escape(deployment)),
         "$R": "" if role is None else role.value,
         "$w": _window(window_s),
     }
