@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit e2e control-plane prometheus bench-operator bench-router bench-emulator crds calibration clean
+.PHONY: demo plans test lint typecheck unit e2e control-plane prometheus bench-operator bench-router bench-emulator crds calibration clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -13,7 +13,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+# The main job: the capacity plan of every example, then the live local fleet: an autoscaled
+# service, a production trace through its router, the fleet scaling as it happens.
+demo: plans control-plane prometheus
+	$(BIN)/inferfleet demo --rate-multiplier 0.5
+
+plans: $(STAMP)
 	@# Exit status 3 means "planned, and it does not fit or misses the SLO": expected for one example.
 	@for f in examples/*.yaml; do \
 	  echo "== inferfleet plan -f $$f"; \
