@@ -30,6 +30,9 @@ from inferfleet.devcluster.processes import wait_until
 from inferfleet.slo import Outcome, Slo
 from tests.e2e.conftest import Kubectl
 
+# A replay of a few minutes, in real time: longer than the suite's per-test limit.
+pytestmark = pytest.mark.timeout(600)
+
 MODEL = "llama-3.1-8b"
 PORT = 8000
 # Llama-3.1-8B on an L4: a 2000-token prompt prefills in about 0.45 s, so one replica holds
