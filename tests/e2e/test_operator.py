@@ -325,6 +325,14 @@ def test_an_idle_fleet_costs_no_writes(
         )
 
     assert wait_until(all_ready, 180, 2), operator.tail()
+
+    def others_gone() -> bool:
+        # Earlier tests' namespaces are deleted in the background: their teardown (deletion
+        # handlers, Events) is not this idle fleet's.
+        spaces = kubectl.json("get", "namespaces")["items"]
+        return not any(n["status"].get("phase") == "Terminating" for n in spaces)
+
+    assert wait_until(others_gone, 180, 2), operator.tail()
     time.sleep(5)  # let the last status writes of the rollout land
     audit_log = cluster.log_dir / "audit.log"
     # The log does attribute the operator's writes: the rollout just made plenty.

@@ -491,8 +491,14 @@ def _release(service: InferenceService, namespace: str, *, deleted: bool = False
             kube().patch_status(found, {"autoscaling": None})
 
 
-@kopf.on.delete(API_GROUP, API_VERSION, "inferenceservices", optional=True)
-def inference_service_deleted(*, body: kopf.Body, namespace: str | None, **_: Any) -> None:
-    """A deleted service autoscales nothing: its deployments follow their specs again."""
+@kopf.on.event(API_GROUP, API_VERSION, "inferenceservices")
+def inference_service_deleted(
+    *, type: str, body: kopf.Body, namespace: str | None, **_: Any
+) -> None:
+    """A deleted service autoscales nothing: its deployments follow their specs again. A watch
+    event, not a deletion handler: no finalizer to hold the deletion, no progress to store on
+    an object that is gone."""
+    if type != "DELETED":
+        return
     with contextlib.suppress(ValidationError):
         _release(InferenceService.model_validate(dict(body)), _namespaced(namespace), deleted=True)
