@@ -34,7 +34,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import signal
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -56,6 +55,7 @@ from inferfleet.router.requests import (
     read_request,
     upstream_body,
 )
+from inferfleet.serving import serve_until_signalled
 from inferfleet.slo import Outcome
 from inferfleet.streaming import DONE_EVENT, TokenStream
 
@@ -630,25 +630,15 @@ async def serve(
 ) -> None:
     """Serve until SIGTERM/SIGINT (or `stop`), then drain."""
     server = RouterServer(create_app(config, discovery), host, port)
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    installed: list[signal.Signals] = []
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            loop.add_signal_handler(sig, stop.set)
-            installed.append(sig)
-    try:
-        bound = await server.start()
-        if on_ready is not None:
-            on_ready(bound)
-        await stop.wait()
+
+    def draining() -> None:
         log.info(
             "draining: /health says 503 for %.0f s, then the listener closes", config.drain_delay_s
         )
-    finally:
-        for sig in installed:
-            loop.remove_signal_handler(sig)
-        await server.stop()
+
+    await serve_until_signalled(
+        server.start, server.stop, stop=stop, on_ready=on_ready, on_stop=draining
+    )
 
 
 def run(config: RouterConfig, **options: Any) -> None:

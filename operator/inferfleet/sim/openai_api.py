@@ -49,9 +49,7 @@ Block ids are synthetic, and nothing is actually pulled from `remote_host`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import signal
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -66,6 +64,7 @@ from inferfleet.api.model_deployment import Role
 from inferfleet.planning.memory import KV_BLOCK_TOKENS
 from inferfleet.planning.performance import DEFAULT_EFFICIENCY, EfficiencyTerms
 from inferfleet.planning.replica import ReplicaConfig
+from inferfleet.serving import serve_until_signalled
 from inferfleet.sim.engine import EngineClosedError, RequestStream, SimEngine
 from inferfleet.sim.kv_cache import blocks_for
 from inferfleet.sim.scheduler import EngineRequest, RequestRejectedError
@@ -648,23 +647,7 @@ async def serve(
     gracefully. `engine_options` go to `create_app`; `on_ready` gets the bound port."""
     app = create_app(config, model_name, role, **engine_options)
     server = SimServer(app, host, port, drain_timeout_s=drain_timeout_s, access_log=access_log)
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    installed: list[signal.Signals] = []
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        # Not possible off the main thread or on some platforms: then only `stop` stops.
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            loop.add_signal_handler(sig, stop.set)
-            installed.append(sig)
-    try:
-        bound = await server.start()
-        if on_ready is not None:
-            on_ready(bound)
-        await stop.wait()
-    finally:
-        for sig in installed:
-            loop.remove_signal_handler(sig)
-        await server.stop()
+    await serve_until_signalled(server.start, server.stop, stop=stop, on_ready=on_ready)
 
 
 def run(
