@@ -14,6 +14,10 @@ FIELD_MANAGER = "inferfleet"
 _LIFECYCLE_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
 
 
+class StaleObjectError(Exception):
+    """The object changed since it was read: a write made from that read would undo the other."""
+
+
 class Kube:
     """Objects go in and come out as plain dicts (the wire form), through the dynamic client."""
 
@@ -128,15 +132,30 @@ class Kube:
                 ready.add(str(node["metadata"]["name"]))
         return ready
 
-    def patch_status(self, obj: dict[str, Any], status: dict[str, Any]) -> None:
-        """Merge `status` into the object's status subresource (lists are replaced whole)."""
+    def patch_status(
+        self, obj: dict[str, Any], status: dict[str, Any], *, if_unchanged: bool = False
+    ) -> None:
+        """Merge `status` into the object's status subresource (lists are replaced whole).
+
+        `if_unchanged`: only if the object is still at the resourceVersion it was read at
+        (optimistic concurrency), else `StaleObjectError`. For status that several writers
+        share, such as a list of conditions that each write one entry of.
+        """
+        body: dict[str, Any] = {"status": status}
+        if if_unchanged:
+            body["metadata"] = {"resourceVersion": obj["metadata"]["resourceVersion"]}
         resource = self._resource(obj["apiVersion"], obj["kind"])
-        resource.status.patch(
-            body={"status": status},
-            name=obj["metadata"]["name"],
-            namespace=obj["metadata"].get("namespace"),
-            content_type="application/merge-patch+json",
-        )
+        try:
+            resource.status.patch(
+                body=body,
+                name=obj["metadata"]["name"],
+                namespace=obj["metadata"].get("namespace"),
+                content_type="application/merge-patch+json",
+            )
+        except ApiException as error:
+            if if_unchanged and error.status == 409:
+                raise StaleObjectError(str(error.reason)) from error
+            raise
 
     def patch_pod_status(self, name: str, namespace: str, status: dict[str, Any]) -> None:
         """Strategic merge into a pod's status: conditions merge by type, as a kubelet

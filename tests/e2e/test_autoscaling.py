@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import signal
 import threading
@@ -205,14 +206,16 @@ def replay(
     return results, timeline
 
 
-def windows(results: list[RequestResult]) -> list[tuple[float, float, int]]:
-    """(window start, attainment, requests) per WINDOW_S of arrivals."""
+def windows(results: list[RequestResult], origin_s: float) -> list[tuple[float, float, int]]:
+    """(window start, attainment, requests) per WINDOW_S of arrivals, on a grid with a boundary
+    at `origin_s`, so that no window mixes the load before a change with the load after it."""
     by_window: dict[int, list[bool]] = {}
     for result in results:
         met = SLO.outcome(ok=result.ok, ttft_s=result.ttft_s, tpot_s=result.tpot_s) is Outcome.MET
-        by_window.setdefault(int(result.scheduled_s // WINDOW_S), []).append(met)
+        index = math.floor((result.scheduled_s - origin_s) / WINDOW_S)
+        by_window.setdefault(index, []).append(met)
     return [
-        (index * WINDOW_S, sum(found) / len(found), len(found))
+        (origin_s + index * WINDOW_S, sum(found) / len(found), len(found))
         for index, found in sorted(by_window.items())
     ]
 
@@ -227,7 +230,7 @@ def test_a_load_step_scales_the_pool_and_attainment_recovers(fleet: Fleet) -> No
         input_tokens=INPUT_TOKENS, output_tokens=OUTPUT_TOKENS, seed=7,
     )  # fmt: skip
     results, timeline = replay(fleet, namespace, name, f"http://{router}:{PORT}", requests)
-    attainment = windows(results)
+    attainment = windows(results, origin_s=step_at)
     print(f"\nreplicas: {timeline.describe()}")
     print(
         "attainment per window: " + ", ".join(f"{t:.0f}s {a:.2f} (n={n})" for t, a, n in attainment)

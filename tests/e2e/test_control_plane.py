@@ -12,6 +12,7 @@ import yaml
 
 from inferfleet.devcluster.cluster import POD_CIDR, DevCluster
 from inferfleet.devcluster.processes import wait_until
+from inferfleet.kube import Kube, StaleObjectError
 from tests.e2e.conftest import POOLS, Kubectl
 from tests.unit.validation_cases import ValidationCase, load_cases
 
@@ -247,3 +248,31 @@ def test_status_reports_every_component_healthy(cluster: DevCluster) -> None:
     assert all(
         state.startswith("running") and "not healthy" not in state for state in report.values()
     ), report
+
+
+def test_a_status_write_from_a_stale_read_is_refused(
+    kubectl: Kubectl, kube: Kube, namespace: str
+) -> None:
+    """Two writers of one conditions list: the one that read before the other wrote must not
+    drop the other's condition, so the API server refuses its write (optimistic concurrency)."""
+    kubectl.run("apply", "--server-side", "-n", namespace, "-f", str(ROOT / "examples" /
+        "llama-3.1-8b-aggregated-vllm.yaml"))  # fmt: skip
+    api = "inferfleet.io/v1alpha1"
+    read_by_first = kube.get(api, "InferenceService", "chat", namespace)
+    read_by_second = kube.get(api, "InferenceService", "chat", namespace)
+    assert read_by_first is not None
+    assert read_by_second is not None
+    metrics = {"type": "MetricsAvailable", "status": "False", "reason": "PrometheusUnavailable",
+               "message": "m", "lastTransitionTime": "2026-01-01T00:00:00Z"}  # fmt: skip
+    ready = {**metrics, "type": "Ready", "reason": "BackendsReady"}
+    kube.patch_status(read_by_first, {"conditions": [metrics]}, if_unchanged=True)
+    with pytest.raises(StaleObjectError):
+        kube.patch_status(read_by_second, {"conditions": [ready]}, if_unchanged=True)
+    stored = kube.get(api, "InferenceService", "chat", namespace)
+    assert stored is not None
+    assert [c["type"] for c in stored["status"]["conditions"]] == ["MetricsAvailable"]
+    # From a fresh read the write goes through.
+    kube.patch_status(stored, {"conditions": [metrics, ready]}, if_unchanged=True)
+    stored = kube.get(api, "InferenceService", "chat", namespace)
+    assert stored is not None
+    assert {c["type"] for c in stored["status"]["conditions"]} == {"MetricsAvailable", "Ready"}

@@ -47,7 +47,7 @@ from inferfleet.autoscale.snapshot import MetricsSnapshot
 from inferfleet.engines import roles_of
 from inferfleet.planning.replica import ReplicaConfig
 from inferfleet.reconcile.pins import read_pin
-from inferfleet.reconcile.status import condition
+from inferfleet.reconcile.status import condition, with_condition
 
 METRICS_AVAILABLE = "MetricsAvailable"
 
@@ -264,7 +264,7 @@ def tick(
         generation=generation,
         now=now,
     )
-    conditions = [c for c in conditions if c.get("type") != METRICS_AVAILABLE] + [metrics_condition]
+    conditions = with_condition(conditions, metrics_condition)
     events: list[tuple[str, str, bool]] = []
     was_available = next(
         (

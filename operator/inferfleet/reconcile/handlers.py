@@ -30,10 +30,15 @@ from inferfleet.autoscale.controller import (
     tick,
 )
 from inferfleet.engines import roles_of
-from inferfleet.kube import Kube
+from inferfleet.kube import Kube, StaleObjectError
 from inferfleet.planning.capacity import CapacityPlan, plan
 from inferfleet.reconcile.pins import PIN_ANNOTATION, Pin, read_pin
-from inferfleet.reconcile.status import RoleProgress, condition, model_deployment_status
+from inferfleet.reconcile.status import (
+    RoleProgress,
+    condition,
+    model_deployment_status,
+    with_condition,
+)
 from inferfleet.render import (
     MissingReferenceError,
     UnsupportedSpecError,
@@ -350,18 +355,20 @@ def _service_state(
         if found is not None:
             referenced[ref.name] = ModelDeployment.model_validate(found)
 
-    def ready(status: bool, reason: str, message: str) -> dict[str, Any]:
-        return condition(
+    def ready(status: bool, reason: str, message: str) -> list[dict[str, Any]]:
+        """The conditions with Ready judged anew; the autoscaler's stay as they are."""
+        ready_now = condition(
             previous, "Ready", status=status, reason=reason, message=message,
             generation=generation, now=_now(),
         )  # fmt: skip
+        return with_condition(previous, ready_now)
 
     try:
         objects = render_inference_service(service, referenced, router_discovery=router_discovery)
     except MissingReferenceError as error:
         return [], {
             "observedGeneration": generation,
-            "conditions": [ready(False, "MissingDeployment", str(error))],
+            "conditions": ready(False, "MissingDeployment", str(error)),
         }
     not_ready = sorted(
         ref
@@ -373,11 +380,11 @@ def _service_state(
     )
     status = {
         "observedGeneration": generation,
-        "conditions": [
+        "conditions": (
             ready(False, "BackendsNotReady", "not ready: " + ", ".join(not_ready))
             if not_ready
             else ready(True, "BackendsReady", "ready: " + ", ".join(sorted(referenced)))
-        ],
+        ),
         "url": f"http://{name}.{namespace}.svc.cluster.local",
     }
     return objects, status
@@ -391,7 +398,6 @@ def reconcile_inference_service(
     body: kopf.Body,
     namespace: str | None,
     status: kopf.Status,
-    patch: kopf.Patch,
     memo: kopf.Memo,
     **_: Any,
 ) -> None:
@@ -405,9 +411,20 @@ def reconcile_inference_service(
         kube().apply(obj, FIELD_MANAGER)
     _release(service, _namespaced(namespace))
     if _changed(status, desired):
-        if desired["conditions"][0]["reason"] == "MissingDeployment":
-            kopf.warn(body, reason="MissingDeployment", message=desired["conditions"][0]["message"])
-        patch.status.update(desired)
+        _write_service_status(dict(body), desired)
+        ready = next(c for c in desired["conditions"] if c["type"] == "Ready")
+        if ready["reason"] == "MissingDeployment":
+            kopf.warn(body, reason="MissingDeployment", message=ready["message"])
+
+
+def _write_service_status(service: dict[str, Any], status: dict[str, Any]) -> None:
+    """An InferenceService's status, written only over the version it was computed from: the
+    reconciler and the autoscaler each own conditions of that one list, and a merge patch from
+    a stale read would drop the other's. A lost race is retried by kopf, from a fresh read."""
+    try:
+        kube().patch_status(service, status, if_unchanged=True)
+    except StaleObjectError as error:
+        raise kopf.TemporaryError(f"status changed while computed: {error}", delay=1) from error
 
 
 @kopf.on.field(API_GROUP, API_VERSION, "modeldeployments", field="status.conditions")
@@ -419,7 +436,7 @@ def backend_changed(*, name: str, namespace: str | None, **_: Any) -> None:
         service = InferenceService.model_validate(found)
         desired = _service_state(service, _namespaced(namespace))[1]
         if _changed(found.get("status"), desired):
-            kube().patch_status(found, desired)
+            _write_service_status(found, desired)
 
 
 AUTOSCALE_TIMER_S = 1.0
@@ -442,9 +459,7 @@ def _autoscaler_settings(memo: kopf.Memo) -> AutoscalerSettings:
     interval=AUTOSCALE_TIMER_S,
     when=_autoscaling_on,
 )
-def autoscale(
-    *, body: kopf.Body, namespace: str | None, patch: kopf.Patch, memo: kopf.Memo, **_: Any
-) -> None:
+def autoscale(*, body: kopf.Body, namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
     """One autoscaling tick (`autoscale.controller.tick`) of a `policy: goodput` service, on a
     timer of its own so that a slow Prometheus answer delays no other service."""
     settings = _autoscaler_settings(memo)
@@ -470,13 +485,19 @@ def autoscale(
         else None
     )
     result = tick(service, deployments, source, settings=settings, now=now)
+    # The service's status first: it holds the policy's history, and a tick whose status lost
+    # a race (`StaleObjectError`) must not have scaled anything; it runs again on the next wake.
+    if _changed(body.get("status"), result.status):
+        try:
+            kube().patch_status(dict(body), result.status, if_unchanged=True)
+        except StaleObjectError:
+            memo["last_tick"] = None
+            return
     for decided in result.deployments:
         if decided.autoscaling_status is not None:
             kube().patch_status(found[decided.name], {"autoscaling": decided.autoscaling_status})
     for reason, message, warning in result.events:
         (kopf.warn if warning else kopf.info)(body, reason=reason, message=message)
-    if _changed(body.get("status"), result.status):
-        patch.status.update(result.status)
 
 
 def _release(service: InferenceService, namespace: str, *, deleted: bool = False) -> None:

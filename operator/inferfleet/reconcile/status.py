@@ -89,6 +89,16 @@ def condition(
     }
 
 
+def with_condition(
+    conditions: Sequence[Mapping[str, Any]], new: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    """`conditions` with `new` in place of the one of its type, the others kept in order: the
+    list is keyed by type, and each type has one writer, which must not drop the others'."""
+    kept = [dict(c) for c in conditions if c.get("type") != new["type"]]
+    index = next((i for i, c in enumerate(conditions) if c.get("type") == new["type"]), len(kept))
+    return [*kept[:index], dict(new), *kept[index:]]
+
+
 def plan_status(plan: CapacityPlan) -> dict[str, Any]:
     memory = plan.memory
     return {
