@@ -452,3 +452,40 @@ def test_an_autoscaled_service_without_metrics_holds_and_says_so(
     )  # fmt: skip
     assert wait_until(lambda: replicas() == 2, 30, 0.5), operator.tail()
     assert "autoscaling" not in _md(kubectl, namespace, name)["status"]
+
+
+def test_deleting_an_autoscaled_service_hands_the_replicas_back_to_the_spec(
+    operator: Operator, kubectl: Kubectl, namespace: str
+) -> None:
+    _apply(kubectl, namespace, EXAMPLES / "llama-3.1-8b-aggregated-vllm.yaml")
+    name = "llama-3-1-8b"
+    autoscaling = {"policy": "goodput", "aggregated": {"minReplicas": 1, "maxReplicas": 4}}
+    kubectl.run(
+        "patch", "infsvc", "chat", "-n", namespace, "--type=merge",
+        "-p", json.dumps({"spec": {"autoscaling": autoscaling}}),
+    )  # fmt: skip
+
+    def replicas() -> int:
+        return int(_deployments(kubectl, namespace, name)["aggregated"]["spec"]["replicas"])
+
+    def held() -> dict[str, Any] | None:
+        found: dict[str, Any] | None = (
+            _md(kubectl, namespace, name).get("status", {}).get("autoscaling")
+        )
+        return found
+
+    assert wait_until(lambda: held() is not None, 60, 0.5), operator.tail()
+    decided = held()
+    assert decided is not None
+    kubectl.run(
+        "patch", "mdep", name, "-n", namespace, "--subresource=status", "--type=merge",
+        "-p", json.dumps({"status": {"autoscaling": {**decided, "replicas": [
+            {"role": "aggregated", "replicas": 3}]}}}),
+    )  # fmt: skip
+    assert wait_until(lambda: replicas() == 3, 30, 0.5), operator.tail()
+
+    kubectl.run("delete", "infsvc", "chat", "-n", namespace)
+    # Nothing autoscales the deployment any more: it runs what its spec says, and it stays.
+    assert wait_until(lambda: held() is None, 30, 0.5), operator.tail()
+    assert wait_until(lambda: replicas() == 2, 30, 0.5), operator.tail()
+    assert _md(kubectl, namespace, name)["spec"]["replicas"] == 2
