@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,9 @@ class Kube:
     def __init__(self, api_client: client.ApiClient) -> None:
         self.api_client = api_client
         self._dynamic: DynamicClient | None = None
+        # The dynamic client's discovery cache is not thread-safe (a lookup that misses
+        # rebuilds it in place), and kopf runs handlers and timers on a pool of threads.
+        self._discovery = threading.Lock()
 
     @classmethod
     def from_kubeconfig(cls, path: Path) -> Kube:
@@ -45,12 +49,15 @@ class Kube:
     @property
     def dynamic(self) -> DynamicClient:
         # Discovery costs a round of requests: only when a generic call needs it.
-        if self._dynamic is None:
-            self._dynamic = DynamicClient(self.api_client)  # type: ignore[no-untyped-call]
-        return self._dynamic
+        with self._discovery:
+            if self._dynamic is None:
+                self._dynamic = DynamicClient(self.api_client)  # type: ignore[no-untyped-call]
+            return self._dynamic
 
     def _resource(self, api_version: str, kind: str) -> Any:
-        return self.dynamic.resources.get(api_version=api_version, kind=kind)
+        dynamic = self.dynamic
+        with self._discovery:
+            return dynamic.resources.get(api_version=api_version, kind=kind)
 
     def create_node(self, node: dict[str, Any]) -> None:
         """Register a node as a kubelet does: the object, then its status (capacity)."""

@@ -16,6 +16,19 @@ if TYPE_CHECKING:
     from inferfleet.api.inference_service import SloSpec
 
 
+# The buckets of the router's latency histograms (`inferfleet_router_ttft_seconds`,
+# `..._tpot_seconds`). The autoscaler's p95 is interpolated inside one of them, as Prometheus
+# does, so the fleet simulator counts into the same ones.
+TTFT_BUCKETS_S = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
+    1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)  # fmt: skip
+TPOT_BUCKETS_S = (
+    0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.06, 0.075, 0.1,
+    0.125, 0.15, 0.2, 0.3, 0.5, 1.0,
+)  # fmt: skip
+
+
 class Outcome(StrEnum):
     """What a request did against the SLO (the `outcome` label of the router's counters)."""
 

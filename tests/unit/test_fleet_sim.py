@@ -17,7 +17,6 @@ from inferfleet.bench import traces
 from inferfleet.bench.autoscale import GoodputScaler, load_scenario, service_of
 from inferfleet.bench.traces import TraceRequest
 from inferfleet.sim.fleet import (
-    ROUTER_TTFT_BUCKETS_S,
     FleetConfig,
     FleetRun,
     RequestRecord,
@@ -25,7 +24,7 @@ from inferfleet.sim.fleet import (
     simulate,
 )
 from inferfleet.sim.scheduler import EngineCore, EngineRequest
-from inferfleet.slo import Outcome, Slo
+from inferfleet.slo import TTFT_BUCKETS_S, Outcome, Slo
 from tests.unit.planning_fixtures import replica
 
 REPO = Path(__file__).resolve().parents[2]
@@ -266,7 +265,7 @@ def test_snapshots_report_what_the_fleet_did_over_the_window() -> None:
         assert snapshot.service.attainment == pytest.approx(1.0)
         ttft = snapshot.service.ttft_p95_s
         assert ttft is not None
-        assert 0 < ttft <= ROUTER_TTFT_BUCKETS_S[-1]
+        assert 0 < ttft <= TTFT_BUCKETS_S[-1]
         assert snapshot.newest_sample_age_s < config.scrape_interval_s
 
 

@@ -12,18 +12,20 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import kopf
 from pydantic import ValidationError
+from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_random
 
 from inferfleet.api.common import API_GROUP, API_VERSION
 from inferfleet.api.inference_service import InferenceService
 from inferfleet.api.model_deployment import ModelDeployment, Role, TopologyMode
 from inferfleet.autoscale.controller import (
+    METRICS_AVAILABLE,
     AutoscalerSettings,
     PrometheusSource,
     autoscaled_by,
@@ -228,6 +230,29 @@ def reconcile_model_deployment(
     _reconcile_model_deployment(body, name, _namespaced(namespace), status, patch)
 
 
+def _apply_workloads(md: ModelDeployment, name: str, namespace: str) -> _Desired:
+    """Apply what `md` wants now (spec, then the autoscaler's replicas, then pins) and prune
+    what it no longer wants; idempotent, so any writer of its inputs may call it."""
+    desired = _desired(md)
+    for obj in desired.objects:
+        kube().apply(obj, FIELD_MANAGER)
+    if desired.objects:
+        _prune(md, name, namespace, desired.objects)
+    return desired
+
+
+def _reapply(name: str, namespace: str) -> None:
+    """After a write to a ModelDeployment's `status.autoscaling`: its workloads follow at once,
+    from a fresh read, whoever wrote it. Not left to the status-field handler alone: kopf's
+    change detection on status missed such a change when it landed amid the handling of
+    another (its last-handled state recorded it; the workloads kept the old count)."""
+    found = kube().get(f"{API_GROUP}/{API_VERSION}", "ModelDeployment", name, namespace)
+    if found is None:
+        return
+    with contextlib.suppress(ValidationError):
+        _apply_workloads(ModelDeployment.model_validate(found), name, namespace)
+
+
 def _reconcile_model_deployment(
     body: kopf.Body, name: str, namespace: str, status: kopf.Status, patch: kopf.Patch
 ) -> None:
@@ -248,15 +273,11 @@ def _reconcile_model_deployment(
             )
         ]
         return
-    desired = _desired(md)
+    desired = _apply_workloads(md, name, namespace)
     if desired.blocked:
         kopf.warn(body, reason="SpecNotApplied", message=desired.blocked)
     if desired.pin_problem:
         kopf.warn(body, reason="PinIgnored", message=desired.pin_problem)
-    for obj in desired.objects:
-        kube().apply(obj, FIELD_MANAGER)
-    if desired.objects:
-        _prune(md, name, namespace, desired.objects)
     if desired.objects and status.get("observedGeneration") != body.meta.get("generation"):
         kinds = ", ".join(sorted({f"{o['kind']}/{o['metadata']['name']}" for o in desired.objects}))
         kopf.info(
@@ -340,36 +361,34 @@ def _router_discovery(memo: kopf.Memo) -> DiscoveryMode:
     return DiscoveryMode(memo.get("router_discovery", DiscoveryMode.ENDPOINT_SLICES))
 
 
+@dataclass(frozen=True)
+class _ServiceVerdict:
+    """What the reconciler says of an InferenceService: the parts of its status it owns."""
+
+    generation: int
+    ready: bool
+    reason: str
+    message: str
+    url: str | None
+
+
 def _service_state(
     service: InferenceService,
     namespace: str,
     router_discovery: DiscoveryMode = DiscoveryMode.ENDPOINT_SLICES,
-) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """The router objects to apply and the service's status."""
+) -> tuple[list[dict[str, Any]], _ServiceVerdict]:
+    """The router objects to apply and the reconciler's verdict on the service."""
     name = str(service.metadata.get("name"))
     generation = int(str(service.metadata.get("generation", 0)))
-    previous = service.status.to_wire().get("conditions", []) if service.status else []
     referenced = {}
     for ref in service.spec.deployments:
         found = kube().get(f"{API_GROUP}/{API_VERSION}", "ModelDeployment", ref.name, namespace)
         if found is not None:
             referenced[ref.name] = ModelDeployment.model_validate(found)
-
-    def ready(status: bool, reason: str, message: str) -> list[dict[str, Any]]:
-        """The conditions with Ready judged anew; the autoscaler's stay as they are."""
-        ready_now = condition(
-            previous, "Ready", status=status, reason=reason, message=message,
-            generation=generation, now=_now(),
-        )  # fmt: skip
-        return with_condition(previous, ready_now)
-
     try:
         objects = render_inference_service(service, referenced, router_discovery=router_discovery)
     except MissingReferenceError as error:
-        return [], {
-            "observedGeneration": generation,
-            "conditions": ready(False, "MissingDeployment", str(error)),
-        }
+        return [], _ServiceVerdict(generation, False, "MissingDeployment", str(error), None)
     not_ready = sorted(
         ref
         for ref, md in referenced.items()
@@ -378,16 +397,53 @@ def _service_state(
             and any(c.type == "Ready" and c.status.value == "True" for c in md.status.conditions)
         )
     )
-    status = {
-        "observedGeneration": generation,
-        "conditions": (
-            ready(False, "BackendsNotReady", "not ready: " + ", ".join(not_ready))
-            if not_ready
-            else ready(True, "BackendsReady", "ready: " + ", ".join(sorted(referenced)))
-        ),
-        "url": f"http://{name}.{namespace}.svc.cluster.local",
+    url = f"http://{name}.{namespace}.svc.cluster.local"
+    if not_ready:
+        message = "not ready: " + ", ".join(not_ready)
+        return objects, _ServiceVerdict(generation, False, "BackendsNotReady", message, url)
+    message = "ready: " + ", ".join(sorted(referenced))
+    return objects, _ServiceVerdict(generation, True, "BackendsReady", message, url)
+
+
+def _service_status(verdict: _ServiceVerdict, current: Mapping[str, Any]) -> dict[str, Any]:
+    """The reconciler's part of the status, over the status as it is now: Ready judged anew,
+    the autoscaler's conditions kept."""
+    conditions: list[Mapping[str, Any]] = list(current.get("conditions") or [])
+    ready = condition(
+        conditions, "Ready", status=verdict.ready, reason=verdict.reason,
+        message=verdict.message, generation=verdict.generation, now=_now(),
+    )  # fmt: skip
+    status: dict[str, Any] = {
+        "observedGeneration": verdict.generation,
+        "conditions": with_condition(conditions, ready),
     }
-    return objects, status
+    if verdict.url is not None:
+        status["url"] = verdict.url
+    return status
+
+
+@retry(
+    retry=retry_if_exception_type(StaleObjectError),
+    stop=stop_after_attempt(5),
+    wait=wait_random(0, 0.2),
+    reraise=True,
+)
+def _update_service_status(
+    name: str, namespace: str, update: Callable[[Mapping[str, Any]], dict[str, Any]]
+) -> dict[str, Any] | None:
+    """Read the InferenceService, compute its status with `update` from what it holds now and
+    write it over the version read; on a conflict, again from a fresh read (client-go's
+    RetryOnConflict). The reconciler and the autoscaler each own entries of one conditions
+    list, and a merge patch from a stale read would drop the other's. Returns what was written:
+    None when nothing changed or the service is gone."""
+    current = kube().get(f"{API_GROUP}/{API_VERSION}", "InferenceService", name, namespace)
+    if current is None:
+        return None
+    status = update(current.get("status") or {})
+    if not _changed(current.get("status"), status):
+        return None
+    kube().patch_status(current, status, if_unchanged=True)
+    return status
 
 
 @kopf.on.resume(API_GROUP, API_VERSION, "inferenceservices")
@@ -396,8 +452,8 @@ def _service_state(
 def reconcile_inference_service(
     *,
     body: kopf.Body,
+    name: str,
     namespace: str | None,
-    status: kopf.Status,
     memo: kopf.Memo,
     **_: Any,
 ) -> None:
@@ -406,25 +462,17 @@ def reconcile_inference_service(
     except ValidationError as error:
         kopf.warn(body, reason="InvalidSpec", message=f"spec refused: {error}")
         return
-    objects, desired = _service_state(service, _namespaced(namespace), _router_discovery(memo))
+    space = _namespaced(namespace)
+    objects, verdict = _service_state(service, space, _router_discovery(memo))
     for obj in objects:
         kube().apply(obj, FIELD_MANAGER)
-    _release(service, _namespaced(namespace))
-    if _changed(status, desired):
-        _write_service_status(dict(body), desired)
-        ready = next(c for c in desired["conditions"] if c["type"] == "Ready")
-        if ready["reason"] == "MissingDeployment":
-            kopf.warn(body, reason="MissingDeployment", message=ready["message"])
-
-
-def _write_service_status(service: dict[str, Any], status: dict[str, Any]) -> None:
-    """An InferenceService's status, written only over the version it was computed from: the
-    reconciler and the autoscaler each own conditions of that one list, and a merge patch from
-    a stale read would drop the other's. A lost race is retried by kopf, from a fresh read."""
+    _release(service, space)
     try:
-        kube().patch_status(service, status, if_unchanged=True)
+        written = _update_service_status(name, space, functools.partial(_service_status, verdict))
     except StaleObjectError as error:
-        raise kopf.TemporaryError(f"status changed while computed: {error}", delay=1) from error
+        raise kopf.TemporaryError(f"status kept changing: {error}", delay=1) from error
+    if written is not None and verdict.reason == "MissingDeployment":
+        kopf.warn(body, reason="MissingDeployment", message=verdict.message)
 
 
 @kopf.on.field(API_GROUP, API_VERSION, "modeldeployments", field="status.conditions")
@@ -434,9 +482,12 @@ def backend_changed(*, name: str, namespace: str | None, **_: Any) -> None:
         if not any(ref.get("name") == name for ref in found["spec"].get("deployments", [])):
             continue
         service = InferenceService.model_validate(found)
-        desired = _service_state(service, _namespaced(namespace))[1]
-        if _changed(found.get("status"), desired):
-            _write_service_status(found, desired)
+        verdict = _service_state(service, _namespaced(namespace))[1]
+        _update_service_status(
+            str(found["metadata"]["name"]),
+            _namespaced(namespace),
+            functools.partial(_service_status, verdict),
+        )
 
 
 AUTOSCALE_TIMER_S = 1.0
@@ -485,17 +536,22 @@ def autoscale(*, body: kopf.Body, namespace: str | None, memo: kopf.Memo, **_: A
         else None
     )
     result = tick(service, deployments, source, settings=settings, now=now)
-    # The service's status first: it holds the policy's history, and a tick whose status lost
-    # a race (`StaleObjectError`) must not have scaled anything; it runs again on the next wake.
-    if _changed(body.get("status"), result.status):
-        try:
-            kube().patch_status(dict(body), result.status, if_unchanged=True)
-        except StaleObjectError:
-            memo["last_tick"] = None
-            return
+    # The service's status first: it holds the policy's history, and a tick whose status could
+    # not be written must not have scaled anything; it runs again on the next wake.
+    metrics = next(c for c in result.status["conditions"] if c["type"] == METRICS_AVAILABLE)
+
+    def status_over(now: Mapping[str, Any]) -> dict[str, Any]:
+        return {**result.status, "conditions": with_condition(now.get("conditions") or [], metrics)}
+
+    try:
+        _update_service_status(str(body.metadata["name"]), space, status_over)
+    except StaleObjectError:
+        memo["last_tick"] = None
+        return
     for decided in result.deployments:
         if decided.autoscaling_status is not None:
             kube().patch_status(found[decided.name], {"autoscaling": decided.autoscaling_status})
+            _reapply(decided.name, space)
     for reason, message, warning in result.events:
         (kopf.warn if warning else kopf.info)(body, reason=reason, message=message)
 
@@ -510,6 +566,7 @@ def _release(service: InferenceService, namespace: str, *, deleted: bool = False
             continue
         if deleted or not autoscaled_by(service, ref.name):
             kube().patch_status(found, {"autoscaling": None})
+            _reapply(ref.name, namespace)
 
 
 @kopf.on.event(API_GROUP, API_VERSION, "inferenceservices")

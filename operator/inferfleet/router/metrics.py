@@ -21,16 +21,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from inferfleet.slo import Outcome
+from inferfleet.slo import TPOT_BUCKETS_S, TTFT_BUCKETS_S, Outcome
 
-TTFT_BUCKETS = (
-    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
-    1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
-)  # fmt: skip
-TPOT_BUCKETS = (
-    0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.06, 0.075, 0.1,
-    0.125, 0.15, 0.2, 0.3, 0.5, 1.0,
-)  # fmt: skip
 E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
 
 
@@ -62,14 +54,14 @@ class RouterMetrics:
             "inferfleet_router_ttft_seconds",
             "Time to first token, from the request's arrival at the router.",
             labels,
-            buckets=TTFT_BUCKETS,
+            buckets=TTFT_BUCKETS_S,
             registry=self.registry,
         )
         self.tpot = Histogram(
             "inferfleet_router_tpot_seconds",
             "Time per output token after the first, per request of two tokens or more.",
             labels,
-            buckets=TPOT_BUCKETS,
+            buckets=TPOT_BUCKETS_S,
             registry=self.registry,
         )
         self.e2e = Histogram(
@@ -101,7 +93,7 @@ class RouterMetrics:
             "inferfleet_router_upstream_seconds",
             "Per role: a prefill call's duration, or the time to first token of a serving call.",
             (*labels, "role"),
-            buckets=TTFT_BUCKETS,
+            buckets=TTFT_BUCKETS_S,
             registry=self.registry,
         )
         self.upstream_errors = Counter(

@@ -45,20 +45,9 @@ from inferfleet.planning.memory import KV_BLOCK_TOKENS
 from inferfleet.planning.performance import DEFAULT_EFFICIENCY, EfficiencyTerms
 from inferfleet.planning.replica import ReplicaConfig
 from inferfleet.sim.scheduler import EngineCore, EngineRequest, RequestRejectedError, StepResult
-from inferfleet.slo import Outcome, Slo
+from inferfleet.slo import TPOT_BUCKETS_S, TTFT_BUCKETS_S, Outcome, Slo
 
 DEFAULT_COLD_START_S = 120.0
-
-# The router's latency histograms (`inferfleet_router_ttft_seconds`, `..._tpot_seconds`), with
-# the router's buckets: a p95 is interpolated inside one of them, as Prometheus does.
-ROUTER_TTFT_BUCKETS_S = (
-    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
-    1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
-)  # fmt: skip
-ROUTER_TPOT_BUCKETS_S = (
-    0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.06, 0.075, 0.1,
-    0.125, 0.15, 0.2, 0.3, 0.5, 1.0,
-)  # fmt: skip
 
 
 class Scaler(Protocol):
@@ -363,8 +352,8 @@ class FleetSimulator:
         self._retired_generation: dict[Role, int] = dict.fromkeys(config.roles, 0)
         # Router counters.
         self._outcomes: dict[Outcome, int] = dict.fromkeys(Outcome, 0)
-        self._ttft_counts = [0] * (len(ROUTER_TTFT_BUCKETS_S) + 1)
-        self._tpot_counts = [0] * (len(ROUTER_TPOT_BUCKETS_S) + 1)
+        self._ttft_counts = [0] * (len(TTFT_BUCKETS_S) + 1)
+        self._tpot_counts = [0] * (len(TPOT_BUCKETS_S) + 1)
         self._router_prompt_tokens = 0
         self._router_output_tokens = 0
         self._prefix_keys: dict[int, list[int]] = {}
@@ -539,9 +528,9 @@ class FleetSimulator:
         record.outcome = self.config.slo.outcome(ok=not failed, ttft_s=ttft, tpot_s=tpot)
         if not failed:
             if ttft is not None:
-                self._ttft_counts[bisect.bisect_left(ROUTER_TTFT_BUCKETS_S, ttft)] += 1
+                self._ttft_counts[bisect.bisect_left(TTFT_BUCKETS_S, ttft)] += 1
             if tpot is not None:
-                self._tpot_counts[bisect.bisect_left(ROUTER_TPOT_BUCKETS_S, tpot)] += 1
+                self._tpot_counts[bisect.bisect_left(TPOT_BUCKETS_S, tpot)] += 1
             self._router_prompt_tokens += record.input_tokens
             self._router_output_tokens += record.output_tokens
         self._outcomes[record.outcome] += 1
@@ -679,10 +668,10 @@ class FleetSimulator:
                 requests_per_s=completed / span,
                 in_flight_requests=float(newest.in_flight),
                 attainment=met / completed if completed else None,
-                ttft_p95_s=histogram_quantile(0.95, ROUTER_TTFT_BUCKETS_S, ttft),
-                tpot_p95_s=histogram_quantile(0.95, ROUTER_TPOT_BUCKETS_S, tpot),
-                ttft_p99_s=histogram_quantile(0.99, ROUTER_TTFT_BUCKETS_S, ttft),
-                tpot_p99_s=histogram_quantile(0.99, ROUTER_TPOT_BUCKETS_S, tpot),
+                ttft_p95_s=histogram_quantile(0.95, TTFT_BUCKETS_S, ttft),
+                tpot_p95_s=histogram_quantile(0.95, TPOT_BUCKETS_S, tpot),
+                ttft_p99_s=histogram_quantile(0.99, TTFT_BUCKETS_S, ttft),
+                tpot_p99_s=histogram_quantile(0.99, TPOT_BUCKETS_S, tpot),
                 mean_prompt_tokens=prompt_delta / completed if completed else None,
                 mean_output_tokens=output_delta / completed if completed else None,
             )
