@@ -315,7 +315,7 @@ def autoscaled_replicas_changed(
     interval=15,
     annotations={PIN_ANNOTATION: kopf.PRESENT},
 )
-def pin_expiry(
+def pin_in_force(
     *,
     body: kopf.Body,
     name: str,
@@ -324,10 +324,18 @@ def pin_expiry(
     patch: kopf.Patch,
     **_: Any,
 ) -> None:
-    """A pin that expires changes nothing in the object: notice it and reconcile once."""
+    """A pin that expires changes nothing in the object: notice it and reconcile once. Also a
+    pin that is in force but not yet applied, however its annotation's change was missed: the
+    SRE's override must not wait for the next change of the object."""
     pin, _problem = read_pin(body.metadata.annotations)
-    still_pinned = any(role.get("pinned") for role in status.get("roles") or [])
-    if still_pinned and (pin is None or not pin.active(_now())):
+    roles = status.get("roles") or []
+    applied = {role.get("role") for role in roles if role.get("pinned")}
+    in_force = (
+        {r.value for r in pin.replicas} & {role.get("role") for role in roles}
+        if pin is not None and pin.active(_now())
+        else set()
+    )
+    if applied != in_force:
         _reconcile_model_deployment(body, name, _namespaced(namespace), status, patch)
 
 
