@@ -141,8 +141,9 @@ class Kube:
 
     def patch_status(
         self, obj: dict[str, Any], status: dict[str, Any], *, if_unchanged: bool = False
-    ) -> None:
-        """Merge `status` into the object's status subresource (lists are replaced whole).
+    ) -> dict[str, Any]:
+        """Merge `status` into the object's status subresource (lists are replaced whole);
+        returns the object as stored.
 
         `if_unchanged`: only if the object is still at the resourceVersion it was read at
         (optimistic concurrency), else `StaleObjectError`. For status that several writers
@@ -153,7 +154,7 @@ class Kube:
             body["metadata"] = {"resourceVersion": obj["metadata"]["resourceVersion"]}
         resource = self._resource(obj["apiVersion"], obj["kind"])
         try:
-            resource.status.patch(
+            stored = resource.status.patch(
                 body=body,
                 name=obj["metadata"]["name"],
                 namespace=obj["metadata"].get("namespace"),
@@ -163,6 +164,8 @@ class Kube:
             if if_unchanged and error.status == 409:
                 raise StaleObjectError(str(error.reason)) from error
             raise
+        patched: dict[str, Any] = stored.to_dict()
+        return patched
 
     def patch_pod_status(self, name: str, namespace: str, status: dict[str, Any]) -> None:
         """Strategic merge into a pod's status: conditions merge by type, as a kubelet

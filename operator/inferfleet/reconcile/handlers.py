@@ -241,16 +241,19 @@ def _apply_workloads(md: ModelDeployment, name: str, namespace: str) -> _Desired
     return desired
 
 
-def _reapply(name: str, namespace: str) -> None:
-    """After a write to a ModelDeployment's `status.autoscaling`: its workloads follow at once,
-    from a fresh read, whoever wrote it. Not left to the status-field handler alone: kopf's
-    change detection on status missed such a change when it landed amid the handling of
-    another (its last-handled state recorded it; the workloads kept the old count)."""
-    found = kube().get(f"{API_GROUP}/{API_VERSION}", "ModelDeployment", name, namespace)
-    if found is None:
-        return
+def _record_autoscaling(md: dict[str, Any], autoscaling: dict[str, Any] | None) -> None:
+    """Write (or, with None, clear) the autoscaler's record in a ModelDeployment's status, and
+    apply its workloads from the object as stored, whoever wrote it. Not left to the
+    status-field handler alone: kopf's change detection on status missed such a change when
+    it landed amid the handling of another (its last-handled state recorded it; the workloads
+    kept the old count)."""
+    stored = kube().patch_status(md, {"autoscaling": autoscaling})
     with contextlib.suppress(ValidationError):
-        _apply_workloads(ModelDeployment.model_validate(found), name, namespace)
+        _apply_workloads(
+            ModelDeployment.model_validate(stored),
+            str(stored["metadata"]["name"]),
+            str(stored["metadata"]["namespace"]),
+        )
 
 
 def _reconcile_model_deployment(
@@ -548,8 +551,9 @@ def autoscale(*, body: kopf.Body, namespace: str | None, memo: kopf.Memo, **_: A
     # not be written must not have scaled anything; it runs again on the next wake.
     metrics = next(c for c in result.status["conditions"] if c["type"] == METRICS_AVAILABLE)
 
-    def status_over(now: Mapping[str, Any]) -> dict[str, Any]:
-        return {**result.status, "conditions": with_condition(now.get("conditions") or [], metrics)}
+    def status_over(current: Mapping[str, Any]) -> dict[str, Any]:
+        conditions = with_condition(current.get("conditions") or [], metrics)
+        return {**result.status, "conditions": conditions}
 
     try:
         _update_service_status(str(body.metadata["name"]), space, status_over)
@@ -558,8 +562,7 @@ def autoscale(*, body: kopf.Body, namespace: str | None, memo: kopf.Memo, **_: A
         return
     for decided in result.deployments:
         if decided.autoscaling_status is not None:
-            kube().patch_status(found[decided.name], {"autoscaling": decided.autoscaling_status})
-            _reapply(decided.name, space)
+            _record_autoscaling(found[decided.name], decided.autoscaling_status)
     for reason, message, warning in result.events:
         (kopf.warn if warning else kopf.info)(body, reason=reason, message=message)
 
@@ -573,8 +576,7 @@ def _release(service: InferenceService, namespace: str, *, deleted: bool = False
         if found is None or recorded.get("service") != name:
             continue
         if deleted or not autoscaled_by(service, ref.name):
-            kube().patch_status(found, {"autoscaling": None})
-            _reapply(ref.name, namespace)
+            _record_autoscaling(found, None)
 
 
 @kopf.on.event(API_GROUP, API_VERSION, "inferenceservices")
