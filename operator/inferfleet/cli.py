@@ -55,6 +55,8 @@ app = typer.Typer(
 )
 
 DEFAULT_CRD_DIR = Path("crds")
+# Helm installs a chart's CRDs from its own crds/ folder; the same files, written together.
+DEFAULT_CHART_CRD_DIR = Path("charts/inferfleet/crds")
 DEFAULT_CALIBRATION_DOC = Path("docs/calibration.md")
 EXIT_INVALID = 2
 # Planned fine, but a deployment does not fit or cannot meet its SLO: lets pipelines gate on it.
@@ -315,13 +317,17 @@ def _plan_one(
 @app.command("crds")
 def crds_command(
     directory: Annotated[Path, typer.Option("--dir", help="Where to write.")] = DEFAULT_CRD_DIR,
+    chart_directory: Annotated[
+        Path, typer.Option("--chart-dir", help="Where the Helm chart keeps the same files.")
+    ] = DEFAULT_CHART_CRD_DIR,
 ) -> None:
-    """Regenerate the CustomResourceDefinitions from the API models."""
-    directory.mkdir(parents=True, exist_ok=True)
-    for name, text in crd_files().items():
-        path = directory / name
-        path.write_text(text, encoding="utf-8")
-        typer.echo(f"wrote {path}")
+    """Regenerate the CustomResourceDefinitions from the API models, for kubectl and Helm."""
+    for target in (directory, chart_directory):
+        target.mkdir(parents=True, exist_ok=True)
+        for name, text in crd_files().items():
+            path = target / name
+            path.write_text(text, encoding="utf-8")
+            typer.echo(f"wrote {path}")
 
 
 @app.command("calibrate")
