@@ -1,0 +1,448 @@
+"""The Helm chart (charts/inferfleet): linted and templated by a real helm, built from its Go
+module by tools/helm/build.sh, and holding what users rely on: the generated CRDs and RBAC,
+images from values, a schema that refuses bad values, monitoring that is opt-in.
+
+Regenerate the chart's rules file after an intended change of operator/inferfleet/render/rbac.py:
+INFERFLEET_UPDATE_GOLDEN=1 pytest tests/unit/test_chart.py. The chart's crds/ are written by
+`inferfleet crds`."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Final
+
+import pytest
+import yaml
+
+from inferfleet import __version__
+from inferfleet.api.crd import crd_files
+from inferfleet.render.rbac import (
+    CRD_RULE,
+    NAMESPACED_RULES,
+    NAMESPACES_RULE,
+    Rule,
+    cluster_wide,
+    single_namespace,
+)
+from tests.unit.golden import check_text
+
+REPO_ROOT: Final = Path(__file__).resolve().parents[2]
+CHART: Final = REPO_ROOT / "charts" / "inferfleet"
+RULES_FILE: Final = CHART / "files" / "operator-rules.yaml"
+HELM_BUILD_SCRIPT: Final = REPO_ROOT / "tools" / "helm" / "build.sh"
+HELM_BIN_VARIABLE: Final = "INFERFLEET_HELM_BIN"
+
+RELEASE: Final = "inferfleet"
+NAMESPACE: Final = "team-a"
+OPERATOR: Final = "inferfleet-operator"
+
+Manifest = dict[str, Any]
+
+
+@functools.cache
+def helm_binary() -> Path:
+    """helm from $INFERFLEET_HELM_BIN (a directory), or tools/helm/build.sh's cache (built on
+    first use, a few minutes). `make unit` and `make e2e` build it first: never skipped."""
+    configured = os.environ.get(HELM_BIN_VARIABLE)
+    if configured:
+        directory = Path(configured)
+    else:
+        result = subprocess.run(
+            ["bash", str(HELM_BUILD_SCRIPT)], stdout=subprocess.PIPE, text=True, check=False
+        )
+        assert result.returncode == 0, f"{HELM_BUILD_SCRIPT} failed ({result.returncode})"
+        directory = Path(result.stdout.strip().splitlines()[-1])
+    binary = directory / "helm"
+    assert binary.is_file(), f"no helm in {directory}: run `make helm`"
+    return binary
+
+
+def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    # HOME and the XDG dirs point nowhere useful on purpose: nothing from a user's helm config
+    # (repositories, plugins) takes part.
+    result = subprocess.run(
+        [str(helm_binary()), *args],
+        capture_output=True, text=True, check=False, timeout=120,
+        env={"PATH": os.environ.get("PATH", ""), "HOME": "/nonexistent", "HELM_CACHE_HOME":
+             "/nonexistent/cache", "HELM_CONFIG_HOME": "/nonexistent/config",
+             "HELM_DATA_HOME": "/nonexistent/data"},
+    )  # fmt: skip
+    if check:
+        assert result.returncode == 0, f"helm {' '.join(args)} failed:\n{result.stderr}"
+    return result
+
+
+def set_flags(values: dict[str, str]) -> list[str]:
+    return [flag for key, value in values.items() for flag in ("--set", f"{key}={value}")]
+
+
+def template(values: dict[str, str] | None = None, namespace: str = NAMESPACE) -> list[Manifest]:
+    """Every object `helm install` would create (chart tests included, CRDs too)."""
+    result = helm(
+        "template", RELEASE, str(CHART), "--namespace", namespace, "--include-crds",
+        *set_flags(values or {}),
+    )  # fmt: skip
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def find(objects: Sequence[Manifest], kind: str, name: str | None = None) -> Manifest:
+    found = [o for o in objects if o["kind"] == kind and name in (None, o["metadata"]["name"])]
+    assert len(found) == 1, f"{len(found)} {kind} {name or ''} in {kinds(objects)}"
+    return found[0]
+
+
+def kinds(objects: Sequence[Manifest]) -> list[str]:
+    return sorted(o["kind"] for o in objects)
+
+
+def operator_container(objects: Sequence[Manifest]) -> Manifest:
+    deployment = find(objects, "Deployment", OPERATOR)
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return container  # type: ignore[no-any-return]
+
+
+def flag(container: Manifest, name: str) -> str | None:
+    values = [a.split("=", 1)[1] for a in container["args"] if a.startswith(f"{name}=")]
+    assert len(values) <= 1, f"{name} given {len(values)} times"
+    return values[0] if values else None
+
+
+# The rules file the chart reads, generated from the operator's code -----------------------
+
+
+def _rules(rules: Sequence[Rule]) -> list[dict[str, Any]]:
+    return [rule.to_wire() for rule in rules]
+
+
+def rules_file_text() -> str:
+    groups = {
+        "namespaced": NAMESPACED_RULES,
+        "crdReader": (CRD_RULE,),
+        "clusterScopeOnly": (NAMESPACES_RULE,),
+    }
+    header = [
+        "# Generated from operator/inferfleet/render/rbac.py. Do not edit; regenerate with",
+        "#   INFERFLEET_UPDATE_GOLDEN=1 pytest tests/unit/test_chart.py",
+        "# The operator's grants, as deploy/rbac/ has them: `namespaced` in the watched namespace",
+        "# (or cluster-wide), `crdReader` always cluster-wide, `clusterScopeOnly` only when it",
+        "# watches every namespace.",
+        "#",
+        "# Why each rule:",
+    ]
+    header += [f"#   {r.describe()}: {r.why}" for rules in groups.values() for r in rules]
+    body = yaml.safe_dump({key: _rules(rules) for key, rules in groups.items()}, sort_keys=False)
+    return "\n".join(header) + "\n" + body
+
+
+def test_rules_file_is_up_to_date() -> None:
+    check_text(RULES_FILE, rules_file_text())
+
+
+def test_chart_crds_are_the_generated_ones() -> None:
+    committed = {p.name: p.read_text("utf-8") for p in (CHART / "crds").glob("*.yaml")}
+    assert committed == crd_files(), "charts/inferfleet/crds/ is out of date: run `inferfleet crds`"
+
+
+def test_chart_and_app_version_are_the_package_version() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["version"] == __version__
+    assert chart["appVersion"] == __version__
+
+
+# helm lint and template -------------------------------------------------------------------
+
+MONITORING_ON: Final = {
+    "monitoring.serviceMonitor.enabled": "true",
+    "monitoring.podMonitor.enabled": "true",
+    "monitoring.prometheusRule.enabled": "true",
+    "monitoring.dashboards.enabled": "true",
+}
+
+
+@pytest.mark.parametrize(
+    "values",
+    [{}, {"rbac.scope": "namespace"}, MONITORING_ON],
+    ids=["defaults", "single-namespace", "monitoring"],
+)
+def test_lint_strict_passes(values: dict[str, str]) -> None:
+    result = helm("lint", "--strict", str(CHART), "--namespace", NAMESPACE, *set_flags(values))
+    assert "1 chart(s) linted, 0 chart(s) failed" in result.stdout, result.stdout
+
+
+def test_default_install_is_the_operator_its_identity_and_the_crds() -> None:
+    objects = template()
+    assert kinds(objects) == [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "CustomResourceDefinition",
+        "CustomResourceDefinition",
+        "Deployment",
+        "Pod",  # the chart test, created only by `helm test`
+        "Service",
+        "ServiceAccount",
+    ]
+    crds = [o for o in objects if o["kind"] == "CustomResourceDefinition"]
+    generated = [yaml.safe_load(text) for text in crd_files().values()]
+    assert sorted(crds, key=str) == sorted(generated, key=str)
+
+
+def test_nothing_namespaced_lands_outside_the_release_namespace() -> None:
+    for scope in ("cluster", "namespace"):
+        objects = template({"rbac.scope": scope, **MONITORING_ON}, namespace="ml-serving")
+        for obj in objects:
+            namespace = obj["metadata"].get("namespace")
+            cluster_scoped = obj["kind"] in {
+                "ClusterRole",
+                "ClusterRoleBinding",
+                "CustomResourceDefinition",
+            }
+            assert namespace == (None if cluster_scoped else "ml-serving"), obj["metadata"]
+        assert "inferfleet-system" not in json.dumps(objects)
+
+
+def test_operator_runs_locked_down_with_its_probe_and_limits() -> None:
+    objects = template()
+    deployment = find(objects, "Deployment", OPERATOR)
+    spec = deployment["spec"]
+    assert spec["replicas"] == 1
+    # No two operators at once while there is no leader election, not even during a rollout.
+    assert spec["strategy"] == {"type": "Recreate"}
+    pod = spec["template"]["spec"]
+    assert pod["serviceAccountName"] == OPERATOR
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    container = operator_container(objects)
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert container["resources"]["requests"]
+    assert container["resources"]["limits"]["memory"]
+    assert flag(container, "--liveness") == "http://0.0.0.0:8081/healthz"
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"metrics": 8080, "health": 8081}
+    assert flag(container, "--metrics-port") == "8080"
+    # Cluster-wide by default: no namespace to restrict the watch to.
+    assert flag(container, "--namespace") is None
+    annotations = spec["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert annotations["prometheus.io/port"] == "8080"
+
+
+def test_images_come_from_the_values() -> None:
+    default = operator_container(template())
+    assert default["image"] == f"inferfleet/operator:{__version__}"
+    assert flag(default, "--router-image") == f"inferfleet/router:{__version__}"
+    assert flag(default, "--sim-engine-image") == f"inferfleet/sim-engine:{__version__}"
+
+    objects = template(
+        {
+            "image.registry": "registry.example.com:5000/ml",
+            "image.tag": "0.1.0-rc1",
+            "image.router.repository": "platform/llm-router",
+        }
+    )
+    container = operator_container(objects)
+    assert container["image"] == "registry.example.com:5000/ml/inferfleet/operator:0.1.0-rc1"
+    assert flag(container, "--router-image") == (
+        "registry.example.com:5000/ml/platform/llm-router:0.1.0-rc1"
+    )
+    assert flag(container, "--sim-engine-image") == (
+        "registry.example.com:5000/ml/inferfleet/sim-engine:0.1.0-rc1"
+    )
+    test_pod = find(objects, "Pod")
+    assert test_pod["spec"]["containers"][0]["image"] == container["image"]
+
+
+def test_operator_settings_come_from_the_values() -> None:
+    container = operator_container(
+        template(
+            {
+                "operator.prometheusUrl": "http://prometheus.monitoring.svc:9090",
+                "operator.routerDiscovery": "pods",
+                "operator.autoscaleInterval": "30",
+            }
+        )
+    )
+    assert flag(container, "--prometheus-url") == "http://prometheus.monitoring.svc:9090"
+    assert flag(container, "--router-discovery") == "pods"
+    assert flag(container, "--autoscale-interval") == "30"
+    assert flag(operator_container(template()), "--prometheus-url") is None
+
+
+def wire(objects: Sequence[Manifest], kind: str) -> list[Manifest]:
+    """The grants of the objects of one kind: rules of roles, roleRef and subjects of bindings."""
+    keys = ("rules",) if kind.endswith("Role") else ("roleRef", "subjects")
+    return sorted(
+        ({key: o[key] for key in keys} for o in objects if o["kind"] == kind), key=json.dumps
+    )
+
+
+def rbac_objects(objects: Sequence[Manifest]) -> list[Manifest]:
+    rbac_kinds = {"ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
+    return [o for o in objects if o["kind"] in rbac_kinds]
+
+
+def test_cluster_wide_rbac_is_the_generated_one() -> None:
+    rendered = rbac_objects(template())
+    generated = cluster_wide(NAMESPACE)
+    assert kinds(rendered) == kinds(generated)
+    for kind in ("ClusterRole", "ClusterRoleBinding"):
+        assert wire(rendered, kind) == wire(generated, kind)
+
+
+def test_single_namespace_rbac_is_the_generated_one() -> None:
+    objects = template({"rbac.scope": "namespace"})
+    rendered = rbac_objects(objects)
+    generated = single_namespace(NAMESPACE)
+    assert kinds(rendered) == kinds(generated)
+    for kind in ("Role", "ClusterRole"):
+        assert wire(rendered, kind) == wire(generated, kind)
+    # The names of the CRD reader differ (one per release namespace, so installs coexist);
+    # what each binding grants, to whom, does not.
+    for kind, role_kind in (("RoleBinding", "Role"), ("ClusterRoleBinding", "ClusterRole")):
+        (binding,) = [o for o in rendered if o["kind"] == kind]
+        role = find(rendered, role_kind)
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": role_kind,
+            "name": role["metadata"]["name"],
+        }
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": OPERATOR, "namespace": NAMESPACE}
+        ]
+    assert find(rendered, "Role")["metadata"]["namespace"] == NAMESPACE
+    assert flag(operator_container(objects), "--namespace") == NAMESPACE
+
+
+def test_two_single_namespace_installs_do_not_share_cluster_objects() -> None:
+    def cluster_names(namespace: str) -> set[str]:
+        objects = template({"rbac.scope": "namespace"}, namespace=namespace)
+        return {o["metadata"]["name"] for o in objects if o["kind"].startswith("Cluster")}
+
+    assert not cluster_names("team-a") & cluster_names("team-b")
+
+
+def test_monitoring_is_opt_in() -> None:
+    default = kinds(template())
+    for kind in ("ServiceMonitor", "PodMonitor", "PrometheusRule", "ConfigMap"):
+        assert kind not in default
+
+
+def test_monitoring_objects_select_the_operator_and_the_rendered_workloads() -> None:
+    objects = template({**MONITORING_ON, "monitoring.serviceMonitor.labels.release": "kps"})
+    monitor = find(objects, "ServiceMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "kps"
+    service = find(objects, "Service", OPERATOR)
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= service["metadata"]["labels"].items()
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics"]
+    assert {p["name"] for p in service["spec"]["ports"]} == {"metrics", "health"}
+
+    pod_monitor = find(objects, "PodMonitor")["spec"]
+    assert pod_monitor["namespaceSelector"] == {"any": True}
+    assert pod_monitor["selector"]["matchLabels"] == {"app.kubernetes.io/managed-by": "inferfleet"}
+    (names,) = pod_monitor["selector"]["matchExpressions"]
+    assert names["values"] == ["inferfleet-engine", "inferfleet-router"]
+    # The port name the rendered engine and router containers carry.
+    assert [e["port"] for e in pod_monitor["podMetricsEndpoints"]] == ["http"]
+
+    single = find(template({**MONITORING_ON, "rbac.scope": "namespace"}), "PodMonitor")
+    assert single["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+
+
+def test_prometheus_rule_is_the_rule_file() -> None:
+    rule_file = yaml.safe_load((CHART / "rules" / "inferfleet.rules.yaml").read_text())
+    rule = find(template(MONITORING_ON), "PrometheusRule")
+    assert rule["spec"]["groups"] == rule_file["groups"]
+
+
+def test_dashboards_are_configmaps_for_the_grafana_sidecar() -> None:
+    files = sorted((CHART / "dashboards").glob("*.json"))
+    assert files, "charts/inferfleet/dashboards/ holds no dashboard"
+    objects = template({**MONITORING_ON, "monitoring.dashboards.annotations.grafana_folder": "ml"})
+    config_maps = [o for o in objects if o["kind"] == "ConfigMap"]
+    assert len(config_maps) == len(files)
+    shipped = {}
+    for config_map in config_maps:
+        assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+        assert config_map["metadata"]["annotations"] == {"grafana_folder": "ml"}
+        shipped.update(config_map["data"])
+    assert {name: json.loads(text) for name, text in shipped.items()} == {
+        f.name: json.loads(f.read_text()) for f in files
+    }
+
+
+def test_chart_test_calls_the_health_endpoint_with_the_operator_image_and_no_shell() -> None:
+    objects = template()
+    pod = find(objects, "Pod")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    assert pod["spec"]["restartPolicy"] == "Never"
+    (container,) = pod["spec"]["containers"]
+    assert container["image"] == operator_container(objects)["image"]
+    assert container["command"][:2] == ["python3", "-c"]
+    assert not {"sh", "bash", "/bin/sh"} & {Path(part).name for part in container["command"]}
+    assert container["command"][-1] == f"http://{OPERATOR}.{NAMESPACE}.svc:8081/healthz"
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+
+    pinned = find(template({"tests.healthUrl": "http://127.1.0.7:8081/healthz"}), "Pod")
+    assert pinned["spec"]["containers"][0]["command"][-1] == "http://127.1.0.7:8081/healthz"
+
+
+# The schema -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("values", "complaint"),
+    [
+        ({"replicaCount": "two"}, "replicaCount"),
+        # Two operators would both reconcile until there is leader election.
+        ({"replicaCount": "2"}, "replicaCount"),
+        ({"rbac.scope": "everything"}, "scope"),
+        ({"image.registry": "https://registry.example.com"}, "registry"),
+        ({"image.operator.repository": "Inferfleet/Operator"}, "repository"),
+        ({"image.pullPolicy": "Sometimes"}, "pullPolicy"),
+        ({"image.operatr.repository": "x"}, "operatr"),
+        ({"operator.routerDiscovery": "dns"}, "routerDiscovery"),
+        ({"operator.healthPort": "0"}, "healthPort"),
+        ({"operator.prometheusUrl": "prometheus:9090"}, "prometheusUrl"),
+        ({"podSecurityContext.runAsNonRoot": "false"}, "runAsNonRoot"),
+        ({"monitoring.serviceMonitor.interval": "often"}, "interval"),
+        ({"monitoring.grafana.enabled": "true"}, "grafana"),
+    ],
+)
+def test_schema_refuses_bad_values(values: dict[str, str], complaint: str) -> None:
+    # --set-string would hide the type errors --set surfaces; --set parses like a values file.
+    result = helm("template", RELEASE, str(CHART), *set_flags(values), check=False)
+    assert result.returncode != 0, f"{values} accepted"
+    assert "schema" in result.stderr, result.stderr
+    assert complaint in result.stderr, result.stderr
+
+
+def test_every_default_value_is_in_the_schema() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())
+
+    def resolve(node: dict[str, Any]) -> dict[str, Any]:
+        ref = node.get("$ref")
+        return resolve(schema["definitions"][ref.rsplit("/", 1)[1]]) if ref else node
+
+    def walk(values: dict[str, Any], node: dict[str, Any], path: str) -> None:
+        node = resolve(node)
+        properties = node.get("properties", {})
+        for key, value in values.items():
+            assert key in properties or "additionalProperties" in node, f"{path}{key}"
+            if key in properties and isinstance(value, dict) and value:
+                walk(value, properties[key], f"{path}{key}.")
+            else:
+                assert key in properties or node["additionalProperties"] is not False
+
+    walk(defaults, schema, "")
+    assert schema["additionalProperties"] is False
