@@ -636,12 +636,28 @@ def run_command(
     metrics_window: Annotated[
         float, typer.Option(help="Rate window of the autoscaler's queries, seconds.")
     ] = 60.0,
+    metrics_port: Annotated[
+        int,
+        typer.Option(
+            envvar="INFERFLEET_METRICS_PORT",
+            min=0,
+            max=65535,
+            help="Serve the operator's Prometheus metrics on this port (0: off).",
+        ),
+    ] = 8080,
+    metrics_address: Annotated[
+        str,
+        typer.Option(
+            envvar="INFERFLEET_METRICS_ADDRESS", help="Address the metrics port listens on."
+        ),
+    ] = "0.0.0.0",
 ) -> None:
     """Run the operator: reconcile ModelDeployments and InferenceServices into workloads, and
     autoscale the services with `autoscaling.policy: goodput` from Prometheus."""
     autoscaler = AutoscalerSettings(
         prometheus_url=prometheus_url, interval_s=autoscale_interval, window_s=metrics_window
     )
+    autoscaler = operator.serve_metrics(autoscaler, metrics_address, metrics_port)
     operator.run(namespace or (), liveness, router_discovery, autoscaler)
 
 

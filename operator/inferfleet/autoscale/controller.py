@@ -15,8 +15,9 @@ Prometheus unreachable or its samples stale: the policy holds the last decision 
 and `MetricsAvailable` turns False with the reason; it turns True again when fresh samples
 come back.
 
-`tick` reads and decides; the kopf handler writes what it returns. Apart from the queries it
-is a function of its arguments, so it is tested with a scripted metrics source.
+`tick` reads and decides; the kopf handler writes what it returns. Apart from the queries and
+handing its record to the operator's metrics (`settings.metrics`, `autoscale.metrics`) it is a
+function of its arguments, so it is tested with a scripted metrics source.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from urllib3.util.retry import Retry
 from inferfleet.api.catalog import GpuCatalog
 from inferfleet.api.inference_service import AutoscalingPolicy, InferenceService
 from inferfleet.api.model_deployment import ModelDeployment, Role
+from inferfleet.autoscale.metrics import OperatorMetrics, RoleRecord, TickRecord
 from inferfleet.autoscale.policy import Decision, PolicyHistory, Reason, decide, policy_spec
 from inferfleet.autoscale.queries import (
     DeploymentUsage,
@@ -61,6 +63,8 @@ class AutoscalerSettings:
     """The rate window of every `rate()` the snapshot takes."""
     query_budget_s: float = 5.0
     """Longest a tick waits on Prometheus, all its queries together."""
+    metrics: OperatorMetrics | None = field(default=None, compare=False)
+    """Where each tick's record goes (`inferfleet run --metrics-port`); None: nowhere."""
 
 
 class MetricsUnavailableError(RuntimeError):
@@ -121,6 +125,8 @@ class TickResult:
     deployments: list[DeploymentDecision] = field(default_factory=list)
     events: list[tuple[str, str, bool]] = field(default_factory=list)
     """(reason, message, warning) to post on the InferenceService."""
+    record: TickRecord | None = None
+    """What the tick exports as the operator's metrics."""
 
 
 def current_replicas(md: ModelDeployment) -> dict[Role, int]:
@@ -198,6 +204,7 @@ def tick(
     usage: list[DeploymentUsage] = []
     state: dict[str, Any] = {}
     first_snapshot: MetricsSnapshot | None = None
+    role_records: list[RoleRecord] = []
     for deployment, md in sorted(deployments.items()):
         if weights.get(deployment, 0) == 0:
             continue
@@ -244,6 +251,20 @@ def tick(
                 "time": now.isoformat(),
             }
         decisions.append(DeploymentDecision(deployment, decision, changed, autoscaling))
+        role_records.extend(
+            RoleRecord(
+                deployment=deployment,
+                role=pool.role,
+                current=current.get(pool.role, 0),
+                desired=decision.replicas.get(pool.role, current.get(pool.role, 0)),
+                min_replicas=pool.min_replicas,
+                max_replicas=pool.max_replicas,
+                gpus_per_replica=pool.gpus_per_replica,
+                gpu_hourly_price_usd=pool.replica.gpu.hourly_price_usd,
+                reason=decision.reason.value,
+            )
+            for pool in spec.roles
+        )
         if snapshot is not None:
             usage.append(
                 DeploymentUsage(
@@ -298,7 +319,18 @@ def tick(
         }
         for d in moved:
             events.append((d.decision.reason.value, f"{d.name}: {d.decision.message}", False))
-    return TickResult(status, decisions, events)
+    record = TickRecord(
+        namespace=namespace,
+        service=name,
+        at_s=now_s,
+        metrics_available=snapshot_problem is None,
+        newest_sample_age_s=None if first_snapshot is None else first_snapshot.newest_sample_age_s,
+        slo_attainment_target=service.spec.slo.attainment_target,
+        roles=tuple(role_records),
+    )
+    if settings.metrics is not None:
+        settings.metrics.record(record)
+    return TickResult(status, decisions, events, record)
 
 
 def autoscaled_by(service: InferenceService, deployment: str) -> bool:

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from collections.abc import Sequence
 
 import kopf
+from prometheus_client import start_http_server
 
 from inferfleet.autoscale.controller import AutoscalerSettings
+from inferfleet.autoscale.metrics import (
+    KOPF_OBJECT_LOGGER,
+    OperatorMetrics,
+    ReconcileErrorCounter,
+    registry_of,
+)
 
 # Importing the module registers its handlers with kopf.
 from inferfleet.reconcile import handlers  # noqa: F401
@@ -33,3 +42,22 @@ def run(
             router_discovery=router_discovery, autoscaler=autoscaler or AutoscalerSettings()
         ),
     )
+
+
+def serve_metrics(autoscaler: AutoscalerSettings, address: str, port: int) -> AutoscalerSettings:
+    """Serve the operator's own metrics (`autoscale.metrics`) on `address:port` from a thread,
+    and return `autoscaler` with its ticks recording into them; port 0: no metrics. A port
+    that cannot be bound is logged, not fatal: reconciling matters more than being observed,
+    and Prometheus shows the target down."""
+    if port == 0:
+        return autoscaler
+    metrics = OperatorMetrics(expire_after_s=max(600.0, 10 * autoscaler.interval_s))
+    try:
+        start_http_server(port, address, registry_of(metrics))
+    except OSError as error:
+        logging.getLogger(__name__).error(
+            "metrics not served: cannot listen on %s:%d (%s)", address, port, error
+        )
+        return autoscaler
+    logging.getLogger(KOPF_OBJECT_LOGGER).addHandler(ReconcileErrorCounter(metrics))
+    return dataclasses.replace(autoscaler, metrics=metrics)
