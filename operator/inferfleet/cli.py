@@ -28,7 +28,8 @@ from inferfleet.bench import autoscale as bench_autoscale_lib
 from inferfleet.bench import loadgen, traces
 from inferfleet.demo import DemoSettings, run_demo
 from inferfleet.devcluster.binaries import BinariesUnavailableError, ensure_binaries
-from inferfleet.devcluster.cluster import DevCluster, DevClusterError
+from inferfleet.devcluster.cluster import DevCluster, DevClusterError, Runtime
+from inferfleet.devcluster.images import ImagesUnavailableError
 from inferfleet.devcluster.nodes import NodePool
 from inferfleet.devcluster.prometheus import PrometheusUnavailableError
 from inferfleet.planning import calibration
@@ -380,6 +381,27 @@ def dev_cluster_up(
             "the operator and a Prometheus that discovers pods through the API server."
         ),
     ] = False,
+    runtime: Annotated[
+        Runtime,
+        typer.Option(
+            help="How the fleet runs pods: venv (host processes of this install's inferfleet, "
+            "quick) or oci (each pod from its image through crun, the operator as a pod too)."
+        ),
+    ] = Runtime.VENV,
+    images: Annotated[
+        Path | None,
+        typer.Option(
+            help="With --runtime oci: the image store (OCI layouts); default: built by "
+            "tools/images/build.sh."
+        ),
+    ] = None,
+    with_operator: Annotated[
+        bool,
+        typer.Option(
+            "--operator/--no-operator",
+            help="Run the operator with the fleet (--no-operator: install it yourself).",
+        ),
+    ] = True,
     timeout: Annotated[float, typer.Option(help="Seconds each component may take.")] = 120.0,
 ) -> None:
     """Build (first time only) and start the control plane; print how to reach it."""
@@ -396,8 +418,15 @@ def dev_cluster_up(
         if crds or with_fleet:
             cluster.install_crds()
         if with_fleet:
-            cluster.start_fleet(timeout_s=timeout)
-    except (DevClusterError, BinariesUnavailableError, PrometheusUnavailableError) as error:
+            cluster.start_fleet(
+                timeout_s=timeout, runtime=runtime, images=images, operator=with_operator
+            )
+    except (
+        DevClusterError,
+        BinariesUnavailableError,
+        PrometheusUnavailableError,
+        ImagesUnavailableError,
+    ) as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(1) from None
     typer.echo(

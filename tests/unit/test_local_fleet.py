@@ -16,14 +16,34 @@ from inferfleet.devcluster.cluster import State
 from inferfleet.devcluster.fleet import (
     Kind,
     Probe,
-    container_env,
-    expand_references,
     listen_on,
+    oci_pod_process,
     pod_process,
     readiness_probe,
     readiness_status,
     service_account_kubeconfig,
 )
+from inferfleet.devcluster.oci import (
+    Bundle,
+    ConfigMapKey,
+    FieldValue,
+    Identity,
+    Image,
+    ImageConfig,
+    ImageError,
+    MountPoint,
+    Token,
+    command_line,
+    container_launch,
+    crun_argv,
+    identity,
+    layout_name,
+    manifest_for,
+    pod_volumes,
+    runtime_config,
+    split_reference,
+)
+from inferfleet.devcluster.podspec import container_env, expand_references
 from inferfleet.devcluster.prometheus import (
     config_text,
     kubernetes_pods_job,
@@ -412,3 +432,282 @@ def test_the_pod_watcher_publishes_each_change_of_a_backends_ready_pods() -> Non
         ["http://127.1.0.1:8000"],
         [],
     ]
+
+
+# The OCI runtime mode: what a kubelet decides before it asks crun to run a container.
+
+IMAGE = ImageConfig(
+    entrypoint=("inferfleet",),
+    cmd=("router",),
+    env=(("PATH", "/opt/venv/bin:/usr/bin:/bin"), ("LANG", "C.UTF-8")),
+    user="65532:65532",
+)
+API = ("127.0.0.1", 6443)
+# What the ServiceAccount admission plugin adds to a pod that mounts its account's token.
+API_ACCESS = {
+    "name": "kube-api-access-x7k2p",
+    "projected": {
+        "defaultMode": 420,
+        "sources": [
+            {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+            {
+                "configMap": {
+                    "name": "kube-root-ca.crt",
+                    "items": [{"key": "ca.crt", "path": "ca.crt"}],
+                }
+            },
+            {
+                "downwardAPI": {
+                    "items": [
+                        {"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}
+                    ]
+                }
+            },
+        ],
+    },
+}
+API_ACCESS_MOUNT = {
+    "name": "kube-api-access-x7k2p",
+    "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount",
+    "readOnly": True,
+}
+
+
+def admitted_router_pod() -> Wire:
+    pod = pod_of(deployment_of(rendered(), "router"), "chat-router-abc")
+    pod["spec"]["volumes"] = [API_ACCESS]
+    pod["spec"]["containers"][0]["volumeMounts"] = [API_ACCESS_MOUNT]
+    return pod
+
+
+def test_an_image_config_is_read_from_its_oci_blob() -> None:
+    blob = {
+        "architecture": "amd64",
+        "config": {
+            "User": "65532:65532",
+            "Env": ["PATH=/opt/venv/bin:/usr/bin", "A=b=c"],
+            "Entrypoint": ["inferfleet"],
+            "Cmd": ["router"],
+            "WorkingDir": "/home/nonroot",
+        },
+    }
+    assert ImageConfig.from_oci(blob) == ImageConfig(
+        ("inferfleet",),
+        ("router",),
+        (("PATH", "/opt/venv/bin:/usr/bin"), ("A", "b=c")),
+        "65532:65532",
+        "/home/nonroot",
+    )
+    assert ImageConfig.from_oci({}) == ImageConfig()
+
+
+@pytest.mark.parametrize(
+    ("reference", "repository", "tag", "digest"),
+    [
+        ("inferfleet/router:0.1.0", "inferfleet/router", "0.1.0", None),
+        ("r.example:5000/inferfleet/router", "r.example:5000/inferfleet/router", None, None),
+        ("inferfleet/router@sha256:ab", "inferfleet/router", None, "sha256:ab"),
+    ],
+)  # fmt: skip
+def test_references_split_into_repository_tag_and_digest(
+    reference: str, repository: str, tag: str | None, digest: str | None
+) -> None:
+    assert split_reference(reference) == (repository, tag, digest)
+    assert layout_name(reference) == "router"
+
+
+def test_an_image_is_found_in_its_layout_by_tag_or_digest() -> None:
+    index = {
+        "manifests": [
+            {"digest": "sha256:aa", "annotations": {"org.opencontainers.image.ref.name": "0.1.0"}},
+            {"digest": "sha256:bb", "annotations": {"org.opencontainers.image.ref.name": "latest"}},
+        ]
+    }
+    assert manifest_for(index, "inferfleet/router:0.1.0") == "sha256:aa"
+    assert manifest_for(index, "ghcr.io/acme/router") == "sha256:bb"
+    assert manifest_for(index, "inferfleet/router@sha256:aa") == "sha256:aa"
+    assert manifest_for(index, "inferfleet/router:0.2.0") is None
+
+
+@pytest.mark.parametrize(
+    ("container", "want", "rule"),
+    [
+        ({}, ("inferfleet", "router"), "neither: the image's entrypoint and cmd"),
+        ({"command": ["inferfleet", "run"]}, ("inferfleet", "run"), "command drops the cmd"),
+        ({"args": ["sim-engine", "--port", "1"]}, ("inferfleet", "sim-engine", "--port", "1"),
+         "args replace the cmd"),
+        ({"args": []}, ("inferfleet",), "empty args replace the cmd too"),
+        ({"command": ["/bin/x"], "args": ["$(NS)", "$$(NS)"]}, ("/bin/x", "fleet", "$(NS)"),
+         "both, with references expanded"),
+    ],
+)  # fmt: skip
+def test_the_command_line_follows_the_kubelets_rules(
+    container: Wire, want: tuple[str, ...], rule: str
+) -> None:
+    assert command_line(container, IMAGE, {"NS": "fleet"}) == want, rule
+
+
+def test_an_image_with_nothing_to_run_is_refused() -> None:
+    with pytest.raises(ImageError, match="what to run"):
+        command_line({}, ImageConfig(), {})
+
+
+@pytest.mark.parametrize(
+    ("pod_security", "container_security", "user", "want"),
+    [
+        ({}, {}, "65532:65532", Identity(65532, 65532)),
+        ({}, {}, "65532", Identity(65532, 0)),
+        ({"runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 2000}, {}, "65532:65532",
+         Identity(1000, 1000, (2000,))),
+        ({"runAsUser": 1000}, {"runAsUser": 1001}, "", Identity(1001, 0)),
+        ({"runAsUser": 1000, "supplementalGroups": [5, 7], "fsGroup": 5}, {"runAsGroup": 3}, "",
+         Identity(1000, 3, (5, 7))),
+    ],
+)  # fmt: skip
+def test_the_user_is_the_pods_else_the_images(
+    pod_security: Wire, container_security: Wire, user: str, want: Identity
+) -> None:
+    pod = {"spec": {"securityContext": pod_security}}
+    container = {"securityContext": container_security}
+    assert identity(pod, container, ImageConfig(user=user)) == want
+
+
+def test_run_as_non_root_refuses_root_and_a_named_user_needs_run_as_user() -> None:
+    pod = {"spec": {"securityContext": {"runAsNonRoot": True}}}
+    with pytest.raises(ImageError, match="runAsNonRoot"):
+        identity(pod, {}, ImageConfig(user="0"))
+    with pytest.raises(ImageError, match="not numeric"):
+        identity({}, {}, ImageConfig(user="nonroot"))
+
+
+def test_a_router_pod_launches_from_its_image_with_its_service_account() -> None:
+    pod = admitted_router_pod()
+    launch = container_launch(pod, pod["spec"]["containers"][0], IMAGE, API)
+    assert launch.argv[:2] == ("inferfleet", "router")
+    assert "fleet" in launch.argv  # $(POD_NAMESPACE) expanded
+    env = dict(launch.env)
+    assert env["PATH"] == "/opt/venv/bin:/usr/bin:/bin"  # the image's
+    assert env["LANG"] == "C.UTF-8"
+    assert env["POD_NAMESPACE"] == "fleet"
+    assert env["KUBERNETES_SERVICE_HOST"] == "127.0.0.1"
+    assert env["KUBERNETES_SERVICE_PORT"] == "6443"
+    assert env["HOSTNAME"] == "chat-router-abc"
+    # The rendered pod's user, not the image's.
+    assert launch.identity == Identity(1000, 1000)  # fsGroup 1000 is its group already
+    assert launch.read_only_root is False
+    (volume,) = launch.volumes
+    assert volume.files == (
+        Token("token", 3607),
+        ConfigMapKey("ca.crt", "kube-root-ca.crt", "ca.crt"),
+        FieldValue("namespace", "fleet"),
+    )
+    assert launch.mounts == (
+        MountPoint(volume.name, "/var/run/secrets/kubernetes.io/serviceaccount", True),
+    )
+
+
+def test_container_env_wins_over_the_images() -> None:
+    pod = {"metadata": {"name": "p", "namespace": "n"}, "spec": {}}
+    container = {"env": [{"name": "LANG", "value": "de_DE.UTF-8"}]}
+    launch = container_launch(pod, container, IMAGE, API)
+    assert dict(launch.env)["LANG"] == "de_DE.UTF-8"
+
+
+@pytest.mark.parametrize(
+    ("volume", "match"),
+    [
+        ({"name": "data", "hostPath": {"path": "/"}}, "hostPath is not supported"),
+        ({"name": "data", "projected": {"sources": [{"secret": {"name": "s"}}]}},
+         "not supported"),
+    ],
+)  # fmt: skip
+def test_volumes_the_agent_cannot_provide_are_refused(volume: Wire, match: str) -> None:
+    pod = {"metadata": {"name": "p", "namespace": "n"}, "spec": {"volumes": [volume]}}
+    with pytest.raises(ImageError, match=match):
+        pod_volumes(pod)
+
+
+def test_the_runtime_config_isolates_all_but_the_network() -> None:
+    pod = admitted_router_pod()
+    pod["spec"]["volumes"] += [
+        {"name": "cache", "emptyDir": {}},
+        {"name": "shm", "emptyDir": {"medium": "Memory"}},
+    ]
+    container = pod["spec"]["containers"][0]
+    container["volumeMounts"] += [
+        {"name": "cache", "mountPath": "/cache"},
+        {"name": "shm", "mountPath": "/dev/shm"},
+    ]
+    container["securityContext"]["readOnlyRootFilesystem"] = True
+    launch = container_launch(pod, container, IMAGE, API)
+    config = runtime_config(launch, Path("/b/rootfs"), Path("/p/volumes"))
+    assert config["root"] == {"path": "/b/rootfs", "readonly": True}
+    namespaces = {n["type"] for n in config["linux"]["namespaces"]}
+    assert namespaces == {"pid", "mount", "ipc", "uts"}  # the host's network: the pod IP
+    process = config["process"]
+    assert process["noNewPrivileges"] is True
+    assert all(not caps for caps in process["capabilities"].values())
+    assert process["user"] == {"uid": 1000, "gid": 1000}
+    assert process["args"][:2] == ["inferfleet", "router"]
+    assert "KUBERNETES_SERVICE_PORT=6443" in process["env"]
+    mounts = {m["destination"]: m for m in config["mounts"]}
+    token = mounts["/var/run/secrets/kubernetes.io/serviceaccount"]
+    assert token["type"] == "bind"
+    assert token["source"] == "/p/volumes/kube-api-access-x7k2p"
+    assert "ro" in token["options"]
+    assert mounts["/cache"]["source"] == "/p/volumes/cache"
+    assert "rw" in mounts["/cache"]["options"]
+    assert mounts["/dev/shm"]["type"] == "tmpfs"
+    assert mounts["/proc"]["type"] == "proc"
+
+
+def test_oci_pods_run_what_their_image_and_spec_say_on_their_ip() -> None:
+    image = Image("inferfleet/router:0.1.0", Path("/store/router"), "0.1.0", "sha256:aa", IMAGE)
+    store = {"inferfleet/router:0.1.0": image}
+    pod = admitted_router_pod()
+    process = oci_pod_process(pod, store.get, API)
+    assert process is not None
+    assert process.image == image
+    assert process.kind == Kind.ROUTER
+    assert process.argv[:2] == ("inferfleet", "router")
+    assert process.argv[-2:] == ("--host", "127.1.0.7")
+    assert process.launch is not None
+    assert process.launch.argv == process.argv
+    assert process.service_account == "chat-router"
+
+    # Not in the store: left alone.
+    pod["spec"]["containers"][0]["image"] = "vllm/vllm-openai:v0.6.0"
+    assert oci_pod_process(pod, store.get, API) is None
+
+    # The operator's own command runs as written: no --host.
+    operator = copy.deepcopy(admitted_router_pod())
+    operator["spec"]["containers"][0] |= {
+        "image": "inferfleet/router:0.1.0",
+        "command": ["inferfleet", "run"],
+        "args": ["--router-discovery", "pods"],
+    }
+    process = oci_pod_process(operator, store.get, API)
+    assert process is not None
+    assert process.kind is None
+    assert process.argv == ("inferfleet", "run", "--router-discovery", "pods")
+
+
+def test_crun_runs_in_a_private_mount_namespace_over_an_overlay() -> None:
+    bundle = Bundle(Path("/s/pods/p/bundle"))
+    argv = crun_argv(
+        "crun", Path("/s/crun"), "ns.p.1234", bundle, Path("/c/rootfs"), hide_unified_cgroup=True
+    )
+    assert argv[:5] == ("unshare", "--mount", "--propagation", "private", "--")
+    script = argv[7]
+    assert "umount /sys/fs/cgroup/unified" in script
+    assert (
+        "mount -t overlay overlay -o "
+        "lowerdir=/c/rootfs,upperdir=/s/pods/p/bundle/upper,workdir=/s/pods/p/bundle/work "
+        "/s/pods/p/bundle/rootfs"
+    ) in script
+    assert argv[9:] == (
+        "crun", "--root", "/s/crun", "--cgroup-manager=disabled",
+        "run", "--bundle", "/s/pods/p/bundle", "ns.p.1234",
+    )  # fmt: skip
+    plain = crun_argv("crun", Path("/s/crun"), "x", bundle, Path("/c"), hide_unified_cgroup=False)
+    assert "umount" not in plain[7]

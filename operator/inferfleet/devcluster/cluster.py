@@ -8,6 +8,12 @@ pod, on the pod's IP), the operator as its least-privilege ServiceAccount with r
 replicas by pod (`inferfleet run --router-discovery pods`), and a Prometheus that discovers
 and scrapes the pods through the API server.
 
+The fleet runs pods one of two ways (`Runtime`): the venv's `inferfleet` as host processes
+(the default, quick to start), or each pod's container from its image through crun (`oci`:
+the images tools/images/build.sh builds). In the OCI mode the operator runs as a pod too: a
+Deployment of its image with its ServiceAccount, as a chart installs it; or not at all
+(`operator=False`), for whoever installs it themselves.
+
 Everything lives in one state directory: certificates, kubeconfigs, etcd's data, logs and
 `state.json` (ports and pids), so `down` and `status` work from another process.
 """
@@ -21,15 +27,18 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 import httpx
 import yaml
 
+from inferfleet import __version__
 from inferfleet.api.catalog import GpuCatalog
 from inferfleet.api.crd import custom_resource_definitions
 from inferfleet.devcluster import pki, processes
+from inferfleet.devcluster.images import ensure_images
 from inferfleet.devcluster.nodes import NodePool, fleet_nodes
 from inferfleet.devcluster.processes import ProcessSpec
 from inferfleet.devcluster.prometheus import (
@@ -56,6 +65,10 @@ TOKEN_LIFETIME_S = 7 * 24 * 3600
 MONITORING_NAMESPACE = "monitoring"
 PROMETHEUS_ACCOUNT = "prometheus"
 SCRAPE_INTERVAL_S = 1.0
+OPERATOR_IMAGE = f"inferfleet/operator:{__version__}"
+# The operator pod's liveness and metrics ports, on its pod IP (pods share the host's network).
+OPERATOR_HEALTH_PORT = 8081
+OPERATOR_METRICS_PORT = 8080
 # Controllers an inference fleet needs; node IPAM and cloud controllers are pointless here.
 CONTROLLERS = (
     "garbage-collector-controller",
@@ -92,6 +105,13 @@ AUDIT_POLICY = {
 }
 
 
+class Runtime(StrEnum):
+    """How the fleet agent runs pods: host processes of the venv, or containers of images."""
+
+    VENV = "venv"
+    OCI = "oci"
+
+
 class DevClusterError(RuntimeError):
     """The cluster could not be brought up or reached; the message says which component."""
 
@@ -120,6 +140,10 @@ class State:
     fleet: bool = False
     prometheus_port: int | None = None
     operator_health_port: int | None = None
+    runtime: str = Runtime.VENV.value
+    images: str | None = None
+    operator: str = "process"
+    """How the operator runs: "process" (a host process), "pod", or "none"."""
 
     @classmethod
     def load(cls, path: Path) -> State:
@@ -133,6 +157,9 @@ class State:
             fleet=data.get("fleet", False),
             prometheus_port=data.get("prometheus_port"),
             operator_health_port=data.get("operator_health_port"),
+            runtime=data.get("runtime", Runtime.VENV.value),
+            images=data.get("images"),
+            operator=data.get("operator", "process"),
         )
 
     def save(self, path: Path) -> None:
@@ -274,6 +301,65 @@ def component_specs(
     ]
 
 
+def operator_deployment(image: str, namespace: str, args: tuple[str, ...]) -> dict[str, Any]:
+    """The operator as a pod of its image, as an install would run it: its ServiceAccount,
+    non-root, read-only root, no capabilities. Its liveness and metrics ports listen on the
+    pod's IP (on the dev cluster's fake nodes pods share the host's network, where a wildcard
+    address would collide with the next pod's)."""
+    labels = {"app.kubernetes.io/name": OPERATOR_NAME}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": OPERATOR_NAME, "namespace": namespace, "labels": labels},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "serviceAccountName": OPERATOR_NAME,
+                    "securityContext": {"runAsNonRoot": True},
+                    "containers": [
+                        {
+                            "name": "operator",
+                            "image": image,
+                            "command": ["inferfleet", "run"],
+                            "args": [
+                                *args,
+                                "--liveness",
+                                f"http://$(POD_IP):{OPERATOR_HEALTH_PORT}/healthz",
+                            ],
+                            "env": [
+                                {
+                                    "name": "POD_IP",
+                                    "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}},
+                                },
+                                {"name": "INFERFLEET_METRICS_ADDRESS", "value": "$(POD_IP)"},
+                                {
+                                    "name": "INFERFLEET_METRICS_PORT",
+                                    "value": str(OPERATOR_METRICS_PORT),
+                                },
+                            ],
+                            "ports": [
+                                {"name": "health", "containerPort": OPERATOR_HEALTH_PORT},
+                                {"name": "metrics", "containerPort": OPERATOR_METRICS_PORT},
+                            ],
+                            "readinessProbe": {
+                                "httpGet": {"path": "/healthz", "port": "health"},
+                            },
+                            "securityContext": {
+                                "readOnlyRootFilesystem": True,
+                                "allowPrivilegeEscalation": False,
+                                "capabilities": {"drop": ["ALL"]},
+                            },
+                        }
+                    ],
+                },
+            },
+        },
+    }
+
+
 class DevCluster:
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = state_dir.resolve()
@@ -351,13 +437,22 @@ class DevCluster:
         timeout_s: float = 60.0,
         autoscale_interval_s: float = 15.0,
         metrics_window_s: float = 60.0,
+        runtime: Runtime = Runtime.VENV,
+        images: Path | None = None,
+        operator: bool = True,
     ) -> State:
         """On a running cluster: the CRDs, the operator's RBAC (deploy/rbac/cluster-wide.yaml),
         then the fleet agent, Prometheus, and the operator as its ServiceAccount (routers that
-        find replicas by pod, autoscaling from that Prometheus)."""
+        find replicas by pod, autoscaling from that Prometheus).
+
+        `runtime=Runtime.OCI`: the agent runs pods from the images in `images` (default: built
+        by tools/images/build.sh) through crun, and the operator is a pod of its image.
+        `operator=False`: no operator at all (one installed by other means, a chart)."""
         state = self.state()
         if state is None or not processes.alive(state.pids.get("kube-apiserver", 0)):
             raise DevClusterError(f"no dev cluster runs from {self.state_dir}")
+        if runtime == Runtime.OCI and images is None:
+            images = ensure_images()
         self.install_crds()
         kube = Kube.from_kubeconfig(self.kubeconfig_path)
         for namespace in (OPERATOR_NAMESPACE, MONITORING_NAMESPACE):
@@ -366,23 +461,20 @@ class DevCluster:
             kube.apply(obj)
         for obj in pod_discovery_rbac(PROMETHEUS_ACCOUNT, MONITORING_NAMESPACE):
             kube.apply(obj)
-        operator_kubeconfig = self._operator_kubeconfig(kube)
         prometheus_token = self._token_file(
             kube, PROMETHEUS_ACCOUNT, MONITORING_NAMESPACE, "prometheus.token"
         )
         state.fleet = True
-        state.operator_health_port = processes.free_port()
+        state.runtime = runtime.value
+        state.images = str(images.resolve()) if runtime == Runtime.OCI and images else None
+        state.operator = "none" if not operator else "pod" if runtime == Runtime.OCI else "process"
         python = sys.executable
         certs = self._pki_paths()
+        agent: tuple[str, ...] = (python, "-m", "inferfleet.devcluster.fleet", str(self.state_dir))
+        if state.images:
+            agent += ("--images", state.images)
         try:
-            self._start(
-                ProcessSpec(
-                    "fleet-agent",
-                    (python, "-m", "inferfleet.devcluster.fleet", str(self.state_dir)),
-                ),
-                state,
-                bound_to_parent=bound_to_parent,
-            )
+            self._start(ProcessSpec("fleet-agent", agent), state, bound_to_parent=bound_to_parent)
             job = kubernetes_pods_job(
                 "kubernetes-pods",
                 api_server=f"https://127.0.0.1:{state.ports.apiserver}",
@@ -399,28 +491,52 @@ class DevCluster:
             state.pids["prometheus"] = prometheus.pid
             state.prometheus_port = prometheus.port
             state.save(self._state_path)
-            # Last: it reads the metrics of the services it autoscales from that Prometheus.
-            self._start(
-                ProcessSpec(
-                    "operator",
-                    (
-                        python, "-m", "inferfleet.cli", "run", "--router-discovery", "pods",
-                        "--prometheus-url", prometheus.url,
-                        "--autoscale-interval", f"{autoscale_interval_s:g}",
-                        "--metrics-window", f"{metrics_window_s:g}",
-                        "--liveness", f"http://127.0.0.1:{state.operator_health_port}/healthz",
-                    ),
-                    env={"KUBECONFIG": str(operator_kubeconfig)},
-                ),
-                state,
-                bound_to_parent=bound_to_parent,
+            operator_args = (
+                "--router-discovery", "pods",
+                "--prometheus-url", prometheus.url,
+                "--autoscale-interval", f"{autoscale_interval_s:g}",
+                "--metrics-window", f"{metrics_window_s:g}",
             )  # fmt: skip
-            for component in ("fleet-agent", "operator"):
-                self._wait_healthy(component, state, certs, timeout_s)
+            self._wait_healthy("fleet-agent", state, certs, timeout_s)
+            # Last: it reads the metrics of the services it autoscales from that Prometheus.
+            if state.operator == "process":
+                state.operator_health_port = processes.free_port()
+                self._start(
+                    ProcessSpec(
+                        "operator",
+                        (
+                            python, "-m", "inferfleet.cli", "run", *operator_args,
+                            "--liveness",
+                            f"http://127.0.0.1:{state.operator_health_port}/healthz",
+                        ),
+                        env={"KUBECONFIG": str(self._operator_kubeconfig(kube))},
+                    ),
+                    state,
+                    bound_to_parent=bound_to_parent,
+                )  # fmt: skip
+                self._wait_healthy("operator", state, certs, timeout_s)
+            elif state.operator == "pod":
+                kube.apply(operator_deployment(OPERATOR_IMAGE, OPERATOR_NAMESPACE, operator_args))
+                self.wait_deployment_ready(OPERATOR_NAME, OPERATOR_NAMESPACE, timeout_s)
         except BaseException:
             self.down()
             raise
         return state
+
+    def wait_deployment_ready(self, name: str, namespace: str, timeout_s: float) -> None:
+        """Until a Deployment's replicas are all Ready (the fleet agent's probes say so)."""
+        kube = Kube.from_kubeconfig(self.kubeconfig_path)
+
+        def ready() -> bool:
+            found = kube.get("apps/v1", "Deployment", name, namespace) or {}
+            wanted = (found.get("spec") or {}).get("replicas", 1)
+            return bool((found.get("status") or {}).get("readyReplicas", 0) >= wanted)
+
+        if not processes.wait_until(ready, timeout_s, 0.5):
+            raise DevClusterError(
+                f"Deployment {namespace}/{name} not Ready after {timeout_s:.0f} s; the fleet "
+                "agent's log ends:\n" + processes.log_tail(self.log_dir, "fleet-agent")
+            )
 
     def _start(self, spec: ProcessSpec, state: State, *, bound_to_parent: bool) -> None:
         state.pids[spec.name] = processes.start(spec, self.log_dir, bound_to_parent=bound_to_parent)
@@ -472,7 +588,8 @@ class DevCluster:
         if state is None:
             return dict.fromkeys(COMPONENTS, "never started")
         report = {}
-        for component in (*COMPONENTS, *(FLEET_COMPONENTS if state.fleet else ())):
+        fleet = [c for c in FLEET_COMPONENTS if c != "operator" or state.operator == "process"]
+        for component in (*COMPONENTS, *(fleet if state.fleet else ())):
             pid = state.pids.get(component)
             if pid is None or not processes.alive(pid):
                 report[component] = "stopped"
@@ -591,9 +708,13 @@ def running(
     with_fleet: bool = False,
     autoscale_interval_s: float = 15.0,
     metrics_window_s: float = 60.0,
+    runtime: Runtime = Runtime.VENV,
+    images: Path | None = None,
+    operator: bool = True,
 ) -> Iterator[DevCluster]:
     """A cluster for the duration of a block, stopped however the block ends; with the
-    fleet (agent, operator, Prometheus) when asked."""
+    fleet (agent, operator, Prometheus) when asked: see `DevCluster.start_fleet` for
+    `runtime`, `images` and `operator`."""
     cluster = DevCluster(state_dir)
     cluster.up(bin_dir, pools, cpu_nodes=cpu_nodes, bound_to_parent=True, timeout_s=timeout_s)
     try:
@@ -603,6 +724,9 @@ def running(
                 timeout_s=timeout_s,
                 autoscale_interval_s=autoscale_interval_s,
                 metrics_window_s=metrics_window_s,
+                runtime=runtime,
+                images=images,
+                operator=operator,
             )
         yield cluster
     finally:

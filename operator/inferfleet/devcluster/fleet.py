@@ -37,11 +37,13 @@ Everything that decides what to run is pure (`pod_process` and its helpers).
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import logging
 import os
-import re
 import shutil
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -62,7 +64,8 @@ from tenacity import (
     wait_exponential,
 )
 
-from inferfleet.devcluster import processes
+from inferfleet.devcluster import oci, processes
+from inferfleet.devcluster.podspec import container_env, expand_references
 from inferfleet.devcluster.processes import ProcessSpec
 from inferfleet.kube import Kube
 
@@ -76,8 +79,6 @@ DEFAULT_GRACE_S: Final = 30.0
 SHUTDOWN_GRACE_S: Final = 7.0
 # What a container needs from the host to start the venv's command, and nothing else.
 HOST_ENV: Final = ("PATH", "HOME", "LANG", "TMPDIR")
-
-_REFERENCE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 
 
 class Kind(StrEnum):
@@ -102,7 +103,8 @@ class PodProcess:
     namespace: str
     name: str
     container: str
-    kind: Kind
+    kind: Kind | None
+    """The venv's subcommand it runs; None for an image's other commands (the operator)."""
     ip: str
     argv: tuple[str, ...]
     env: Mapping[str, str] = field(default_factory=dict)
@@ -110,6 +112,10 @@ class PodProcess:
     service_account: str | None = None
     """The ServiceAccount whose token a router gets."""
     readiness: Probe | None = None
+    image: oci.Image | None = None
+    """In the OCI runtime mode: the image it runs from, and how (argv and env are then the
+    container's own)."""
+    launch: oci.Launch | None = None
 
     @property
     def key(self) -> str:
@@ -119,53 +125,6 @@ class PodProcess:
     def files(self) -> str:
         """Its directory under `pods/`: by uid too, as a pod may come back under its name."""
         return f"{self.key}_{self.uid}"
-
-
-def expand_references(text: str, env: Mapping[str, str]) -> str:
-    """Kubernetes' `$(VAR)` expansion in command, args and env values: a defined variable is
-    replaced, an undefined reference stays as written, `$$` is a literal `$`."""
-
-    def replace(match: re.Match[str]) -> str:
-        if match.group(0) == "$$":
-            return "$"
-        return env.get(match.group(1), match.group(0))
-
-    return _REFERENCE.sub(replace, text)
-
-
-def _field_value(pod: Mapping[str, Any], path: str) -> str:
-    """A `fieldRef` path, as the downward API resolves it."""
-    metadata, spec, status = (pod.get(k) or {} for k in ("metadata", "spec", "status"))
-    simple = {
-        "metadata.name": metadata.get("name"),
-        "metadata.namespace": metadata.get("namespace"),
-        "metadata.uid": metadata.get("uid"),
-        "spec.nodeName": spec.get("nodeName"),
-        "spec.serviceAccountName": spec.get("serviceAccountName"),
-        "status.podIP": status.get("podIP"),
-        "status.hostIP": status.get("hostIP"),
-    }
-    if path in simple:
-        return str(simple[path] or "")
-    found = re.fullmatch(r"metadata\.(labels|annotations)\['([^']+)'\]", path)
-    if found:
-        return str((metadata.get(found.group(1)) or {}).get(found.group(2), ""))
-    raise ValueError(f"fieldRef {path!r} is not supported by the fleet agent")
-
-
-def container_env(pod: Mapping[str, Any], container: Mapping[str, Any]) -> dict[str, str]:
-    """The container's `env`, in order: values (with earlier variables expanded) and
-    `fieldRef`s. Other sources (Secrets, ConfigMaps, resources) are not resolved."""
-    env: dict[str, str] = {}
-    for variable in container.get("env") or []:
-        name = str(variable["name"])
-        if "value" in variable:
-            env[name] = expand_references(str(variable["value"]), env)
-        elif (variable.get("valueFrom") or {}).get("fieldRef"):
-            env[name] = _field_value(pod, str(variable["valueFrom"]["fieldRef"]["fieldPath"]))
-        else:
-            raise ValueError(f"env {name}: only value and fieldRef are supported")
-    return env
 
 
 def listen_on(args: Sequence[str], ip: str) -> list[str]:
@@ -240,6 +199,53 @@ def pod_process(pod: Mapping[str, Any], executable: str) -> PodProcess | None:
     )
 
 
+def oci_pod_process(
+    pod: Mapping[str, Any],
+    find_image: Callable[[str], oci.Image | None],
+    api_server: tuple[str, int],
+) -> PodProcess | None:
+    """The container to run from its image for a pod: None unless it is Running with an
+    address and its first container's image is in the store (`find_image`). A router's or
+    sim engine's `inferfleet` listens on the pod's IP, as in the venv mode; any other command
+    (the operator's `inferfleet run`) runs as the pod says. Raises `oci.ImageError` (a
+    `ValueError`) for a pod that cannot run as it is."""
+    if not pod_is_running(pod):
+        return None
+    spec = pod.get("spec") or {}
+    containers = spec.get("containers") or []
+    if not containers:
+        return None
+    container = containers[0]
+    image = find_image(str(container.get("image") or ""))
+    if image is None:
+        return None
+    ip = str(pod["status"]["podIP"])
+    launch = oci.container_launch(pod, container, image.config, api_server)
+    argv = launch.argv
+    kind = None
+    if len(argv) >= 2 and Path(argv[0]).name == "inferfleet" and argv[1] in SUBCOMMANDS:
+        kind = Kind(argv[1])
+        argv = (*argv[:2], *listen_on(argv[2:], ip))
+        launch = dataclasses.replace(launch, argv=argv)
+    metadata = pod["metadata"]
+    grace = spec.get("terminationGracePeriodSeconds")
+    return PodProcess(
+        uid=str(metadata.get("uid", "")),
+        namespace=str(metadata.get("namespace", "")),
+        name=str(metadata["name"]),
+        container=str(container.get("name", "")),
+        kind=kind,
+        ip=ip,
+        argv=argv,
+        env=dict(launch.env),
+        grace_s=float(DEFAULT_GRACE_S if grace is None else grace),
+        service_account=str(spec.get("serviceAccountName") or "default"),
+        readiness=readiness_probe(container),
+        image=image,
+        launch=launch,
+    )
+
+
 def readiness_status(
     container: str, ready: bool, reason: str, restarts: int, now: datetime
 ) -> dict[str, Any]:
@@ -286,6 +292,20 @@ class AgentContext:
     api_server: str
     ca_file: Path
     executable: str
+    images: oci.ImageStore | None = None
+    """The OCI runtime mode: pods run from these images through crun (else the venv's
+    `inferfleet` runs as a host process)."""
+    hide_unified_cgroup: bool = False
+
+    @property
+    def crun_root(self) -> Path:
+        return self.state_dir / "crun"
+
+    @property
+    def api_address(self) -> tuple[str, int]:
+        """The API server's host and port, for KUBERNETES_SERVICE_HOST/PORT."""
+        url = httpx.URL(self.api_server)
+        return str(url.host), int(url.port or 443)
 
 
 class ProcessExitedError(RuntimeError):
@@ -366,14 +386,102 @@ class PodSupervisor:
             env["KUBECONFIG"] = str(kubeconfig)
         return env
 
+    @property
+    def _directory(self) -> Path:
+        return self.context.state_dir / "pods" / self.pod.files
+
+    @property
+    def _container_id(self) -> str:
+        return oci.container_id(self.pod.namespace, self.pod.name, self.pod.uid)
+
+    def _container_spec(self) -> ProcessSpec:
+        """The OCI mode: a fresh bundle (the image's root filesystem under a new writable
+        layer, as a restarted container gets), the pod's volumes, then crun."""
+        image, launch = self.pod.image, self.pod.launch
+        assert image is not None
+        assert launch is not None
+        assert self.context.images is not None
+        image_rootfs = self.context.images.rootfs(image)
+        volumes = self._directory / "volumes"
+        for volume in launch.volumes:
+            self._prepare_volume(volumes / volume.name, volume)
+        bundle = oci.Bundle(self._directory / "bundle")
+        shutil.rmtree(bundle.directory, ignore_errors=True)
+        for directory in (bundle.rootfs, bundle.upper, bundle.work):
+            directory.mkdir(parents=True)
+        config = oci.runtime_config(launch, bundle.rootfs, volumes)
+        (bundle.directory / "config.json").write_text(json.dumps(config, indent=1))
+        self._delete_container()  # one left by an agent that died
+        argv = oci.crun_argv(
+            "crun",
+            self.context.crun_root,
+            self._container_id,
+            bundle,
+            image_rootfs,
+            hide_unified_cgroup=self.context.hide_unified_cgroup,
+        )
+        return ProcessSpec(self.pod.key, argv, host_environment(os.environ))
+
+    def _prepare_volume(self, directory: Path, volume: oci.Volume) -> None:
+        """An emptyDir's directory (kept across restarts, as a kubelet keeps it), or a
+        projected volume's files written afresh: a token bound to the pod, ConfigMap keys,
+        downward API fields."""
+        directory.mkdir(parents=True, exist_ok=True)
+        if not volume.files:
+            directory.chmod(oci.EMPTY_DIR_MODE)
+            return
+        directory.chmod(0o755)
+        for item in volume.files:
+            if isinstance(item, oci.Token):
+                content = self.context.kube.request_token(
+                    self.pod.service_account or "default",
+                    self.pod.namespace,
+                    expiration_s=item.expiration_s,
+                    bound_pod=(self.pod.name, self.pod.uid),
+                )
+            elif isinstance(item, oci.ConfigMapKey):
+                found = self.context.kube.get(
+                    "v1", "ConfigMap", item.config_map, self.pod.namespace
+                )
+                data = (found or {}).get("data") or {}
+                if item.key not in data:
+                    raise LookupError(f"configMap {item.config_map} has no key {item.key} (yet)")
+                content = str(data[item.key])
+            else:
+                content = item.value
+            target = directory / item.path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(content)
+            target.chmod(oci.PROJECTED_FILE_MODE)
+
+    def _delete_container(self) -> None:
+        subprocess.run(
+            ["crun", "--root", str(self.context.crun_root), "--cgroup-manager=disabled",
+             "delete", "--force", self._container_id],
+            capture_output=True, check=False,
+        )  # fmt: skip
+
     def _run_once(self) -> None:
         if self._stopping.is_set():
             return
-        spec = ProcessSpec(self.pod.key, self.pod.argv, self._environment())
+        if self.pod.image is not None:
+            spec = self._container_spec()
+        else:
+            spec = ProcessSpec(self.pod.key, self.pod.argv, self._environment())
         logs = self.context.state_dir / "logs" / "pods"
         logs.mkdir(parents=True, exist_ok=True)
-        process = processes.popen(spec, logs, bound_to_parent=True, inherit_env=False)
-        log.info("%s: started %s (pid %d)", self.pod.key, " ".join(spec.argv[1:3]), process.pid)
+        try:
+            self._supervise(processes.popen(spec, logs, bound_to_parent=True, inherit_env=False))
+        finally:
+            if self.pod.image is not None:
+                # crun forwards SIGTERM; after a SIGKILL of crun, this ends the container.
+                self._delete_container()
+
+    def _supervise(self, process: subprocess.Popen[bytes]) -> None:
+        what = " ".join([Path(self.pod.argv[0]).name, *self.pod.argv[1:2]])
+        if self.pod.image is not None:
+            what += f" from {self.pod.image.reference} in crun"
+        log.info("%s: started %s (pid %d)", self.pod.key, what, process.pid)
         ready: bool | None = None
         try:
             while process.poll() is None:
@@ -405,7 +513,7 @@ class PodSupervisor:
         return bool(200 <= answer.status_code < 400)
 
     def _cleanup(self) -> None:
-        shutil.rmtree(self.context.state_dir / "pods" / self.pod.files, ignore_errors=True)
+        shutil.rmtree(self._directory, ignore_errors=True)
 
 
 class FleetAgent:
@@ -417,14 +525,34 @@ class FleetAgent:
         self.supervisors: dict[str, PodSupervisor] = {}
         self._pods: dict[str, Mapping[str, Any]] = {}
         self._lock = threading.Lock()
+        # Pods left alone, each said once: (uid, why).
+        self._reported: set[tuple[str, str]] = set()
+
+    def _process(self, pod: Mapping[str, Any]) -> PodProcess | None:
+        images = self.context.images
+        if images is None:
+            return pod_process(pod, self.context.executable)
+        process = oci_pod_process(pod, images.find, self.context.api_address)
+        if process is None and pod_is_running(pod):
+            containers = (pod.get("spec") or {}).get("containers") or [{}]
+            self._report_once(pod, f"image {containers[0].get('image')!r} is not in {images}")
+        return process
+
+    def _report_once(self, pod: Mapping[str, Any], why: str) -> None:
+        metadata = pod.get("metadata") or {}
+        if (str(metadata.get("uid")), why) not in self._reported:
+            self._reported.add((str(metadata.get("uid")), why))
+            log.warning(
+                "%s/%s: left alone: %s", metadata.get("namespace"), metadata.get("name"), why
+            )
 
     def desired(self) -> dict[str, PodProcess]:
         wanted = {}
         for uid, pod in self._pods.items():
             try:
-                process = pod_process(pod, self.context.executable)
+                process = self._process(pod)
             except ValueError as error:
-                log.warning("%s: cannot run: %s", (pod.get("metadata") or {}).get("name"), error)
+                self._report_once(pod, f"cannot run: {error}")
                 continue
             if process is not None:
                 wanted[uid] = process
@@ -508,6 +636,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     starts, with the cluster's admin credentials (it stands in for every kubelet)."""
     parser = argparse.ArgumentParser(prog="inferfleet-fleet-agent", description=__doc__)
     parser.add_argument("state_dir", type=Path, help="The dev cluster's state directory.")
+    parser.add_argument(
+        "--images",
+        type=Path,
+        help="Run pods from their images in this store (OCI layouts) through crun, instead "
+        "of the venv's inferfleet as host processes.",
+    )
     options = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -524,8 +658,15 @@ def main(argv: Sequence[str] | None = None) -> None:
             api_server=str(cluster["server"]),
             ca_file=Path(cluster["certificate-authority"]),
             executable=_venv_inferfleet(),
+            images=oci.ImageStore(options.images) if options.images else None,
+            hide_unified_cgroup=oci.unified_cgroup_has_controllers(),
         )
     )
+
+    if agent.context.images is not None:
+        left = oci.delete_all("crun", agent.context.crun_root)
+        if left:
+            log.info("removed containers left by an earlier agent: %s", ", ".join(left))
 
     def terminate(signum: int, _frame: object) -> None:
         log.info("signal %d: stopping every pod's process", signum)
