@@ -81,11 +81,17 @@ def set_flags(values: dict[str, str]) -> list[str]:
     return [flag for key, value in values.items() for flag in ("--set", f"{key}={value}")]
 
 
-def template(values: dict[str, str] | None = None, namespace: str = NAMESPACE) -> list[Manifest]:
-    """Every object `helm install` would create (chart tests included, CRDs too)."""
+def template(
+    values: dict[str, str] | None = None,
+    namespace: str = NAMESPACE,
+    strings: dict[str, str] | None = None,
+) -> list[Manifest]:
+    """Every object `helm install` would create (chart tests included, CRDs too). `values` are
+    typed as a values file types them; `strings` are taken as written."""
+    string_flags = [f"--set-string={key}={value}" for key, value in (strings or {}).items()]
     result = helm(
         "template", RELEASE, str(CHART), "--namespace", namespace, "--include-crds",
-        *set_flags(values or {}),
+        *set_flags(values or {}), *string_flags,
     )  # fmt: skip
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 
@@ -224,11 +230,18 @@ def test_operator_runs_locked_down_with_its_probe_and_limits() -> None:
     }
     assert container["resources"]["requests"]
     assert container["resources"]["limits"]["memory"]
-    assert flag(container, "--liveness") == "http://0.0.0.0:8081/healthz"
-    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert container["command"] == ["inferfleet", "run"]
+    # Health and metrics listen on the pod's IP, where the kubelet probes and Prometheus scrapes.
+    assert {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} in (
+        container["env"]
+    )
+    assert flag(container, "--liveness") == "http://$(POD_IP):8081/healthz"
+    assert flag(container, "--metrics-address") == "$(POD_IP)"
+    assert flag(container, "--metrics-port") == "8080"
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"metrics": 8080, "health": 8081}
-    assert flag(container, "--metrics-port") == "8080"
     # Cluster-wide by default: no namespace to restrict the watch to.
     assert flag(container, "--namespace") is None
     annotations = spec["template"]["metadata"]["annotations"]
@@ -275,6 +288,10 @@ def test_operator_settings_come_from_the_values() -> None:
     assert flag(container, "--router-discovery") == "pods"
     assert flag(container, "--autoscale-interval") == "30"
     assert flag(operator_container(template()), "--prometheus-url") is None
+
+    ipv6 = operator_container(template(strings={"operator.listenAddress": "::"}))
+    assert flag(ipv6, "--liveness") == "http://[::]:8081/healthz"
+    assert flag(ipv6, "--metrics-address") == "::"
 
 
 def wire(objects: Sequence[Manifest], kind: str) -> list[Manifest]:
@@ -412,6 +429,7 @@ def test_chart_test_calls_the_health_endpoint_with_the_operator_image_and_no_she
         ({"image.operatr.repository": "x"}, "operatr"),
         ({"operator.routerDiscovery": "dns"}, "routerDiscovery"),
         ({"operator.healthPort": "0"}, "healthPort"),
+        ({"operator.listenAddress": "localhost"}, "listenAddress"),
         ({"operator.prometheusUrl": "prometheus:9090"}, "prometheusUrl"),
         ({"podSecurityContext.runAsNonRoot": "false"}, "runAsNonRoot"),
         ({"monitoring.serviceMonitor.interval": "often"}, "interval"),

@@ -49,3 +49,19 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 {{- toYaml $rules -}}
 {{- end -}}
+
+{{/* Where the operator's health and metrics ports listen: operator.listenAddress, or the pod's
+IP (from the POD_IP variable the Deployment sets). */}}
+{{- define "inferfleet.listenAddress" -}}
+{{- .Values.operator.listenAddress | default "$(POD_IP)" -}}
+{{- end -}}
+
+{{/* The same as a URL's host: an IPv6 address in brackets. */}}
+{{- define "inferfleet.listenHost" -}}
+{{- $address := include "inferfleet.listenAddress" . -}}
+{{- if contains ":" $address -}}
+{{- printf "[%s]" $address -}}
+{{- else -}}
+{{- $address -}}
+{{- end -}}
+{{- end -}}
