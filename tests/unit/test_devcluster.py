@@ -10,8 +10,15 @@ import pytest
 
 from inferfleet.api.catalog import GpuCatalog, GpuType
 from inferfleet.devcluster import pki, processes
-from inferfleet.devcluster.cluster import POD_CIDR, Ports, component_specs
+from inferfleet.devcluster.cluster import (
+    POD_CIDR,
+    Ports,
+    State,
+    component_specs,
+    operator_deployment,
+)
 from inferfleet.devcluster.nodes import GPU_RESOURCE, NodePool, gpu_node
+from inferfleet.devcluster.oci import ImageConfig, container_launch
 
 
 def test_node_pools_parse_and_refuse_by_part() -> None:
@@ -109,3 +116,39 @@ def test_free_port_is_free() -> None:
     port = processes.free_port()
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", port))
+
+
+def test_the_operator_pod_runs_its_image_locked_down_on_its_pod_ip() -> None:
+    deployment = operator_deployment(
+        "inferfleet/operator:0.1.0", "inferfleet-system", ("--prometheus-url", "http://p:9090")
+    )
+    spec = deployment["spec"]["template"]["spec"]
+    assert spec["serviceAccountName"] == "inferfleet-operator"
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    (container,) = spec["containers"]
+    assert container["image"] == "inferfleet/operator:0.1.0"
+    assert container["command"] == ["inferfleet", "run"]
+    assert container["args"][:2] == ["--prometheus-url", "http://p:9090"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    # Pods share the host's network on fake nodes: its ports listen on the pod's IP only.
+    launch = container_launch(
+        {"metadata": {"name": "op", "namespace": "inferfleet-system"},
+         "status": {"podIP": "127.1.0.4"}, "spec": spec},
+        container,
+        ImageConfig(user="65532:65532"),
+        ("127.0.0.1", 6443),
+    )  # fmt: skip
+    assert launch.argv[-2:] == ("--liveness", "http://127.1.0.4:8081/healthz")
+    assert dict(launch.env)["INFERFLEET_METRICS_ADDRESS"] == "127.1.0.4"
+    assert launch.read_only_root
+    assert [m.path for m in launch.mounts] == ["/tmp"]
+    assert launch.identity.uid == 65532
+
+
+def test_a_state_file_records_how_the_fleet_runs(tmp_path: Path) -> None:
+    state = State("/bin", Ports(1, 2, 3, 4, 5, 6), fleet=True, runtime="oci", images="/i")
+    state.operator = "pod"
+    state.save(tmp_path / "state.json")
+    loaded = State.load(tmp_path / "state.json")
+    assert (loaded.runtime, loaded.images, loaded.operator) == ("oci", "/i", "pod")

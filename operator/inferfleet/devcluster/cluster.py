@@ -319,6 +319,7 @@ def operator_deployment(image: str, namespace: str, args: tuple[str, ...]) -> di
                 "spec": {
                     "serviceAccountName": OPERATOR_NAME,
                     "securityContext": {"runAsNonRoot": True},
+                    "volumes": [{"name": "tmp", "emptyDir": {}}],
                     "containers": [
                         {
                             "name": "operator",
@@ -347,6 +348,8 @@ def operator_deployment(image: str, namespace: str, args: tuple[str, ...]) -> di
                             "readinessProbe": {
                                 "httpGet": {"path": "/healthz", "port": "health"},
                             },
+                            # The root is read-only; HOME and scratch space are /tmp.
+                            "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
                             "securityContext": {
                                 "readOnlyRootFilesystem": True,
                                 "allowPrivilegeEscalation": False,

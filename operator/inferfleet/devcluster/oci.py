@@ -294,6 +294,8 @@ def container_launch(
     own_env = container_env(pod, container)
     env = dict(image.env) | own_env
     env.setdefault("PATH", DEFAULT_PATH)
+    # As container runtimes do for a user the image's passwd may not know.
+    env.setdefault("HOME", "/")
     env["HOSTNAME"] = str(pod["metadata"]["name"])
     env["KUBERNETES_SERVICE_HOST"] = api_server[0]
     env["KUBERNETES_SERVICE_PORT"] = str(api_server[1])
@@ -426,7 +428,6 @@ def runtime_config(launch: Launch, rootfs: Path, volumes_dir: Path) -> dict[str,
             "cwd": launch.working_dir,
             "capabilities": no_capabilities,
             "noNewPrivileges": True,
-            "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 65536, "soft": 65536}],
         },
         "root": {"path": str(rootfs), "readonly": launch.read_only_root},
         "hostname": launch.hostname,

@@ -1,0 +1,235 @@
+"""The images run: the fleet in its OCI runtime mode starts inferfleet's own pods from the
+images tools/images/build.sh builds, through crun. The operator runs as a pod of its image
+with its ServiceAccount's projected token (in-cluster configuration), reconciles the `sim`
+example into a router and a sim engine that run from their images too; the InferenceService
+turns Ready and a request is served through its router. Each of the three is a container of
+crun: in pid, mount, ipc and uts namespaces of its own, on the host's network (its pod IP),
+as its user, without capabilities, the operator's root read-only."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from inferfleet.devcluster.binaries import ensure_binaries
+from inferfleet.devcluster.cluster import OPERATOR_IMAGE, DevCluster, Runtime, running
+from inferfleet.devcluster.images import ensure_images
+from inferfleet.devcluster.nodes import NodePool
+from inferfleet.devcluster.processes import wait_until
+from inferfleet.render.rbac import DEFAULT_NAMESPACE as OPERATOR_NAMESPACE
+from tests.e2e.conftest import Kubectl
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "llama-3.1-8b-aggregated-sim.yaml"
+NAMESPACE = "images"
+MODEL = "llama-3.1-8b"
+ENGINES = "inferfleet.io/model-deployment=llama-3-1-8b"
+ROUTERS = "inferfleet.io/inference-service=chat"
+OPERATOR = "app.kubernetes.io/name=inferfleet-operator"
+PORT = 8000
+IMAGE_USER = 65532
+
+
+@dataclass(frozen=True)
+class Fleet:
+    cluster: DevCluster
+    kubectl: Kubectl
+
+    def pod(self, namespace: str, selector: str) -> dict[str, Any]:
+        pods = [
+            p
+            for p in self.kubectl.json("get", "pods", "-n", namespace, "-l", selector)["items"]
+            if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+        ]
+        assert len(pods) == 1, [p["metadata"]["name"] for p in pods]
+        found: dict[str, Any] = pods[0]
+        return found
+
+    def containers(self) -> dict[str, int]:
+        """crun's running containers, by id: their pids on this machine."""
+        listed = subprocess.run(
+            ["crun", "--root", str(self.cluster.state_dir / "crun"), "list", "--format", "json"],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        return {c["id"]: int(c["pid"]) for c in json.loads(listed.stdout or "[]")}
+
+    def container_pid(self, pod: dict[str, Any]) -> int:
+        metadata = pod["metadata"]
+        name = f"{metadata['namespace']}.{metadata['name']}.{metadata['uid'][:8]}"
+        containers = self.containers()
+        assert name in containers, (name, sorted(containers))
+        return containers[name]
+
+    def diagnostics(self) -> str:
+        logs = self.cluster.log_dir
+        parts = [("fleet-agent", logs / "fleet-agent.log")]
+        parts += [(p.name, p) for p in sorted((logs / "pods").glob("*.log"))]
+        return "\n".join(
+            f"--- {name}\n{path.read_text(errors='replace')[-3000:]}"
+            for name, path in parts
+            if path.exists()
+        )
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    bin_dir = ensure_binaries()
+    images = ensure_images()  # tools/images/build.sh: cached after the first build
+    pools = NodePool.parse("H100-80GB=1")
+    with running(
+        tmp_path_factory.mktemp("images"),
+        bin_dir,
+        pools,
+        timeout_s=180.0,
+        with_fleet=True,
+        runtime=Runtime.OCI,
+        images=images,
+    ) as cluster:
+        kubectl = Kubectl(bin_dir / "kube", cluster.kubeconfig_path)
+        kubectl.run("create", "namespace", NAMESPACE)
+        kubectl.run("apply", "--server-side", "-n", NAMESPACE, "-f", str(EXAMPLE))
+        yield Fleet(cluster, kubectl)
+
+
+def _condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:
+    for condition in obj.get("status", {}).get("conditions") or []:
+        if condition["type"] == kind:
+            found: dict[str, Any] = condition
+            return found
+    return {}
+
+
+def _healthy(ip: str) -> bool:
+    try:
+        return httpx.get(f"http://{ip}:{PORT}/health", timeout=1.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _status_ids(pid: int) -> tuple[int, int, str]:
+    """A process's real uid and gid, and its effective capabilities."""
+    fields = dict(
+        line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+    )
+    return int(fields["Uid"].split()[0]), int(fields["Gid"].split()[0]), fields["CapEff"].strip()
+
+
+def _namespace(pid: int | str, kind: str) -> str:
+    return os.readlink(f"/proc/{pid}/ns/{kind}")
+
+
+def _root_mount_options(pid: int) -> list[str]:
+    """The mount options of the process's `/`, as the kernel enforces them."""
+    root: list[str] = []
+    for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines():
+        fields = line.split()
+        if fields[4] == "/":
+            root = fields[5].split(",")  # the last one mounted there is the one in effect
+    return root
+
+
+def test_the_operator_router_and_engine_run_from_their_images_and_serve(fleet: Fleet) -> None:
+    # The operator: a pod of its image, Ready (start_fleet waited for it), acting in-cluster.
+    operator = fleet.pod(OPERATOR_NAMESPACE, OPERATOR)
+    assert operator["spec"]["containers"][0]["image"] == OPERATOR_IMAGE
+
+    # It reconciles the example: the service turns Ready, its pods run from their images.
+    def service() -> dict[str, Any]:
+        found: dict[str, Any] = fleet.kubectl.json("get", "isvc", "chat", "-n", NAMESPACE)
+        return found
+
+    assert wait_until(lambda: _condition(service(), "Ready").get("status") == "True", 180, 1.0), (
+        service().get("status"),
+        fleet.diagnostics(),
+    )
+    engine = fleet.pod(NAMESPACE, ENGINES)
+    assert engine["spec"]["containers"][0]["image"].startswith("inferfleet/sim-engine:")
+    routers = [
+        p
+        for p in fleet.kubectl.json("get", "pods", "-n", NAMESPACE, "-l", ROUTERS)["items"]
+        if p["status"].get("phase") == "Running" and p["status"].get("podIP")
+    ]
+    router_ips = sorted(p["status"]["podIP"] for p in routers)
+    assert router_ips
+    for ip in router_ips:
+        assert wait_until(lambda ip=ip: _healthy(ip), 60, 0.5), fleet.diagnostics()  # type: ignore[misc]
+
+    # A request served through a router, by the engine behind it.
+    body = {"model": MODEL, "prompt": "hello " * 50, "max_tokens": 16, "stream": True}
+    pieces = []
+    with httpx.stream(
+        "POST", f"http://{router_ips[0]}:{PORT}/v1/completions", json=body, timeout=30.0
+    ) as answer:
+        assert answer.status_code == 200, answer.read()
+        for line in answer.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                pieces.append(json.loads(line[len("data: ") :])["choices"][0]["text"])
+    assert len(pieces) >= 8, pieces
+
+    # Each is a container of crun, isolated but on the host's network (its pod IP).
+    for pod in (operator, routers[0], engine):
+        pid = fleet.container_pid(pod)
+        assert _namespace(pid, "net") == _namespace("self", "net")
+        for kind in ("pid", "mnt", "ipc", "uts"):
+            assert _namespace(pid, kind) != _namespace("self", kind), (
+                pod["metadata"]["name"],
+                kind,
+            )
+        uid, gid, capabilities = _status_ids(pid)
+        security = pod["spec"].get("securityContext") or {}
+        # The pod's runAsUser where it sets one (rendered pods do), else the image's user.
+        assert uid == security.get("runAsUser", IMAGE_USER), pod["metadata"]["name"]
+        assert gid == security.get("runAsGroup", IMAGE_USER), pod["metadata"]["name"]
+        assert int(capabilities, 16) == 0
+    # The operator's root is read-only (readOnlyRootFilesystem); the engine's is its own layer.
+    assert "ro" in _root_mount_options(fleet.container_pid(operator))
+    assert "rw" in _root_mount_options(fleet.container_pid(engine))
+    # In-cluster identity: the projected token, CA and namespace where clients look for them.
+    pid = fleet.container_pid(operator)
+    account = Path(f"/proc/{pid}/root/var/run/secrets/kubernetes.io/serviceaccount")
+    assert (account / "namespace").read_text() == OPERATOR_NAMESPACE
+    assert "BEGIN CERTIFICATE" in (account / "ca.crt").read_text()
+    assert (account / "token").read_text().count(".") == 2
+    environ = dict(
+        item.split("=", 1)
+        for item in Path(f"/proc/{pid}/environ").read_text().split("\0")
+        if "=" in item
+    )
+    assert environ["KUBERNETES_SERVICE_HOST"] == "127.0.0.1"
+    assert "KUBECONFIG" not in environ
+
+
+def test_a_write_to_the_read_only_root_fails(fleet: Fleet) -> None:
+    operator = fleet.pod(OPERATOR_NAMESPACE, OPERATOR)
+    pid = fleet.container_pid(operator)
+    # Inside the operator's mount namespace, as its user, with the image's own interpreter.
+    attempt = subprocess.run(
+        ["nsenter", "--target", str(pid), "--mount", "--setuid", str(IMAGE_USER),
+         "--setgid", str(IMAGE_USER), "/usr/bin/python3.11", "-c", "open('/written', 'w')"],
+        capture_output=True, text=True, check=False, timeout=30,
+    )  # fmt: skip
+    assert attempt.returncode != 0
+    assert "Read-only file system" in attempt.stderr, attempt.stderr
+    # /tmp, its emptyDir, takes writes.
+    scratch = subprocess.run(
+        ["nsenter", "--target", str(pid), "--mount", "--setuid", str(IMAGE_USER),
+         "--setgid", str(IMAGE_USER), "/usr/bin/python3.11", "-c", "open('/tmp/written', 'w')"],
+        capture_output=True, text=True, check=False, timeout=30,
+    )  # fmt: skip
+    assert scratch.returncode == 0, scratch.stderr
+
+
+def test_a_deleted_pod_ends_its_container(fleet: Fleet) -> None:
+    engine = fleet.pod(NAMESPACE, ENGINES)
+    pid = fleet.container_pid(engine)
+    fleet.kubectl.run("delete", "pod", engine["metadata"]["name"], "-n", NAMESPACE, "--wait=false")
+    assert wait_until(lambda: not Path(f"/proc/{pid}").exists(), 90, 0.5), fleet.diagnostics()
+    uid = engine["metadata"]["uid"][:8]
+    assert not [c for c in fleet.containers() if c.endswith(uid)]
