@@ -1,0 +1,278 @@
+"""The Helm chart installed into the dev cluster, as a user installs it: a real helm (built by
+tools/helm/build.sh) against the real API server, the fleet agent running every pod from the
+images tools/images/build.sh builds (the OCI runtime mode, through crun), no operator but the
+chart's.
+
+In order, on one cluster: every object the chart renders passes the API server's server-side
+dry-run (the monitoring ones against the Prometheus Operator's own CRDs); `helm install --wait`
+creates the CRDs and runs the operator from its image; the sim example becomes Ready with the
+router and engine images the values name and serves a request; `helm test` fails against a
+dead endpoint and passes against the operator's; `helm uninstall` leaves nothing of the operator
+behind, and the CRDs stay."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import httpx
+import pytest
+import yaml
+
+from inferfleet import __version__
+from inferfleet.api.crd import crd_files
+from inferfleet.devcluster.binaries import ensure_binaries
+from inferfleet.devcluster.cluster import DevCluster, Runtime, running
+from inferfleet.devcluster.images import ensure_images
+from inferfleet.devcluster.nodes import NodePool
+from inferfleet.devcluster.processes import wait_until
+from tests.e2e.conftest import Kubectl
+from tests.unit.test_chart import CHART, helm_binary
+
+REPO_ROOT: Final = Path(__file__).resolve().parents[2]
+EXAMPLE: Final = REPO_ROOT / "examples" / "llama-3.1-8b-aggregated-sim.yaml"
+PROMETHEUS_OPERATOR_CRDS: Final = REPO_ROOT / "tools" / "helm" / "prometheus-operator-crds.sh"
+
+# Not `inferfleet` in inferfleet-system: the dev cluster's fleet applies deploy/rbac/ there.
+RELEASE: Final = "fleet"
+NAMESPACE: Final = "ml-serving"
+OPERATOR: Final = "fleet-inferfleet-operator"
+# The local image store finds an image by its repository's last component, so a registry in
+# the values still runs the images built here; the references prove where they came from.
+REGISTRY: Final = "registry.example.com/ml"
+ROUTER_IMAGE: Final = f"{REGISTRY}/inferfleet/router:{__version__}"
+SIM_ENGINE_IMAGE: Final = f"{REGISTRY}/inferfleet/sim-engine:{__version__}"
+OPERATOR_IMAGE: Final = f"{REGISTRY}/inferfleet/operator:{__version__}"
+MODEL: Final = "llama-3.1-8b"
+ROUTERS: Final = "inferfleet.io/inference-service=chat"
+ENGINES: Final = "inferfleet.io/model-deployment=llama-3-1-8b"
+OPERATOR_PODS: Final = (
+    f"app.kubernetes.io/name=inferfleet-operator,app.kubernetes.io/instance={RELEASE}"
+)
+MONITORING_CRDS: Final = ("servicemonitors", "podmonitors", "prometheusrules")
+CRD_NAMES: Final = tuple(yaml.safe_load(text)["metadata"]["name"] for text in crd_files().values())
+
+
+@dataclass(frozen=True)
+class Install:
+    cluster: DevCluster
+    kubectl: Kubectl
+    helm_home: Path
+
+    def helm(
+        self, *args: str, check: bool = True, timeout_s: float = 360
+    ) -> subprocess.CompletedProcess[str]:
+        home = str(self.helm_home)
+        result = subprocess.run(
+            [str(helm_binary()), *args, "--kubeconfig", str(self.cluster.kubeconfig_path)],
+            capture_output=True, text=True, check=False, timeout=timeout_s,
+            env={"PATH": os.environ.get("PATH", ""), "HOME": home,
+                 "HELM_CACHE_HOME": f"{home}/cache", "HELM_CONFIG_HOME": f"{home}/config",
+                 "HELM_DATA_HOME": f"{home}/data"},
+        )  # fmt: skip
+        if check and result.returncode != 0:
+            raise AssertionError(
+                f"helm {' '.join(args)} failed ({result.returncode}):\n{result.stdout}\n"
+                f"{result.stderr}\n{self.diagnostics()}"
+            )
+        return result
+
+    def values(self) -> list[str]:
+        """The install's values: the images from a registry, the dev cluster's Prometheus,
+        routers that find replicas by pod (Services are not routed here), one namespace's RBAC,
+        and every monitoring object."""
+        settings = {
+            "image.registry": REGISTRY,
+            "rbac.scope": "namespace",
+            "operator.routerDiscovery": "pods",
+            "operator.prometheusUrl": self.cluster.prometheus_url or "",
+            "monitoring.serviceMonitor.enabled": "true",
+            "monitoring.podMonitor.enabled": "true",
+            "monitoring.prometheusRule.enabled": "true",
+            "monitoring.dashboards.enabled": "true",
+        }
+        return [flag for key, value in settings.items() for flag in ("--set", f"{key}={value}")]
+
+    def pods(self, selector: str) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = self.kubectl.json(
+            "get", "pods", "-n", NAMESPACE, "-l", selector
+        )["items"]
+        return found
+
+    def diagnostics(self) -> str:
+        logs = self.cluster.log_dir
+        paths = [logs / "fleet-agent.log", *sorted((logs / "pods").glob(f"{NAMESPACE}_*.log"))]
+        return "\n".join(
+            f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in paths if p.exists()
+        )
+
+
+@pytest.fixture(scope="module")
+def install(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Install]:
+    bin_dir = ensure_binaries()
+    ensure_images()
+    pools = NodePool.parse("H100-80GB=2")
+    with running(
+        tmp_path_factory.mktemp("helm-cluster"), bin_dir, pools,
+        with_fleet=True, runtime=Runtime.OCI, operator=False,
+    ) as cluster:  # fmt: skip
+        kubectl = Kubectl(bin_dir / "kube", cluster.kubeconfig_path)
+        # The fleet installs the CRDs; here the chart must, so they go first.
+        kubectl.run("delete", "customresourcedefinition", *CRD_NAMES, "--wait=true")
+        crds = (
+            subprocess.run(
+                ["bash", str(PROMETHEUS_OPERATOR_CRDS)], capture_output=True, text=True, check=True
+            )
+            .stdout.strip()
+            .splitlines()[-1]
+        )
+        for plural in MONITORING_CRDS:
+            kubectl.run(
+                "apply", "--server-side", "-f", f"{crds}/monitoring.coreos.com_{plural}.yaml"
+            )
+        kubectl.run("create", "namespace", NAMESPACE)
+        yield Install(cluster, kubectl, tmp_path_factory.mktemp("helm-home"))
+
+
+def _ready(obj: dict[str, Any]) -> bool:
+    conditions = (obj.get("status") or {}).get("conditions") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+def _owned_by_release(install: Install) -> list[str]:
+    """Every object of the kinds the chart creates that carries the release's label."""
+    selector = f"app.kubernetes.io/instance={RELEASE}"
+    namespaced = "deployments,replicasets,pods,services,serviceaccounts,configmaps,roles," + (
+        "rolebindings,servicemonitors,podmonitors,prometheusrules"
+    )
+    found = install.kubectl.json("get", namespaced, "-n", NAMESPACE, "-l", selector)["items"]
+    found += install.kubectl.json("get", "clusterroles,clusterrolebindings", "-l", selector)[
+        "items"
+    ]
+    return sorted(f"{o['kind']}/{o['metadata']['name']}" for o in found)
+
+
+def test_every_rendered_object_passes_server_side_dry_run(install: Install) -> None:
+    rendered = install.helm(
+        "template", RELEASE, str(CHART), "--namespace", NAMESPACE, *install.values()
+    ).stdout
+    # CRDs aside (templates only): the API server validates each against its schema.
+    result = install.kubectl.run(
+        "apply", "--server-side", "--dry-run=server", "-f", "-",
+        stdin=rendered, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    kinds = {line.split("/", 1)[0] for line in result.stdout.splitlines()}
+    for kind in ("deployment.apps", "servicemonitor.monitoring.coreos.com", "configmap"):
+        assert kind in kinds, result.stdout
+
+
+def test_install_runs_the_operator_from_its_image(install: Install) -> None:
+    install.helm(
+        "install", RELEASE, str(CHART), "--namespace", NAMESPACE, *install.values(),
+        "--wait", "--timeout", "5m",
+    )  # fmt: skip
+    for name in CRD_NAMES:
+        install.kubectl.run("get", "customresourcedefinition", name)
+    deployment = install.kubectl.json("get", "deployment", OPERATOR, "-n", NAMESPACE)
+    assert deployment["status"].get("readyReplicas") == 1
+    (pod,) = install.pods(OPERATOR_PODS)
+    assert pod["spec"]["containers"][0]["image"] == OPERATOR_IMAGE
+    ip = pod["status"]["podIP"]
+    # The operator answers on its pod's IP: kopf's health endpoint and its own metrics.
+    assert httpx.get(f"http://{ip}:8081/healthz", timeout=5.0).status_code == 200
+    metrics = httpx.get(f"http://{ip}:8080/metrics", timeout=5.0)
+    assert metrics.status_code == 200
+    assert "inferfleet_operator_reconcile_errors" in metrics.text
+    # Run from the image: the interpreter is the image's, which this machine does not have.
+    assert not Path("/opt/inferfleet").exists()
+    assert _operator_argv(ip), "no process of the image's inferfleet listens on the pod's IP"
+
+
+def _operator_argv(ip: str) -> list[str]:
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = [a.decode() for a in cmdline.read_bytes().split(b"\0") if a]
+        except OSError:
+            continue
+        if "/opt/inferfleet/bin/inferfleet" in argv and f"--metrics-address={ip}" in argv:
+            return argv
+    return []
+
+
+def test_the_example_becomes_ready_with_the_images_of_the_values(install: Install) -> None:
+    install.kubectl.run("apply", "--server-side", "-n", NAMESPACE, "-f", str(EXAMPLE))
+
+    def service_ready() -> bool:
+        service = install.kubectl.json("get", "inferenceservice", "chat", "-n", NAMESPACE)
+        return _ready(service)
+
+    assert wait_until(service_ready, 180, 1.0), install.diagnostics()
+    routers = install.pods(ROUTERS)
+    engines = install.pods(ENGINES)
+    assert routers
+    assert engines
+    assert {p["spec"]["containers"][0]["image"] for p in routers} == {ROUTER_IMAGE}
+    assert {p["spec"]["containers"][0]["image"] for p in engines} == {SIM_ENGINE_IMAGE}
+    # A request through a router pod reaches the engine and comes back.
+    router_ip = routers[0]["status"]["podIP"]
+    body = {"model": MODEL, "prompt": "hello " * 20, "max_tokens": 8}
+    answer = httpx.post(f"http://{router_ip}:8000/v1/completions", json=body, timeout=30.0)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["choices"][0]["text"]
+
+
+def test_helm_test_checks_the_operators_health_endpoint(install: Install) -> None:
+    (pod,) = install.pods(OPERATOR_PODS)
+    ip = pod["status"]["podIP"]
+    # Services are not routed in the dev cluster: the test pod is pointed at the pod's IP.
+    # First at a port nothing listens on, where it must fail...
+    install.helm(
+        "upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE, *install.values(),
+        "--set", f"tests.healthUrl=http://{ip}:9/healthz", "--wait",
+    )  # fmt: skip
+    failed = install.helm("test", RELEASE, "--namespace", NAMESPACE, "--timeout", "2m", check=False)
+    assert failed.returncode != 0, failed.stdout
+    # ...then at the operator's health endpoint, where it passes.
+    install.helm(
+        "upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE, *install.values(),
+        "--set", f"tests.healthUrl=http://{ip}:8081/healthz", "--wait",
+    )  # fmt: skip
+    passed = install.helm("test", RELEASE, "--namespace", NAMESPACE, "--timeout", "2m")
+    assert "Succeeded" in passed.stdout, passed.stdout
+    # The upgrades changed no pod: the operator was not restarted by them.
+    (after,) = install.pods(OPERATOR_PODS)
+    assert after["metadata"]["uid"] == pod["metadata"]["uid"]
+
+
+def test_uninstall_leaves_nothing_of_the_operator_and_keeps_the_crds(install: Install) -> None:
+    assert _owned_by_release(install)
+    # Users' resources first, while the operator can still remove its finalizers.
+    install.kubectl.run("delete", "-n", NAMESPACE, "-f", str(EXAMPLE), "--wait=true")
+    (pod,) = install.pods(OPERATOR_PODS)
+    ip = pod["status"]["podIP"]
+    install.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout", "2m")
+
+    assert wait_until(lambda: not _owned_by_release(install), 60, 1.0), _owned_by_release(install)
+    # By name too, whatever their labels.
+    left = install.kubectl.run(
+        "get", "deployment,serviceaccount,service,role,rolebinding", OPERATOR, "-n", NAMESPACE,
+        "--ignore-not-found", "-o", "name",
+    ).stdout + install.kubectl.run(
+        "get", "clusterrole,clusterrolebinding", f"{OPERATOR}-crd-reader-{NAMESPACE}",
+        "--ignore-not-found", "-o", "name",
+    ).stdout  # fmt: skip
+    assert not left.strip(), left
+    assert wait_until(lambda: not _operator_argv(ip), 60, 1.0), "the operator still runs"
+    listed = json.loads(
+        install.helm("list", "--all", "--namespace", NAMESPACE, "-o", "json").stdout
+    )
+    assert listed == []
+    # Helm never deletes CRDs: the users' definitions (and any resources elsewhere) stay.
+    for name in CRD_NAMES:
+        install.kubectl.run("get", "customresourcedefinition", name)
