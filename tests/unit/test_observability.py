@@ -75,8 +75,13 @@ _LABEL_VALUES = re.compile(r"^label_values\((?P<selector>.+),\s*(?P<label>[a-zA-
 class Query:
     where: str
     """Dashboard file and panel (or rule group and name), for messages."""
-    expr: str
-    """PromQL as Prometheus receives it (Grafana's variables substituted)."""
+    raw: str
+    """PromQL as the dashboard (or rule file) has it, Grafana's variables in it."""
+
+    @property
+    def expr(self) -> str:
+        """PromQL as Prometheus receives it, the variables set to "All"."""
+        return substitute(self.raw)
 
 
 def substitute(expr: str) -> str:
@@ -97,18 +102,15 @@ def dashboard_queries() -> list[Query]:
         for panel in dashboard["panels"]:
             for target in panel.get("targets", []):
                 where = f"{name}: {panel['title']} ({target['refId']})"
-                found.append(Query(where, substitute(target["expr"])))
+                found.append(Query(where, target["expr"]))
         for annotation in dashboard["annotations"]["list"]:
             if "expr" in annotation:
-                found.append(Query(f"{name}: annotation {annotation['name']}",
-                                   substitute(annotation["expr"])))  # fmt: skip
+                found.append(Query(f"{name}: annotation {annotation['name']}", annotation["expr"]))
         for variable in dashboard["templating"]["list"]:
             if variable["type"] == "query":
                 match = _LABEL_VALUES.match(variable["query"]["query"])
                 assert match, f"{name}: variable {variable['name']}: {variable['query']}"
-                found.append(
-                    Query(f"{name}: variable {variable['name']}", substitute(match["selector"]))
-                )
+                found.append(Query(f"{name}: variable {variable['name']}", match["selector"]))
     return found
 
 

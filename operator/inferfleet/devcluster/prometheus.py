@@ -245,5 +245,21 @@ class Prometheus:
             raise ValueError(f"{promql} returned {len(result)} series, not one")
         return float(result[0]["value"][1])
 
+    def reconfigure(
+        self, jobs: Sequence[Mapping[str, Any]] = (), rule_files: Sequence[Path] = ()
+    ) -> None:
+        """Add scrape jobs (replacing those of the same name) and rule files to the running
+        server's configuration, and have it reload (an invalid configuration is refused)."""
+        config = self.state_dir / "prometheus.yml"
+        document = yaml.safe_load(config.read_text())
+        added = {job["job_name"] for job in jobs}
+        kept = [job for job in document["scrape_configs"] if job["job_name"] not in added]
+        document["scrape_configs"] = kept + [dict(job) for job in jobs]
+        document["rule_files"] = [*document.get("rule_files", []), *map(str, rule_files)]
+        config.write_text(yaml.safe_dump(document, sort_keys=False))
+        answer = httpx.post(f"{self.url}/-/reload", timeout=30.0)
+        if answer.status_code != 200:
+            raise PrometheusUnavailableError(f"Prometheus refused its configuration: {answer.text}")
+
     def stop(self) -> None:
         processes.stop([self.pid])
