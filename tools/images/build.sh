@@ -42,9 +42,13 @@ PACKAGES_DROPPED=(dpkg tar libacl1 libselinux1 libpcre2-8-0 libmd0 libzstd1)
 python=${PYTHON:-$repo/.venv/bin/python}
 [[ -x $python ]] || python=$(command -v python3)
 
-version=$("$python" -c 'import sys, tomllib
-print(tomllib.load(open(sys.argv[1], "rb"))["project"]["version"])' "$repo/pyproject.toml")
-[[ -n $version ]] || { echo "build.sh: cannot read the version from pyproject.toml" >&2; exit 1; }
+# The package's one version, inferfleet.__version__ (pyproject reads it from there too).
+version=$("$python" -c 'import ast, sys
+tree = ast.parse(open(sys.argv[1]).read())
+print(next(node.value.value for node in tree.body if isinstance(node, ast.Assign)
+           and [t.id for t in node.targets if isinstance(t, ast.Name)] == ["__version__"]))' \
+    "$repo/operator/inferfleet/__init__.py")
+[[ -n $version ]] || { echo "build.sh: cannot read inferfleet.__version__" >&2; exit 1; }
 
 # The files the inferfleet wheel is built from: all of them are in the key.
 package_files() {
