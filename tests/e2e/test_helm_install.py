@@ -34,6 +34,9 @@ from inferfleet.devcluster.processes import wait_until
 from tests.e2e.conftest import Kubectl
 from tests.unit.test_chart import CHART, helm_binary
 
+# The first test brings the cluster up (and the images, if not cached); installs wait minutes.
+pytestmark = pytest.mark.timeout(600)
+
 REPO_ROOT: Final = Path(__file__).resolve().parents[2]
 EXAMPLE: Final = REPO_ROOT / "examples" / "llama-3.1-8b-aggregated-sim.yaml"
 PROMETHEUS_OPERATOR_CRDS: Final = REPO_ROOT / "tools" / "helm" / "prometheus-operator-crds.sh"
@@ -238,6 +241,9 @@ def test_helm_test_checks_the_operators_health_endpoint(install: Install) -> Non
     )  # fmt: skip
     failed = install.helm("test", RELEASE, "--namespace", NAMESPACE, "--timeout", "2m", check=False)
     assert failed.returncode != 0, failed.stdout
+    # Failed because its container exited non-zero (kept for its log), not by a timeout.
+    test_pod = install.kubectl.json("get", "pod", f"{OPERATOR}-test-health", "-n", NAMESPACE)
+    assert test_pod["status"]["phase"] == "Failed", (failed.stderr, test_pod["status"])
     # ...then at the operator's health endpoint, where it passes.
     install.helm(
         "upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE, *install.values(),

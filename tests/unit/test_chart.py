@@ -413,6 +413,24 @@ def test_chart_test_calls_the_health_endpoint_with_the_operator_image_and_no_she
     assert pinned["spec"]["containers"][0]["command"][-1] == "http://127.1.0.7:8081/healthz"
 
 
+def test_notes_say_what_was_installed_how_to_check_it_and_where_the_images_go() -> None:
+    result = helm(
+        "install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--dry-run=client",
+        "--set", "image.registry=registry.example.com/ml",
+    )  # fmt: skip
+    notes = result.stdout.split("NOTES:", 1)[1]
+    assert f"Deployment {OPERATOR}" in notes
+    assert "ClusterRole and ClusterRoleBinding" in notes
+    assert f"helm test {RELEASE} -n {NAMESPACE}" in notes
+    for store, repository in (("operator", "operator"), ("router", "router")):
+        assert (
+            f"skopeo copy oci:STORE/{store}:{__version__} "
+            f"docker://registry.example.com/ml/inferfleet/{repository}:{__version__}"
+        ) in notes
+    assert "kubectl apply --server-side -f charts/inferfleet/crds/" in notes
+    assert "operator.prometheusUrl is empty" in notes
+
+
 # The schema -------------------------------------------------------------------------------
 
 
