@@ -19,6 +19,7 @@ import typer
 import yaml
 from pydantic import ValidationError
 
+from inferfleet import __version__
 from inferfleet.api.catalog import GpuCatalog
 from inferfleet.api.crd import crd_files
 from inferfleet.api.inference_service import InferenceService, InferenceServiceSpec
@@ -32,12 +33,17 @@ from inferfleet.devcluster.cluster import DevCluster, DevClusterError, Runtime
 from inferfleet.devcluster.images import ImagesUnavailableError
 from inferfleet.devcluster.nodes import NodePool
 from inferfleet.devcluster.prometheus import PrometheusUnavailableError
+from inferfleet.engines.common import DEFAULT_SIM_ENGINE_IMAGE
+from inferfleet.kube import Kube, NoConfigurationError
 from inferfleet.planning import calibration
 from inferfleet.planning.capacity import CapacityPlan, Slo, Workload, plan, report
 from inferfleet.planning.performance import DEFAULT_EFFICIENCY
 from inferfleet.planning.replica import ReplicaConfig
 from inferfleet.reconcile import operator
 from inferfleet.render import (
+    DEFAULT_ROUTER_IMAGE,
+    EngineOptions,
+    InstallSettings,
     MissingReferenceError,
     UnsupportedSpecError,
     render_inference_service,
@@ -55,6 +61,25 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+
+def _print_version(wanted: bool) -> None:
+    if wanted:
+        typer.echo(f"inferfleet {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version."
+        ),
+    ] = False,
+) -> None:
+    """inferfleet: plan, validate and operate LLM inference fleets on Kubernetes."""
+
+
 DEFAULT_CRD_DIR = Path("crds")
 # Helm installs a chart's CRDs from its own crds/ folder; the same files, written together.
 DEFAULT_CHART_CRD_DIR = Path("charts/inferfleet/crds")
@@ -62,6 +87,12 @@ DEFAULT_CALIBRATION_DOC = Path("docs/calibration.md")
 EXIT_INVALID = 2
 # Planned fine, but a deployment does not fit or cannot meet its SLO: lets pipelines gate on it.
 EXIT_NO_FIT = 3
+GPU_CATALOG_EXAMPLE = "{H100-80GB: {hourlyPriceUsd: 2.1}, L4-24GB: {hourlyPriceUsd: 0.7}}"
+GPU_CATALOG_HELP = (
+    "YAML overriding GPU figures: GPU type to the fields to change, e.g. a file holding "
+    f"`{GPU_CATALOG_EXAMPLE}`."
+)
+KNOWN_KINDS = ("ModelDeployment", "InferenceService")
 
 
 class OutputFormat(StrEnum):
@@ -99,6 +130,20 @@ def _load_documents(path: Path) -> Iterator[Document]:
         if not isinstance(spec, dict):
             raise InvalidInputError(f"{path}: {kind} {name}: spec: required mapping is missing")
         yield Document(str(kind), str(name), spec)
+
+
+def _inferfleet_documents(path: Path) -> list[Document]:
+    """The file's ModelDeployments and InferenceServices; any other kind is named on stderr
+    (a Namespace or a Secret beside them is normal, a typo in a kind is not) and skipped."""
+    documents = list(_load_documents(path))
+    for doc in documents:
+        if doc.kind not in KNOWN_KINDS:
+            typer.echo(
+                f"warning: {path}: skipped {doc.kind} {doc.name}: not a kind inferfleet reads "
+                f"({', '.join(KNOWN_KINDS)})",
+                err=True,
+            )
+    return [doc for doc in documents if doc.kind in KNOWN_KINDS]
 
 
 # A cross-field rule's message starts with the path of the field it blames.
@@ -225,15 +270,13 @@ def plan_command(
     output_tokens: Annotated[int | None, typer.Option(help="Output length, tokens.")] = None,
     ttft_ms: Annotated[float | None, typer.Option(help="p95 TTFT target, ms.")] = None,
     tpot_ms: Annotated[float | None, typer.Option(help="p95 TPOT target, ms.")] = None,
-    gpu_catalog: Annotated[Path | None, typer.Option(help="YAML overriding GPU figures, e.g. "
-                                                     "prices: {H100-80GB: {hourlyPriceUsd: 2}}")]
-    = None,
+    gpu_catalog: Annotated[Path | None, typer.Option(help=GPU_CATALOG_HELP)] = None,
     output: Annotated[OutputFormat, typer.Option("-o", "--output")] = OutputFormat.TEXT,
 ) -> None:  # fmt: skip
     """Print the capacity plan of each ModelDeployment in FILE."""
     try:
         gpus = _gpu_catalog(gpu_catalog)
-        documents = list(_load_documents(file))
+        documents = _inferfleet_documents(file)
         services = [
             (doc, _validated(InferenceServiceSpec, doc, file))
             for doc in documents
@@ -460,8 +503,18 @@ def dev_cluster_status(directory: StateDir = DEFAULT_DEV_CLUSTER_DIR) -> None:
 
 @dev_cluster.command("kubeconfig")
 def dev_cluster_kubeconfig(directory: StateDir = DEFAULT_DEV_CLUSTER_DIR) -> None:
-    """Print the admin kubeconfig's path: export KUBECONFIG=$(inferfleet dev-cluster kubeconfig)."""
-    typer.echo(DevCluster(directory).kubeconfig_path)
+    """Print the admin kubeconfig's path: export KUBECONFIG=$(inferfleet dev-cluster kubeconfig).
+    Fails (exit 1) when no cluster runs there: a path to nothing would only fail later."""
+    cluster = DevCluster(directory)
+    apiserver = cluster.status().get("kube-apiserver", "never started")
+    if not apiserver.startswith("running") or not cluster.kubeconfig_path.is_file():
+        typer.echo(
+            f"error: no dev cluster runs in {cluster.state_dir} (kube-apiserver: {apiserver}); "
+            "start one with `inferfleet dev-cluster up`",
+            err=True,
+        )
+        raise typer.Exit(1)
+    typer.echo(cluster.kubeconfig_path)
 
 
 @dev_cluster.command(
@@ -544,9 +597,13 @@ def demo_command(
     example: Annotated[
         Path, typer.Option(help="An autoscaled ModelDeployment and InferenceService (sim).")
     ] = Path("examples/llama-3.1-8b-autoscaled-sim.yaml"),
-    trace: Annotated[Path, typer.Option(help="A trace to replay (.csv or .jsonl).")] = Path(
-        "../shared/traces/azure2023_conv.csv"
-    ),
+    trace: Annotated[
+        Path | None,
+        typer.Option(
+            help="A trace to replay (.csv or .jsonl), e.g. the Azure LLM inference trace "
+            "(README: where to download it). Default: a built-in chat-shaped load."
+        ),
+    ] = None,
     rate_multiplier: Annotated[float, typer.Option(help="Replay at N x the recorded rate.")] = 1.0,
     start: Annotated[float, typer.Option(help="Trace seconds to skip.")] = 0.0,
     duration: Annotated[float, typer.Option(help="Seconds of trace to replay.")] = 120.0,
@@ -558,10 +615,10 @@ def demo_command(
     """Start a local fleet (dev cluster, fleet agent, operator, Prometheus), apply an
     autoscaled example, replay a trace through its router and watch the fleet scale; then
     stop everything."""
-    if not example.is_file() or not trace.is_file():
-        missing = example if not example.is_file() else trace
-        typer.echo(f"error: {missing} is not a file", err=True)
-        raise typer.Exit(EXIT_INVALID)
+    for path in (example, trace):
+        if path is not None and not path.is_file():
+            typer.echo(f"error: {path} is not a file", err=True)
+            raise typer.Exit(EXIT_INVALID)
     settings = DemoSettings(
         example=example, trace=trace, rate_multiplier=rate_multiplier, start_s=start,
         duration_s=duration, pools=nodes,
@@ -680,14 +737,38 @@ def run_command(
             envvar="INFERFLEET_METRICS_ADDRESS", help="Address the metrics port listens on."
         ),
     ] = "0.0.0.0",
+    router_image: Annotated[
+        str,
+        typer.Option(
+            envvar="INFERFLEET_ROUTER_IMAGE",
+            help="Image of the routers it renders (where this install pushed it).",
+        ),
+    ] = DEFAULT_ROUTER_IMAGE,
+    sim_engine_image: Annotated[
+        str,
+        typer.Option(
+            envvar="INFERFLEET_SIM_ENGINE_IMAGE",
+            help="Image of `sim` engines whose spec names none (engine.version picks its tag).",
+        ),
+    ] = DEFAULT_SIM_ENGINE_IMAGE,
 ) -> None:
     """Run the operator: reconcile ModelDeployments and InferenceServices into workloads, and
     autoscale the services with `autoscaling.policy: goodput` from Prometheus."""
+    try:
+        Kube.from_environment()
+    except NoConfigurationError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(1) from None
     autoscaler = AutoscalerSettings(
         prometheus_url=prometheus_url, interval_s=autoscale_interval, window_s=metrics_window
     )
     autoscaler = operator.serve_metrics(autoscaler, metrics_address, metrics_port)
-    operator.run(namespace or (), liveness, router_discovery, autoscaler)
+    install = InstallSettings(
+        router_image=router_image,
+        router_discovery=router_discovery,
+        engines=EngineOptions(sim_engine_image=sim_engine_image),
+    )
+    operator.run(namespace or (), liveness, install, autoscaler)
 
 
 @app.command("render")
@@ -696,9 +777,10 @@ def render_command(
                                        "InferenceServices.")],
     namespace: Annotated[str, typer.Option("-n", "--namespace")] = "default",
 ) -> None:  # fmt: skip
-    """Print the Kubernetes objects the operator would create, for review and GitOps."""
+    """Print the Kubernetes objects the operator would create, for review and GitOps. A
+    ModelDeployment that does not fit gets none, as in the cluster: exit status 3."""
     try:
-        documents = list(_load_documents(file))
+        documents = _inferfleet_documents(file)
         deployments = {
             doc.name: ModelDeployment(
                 metadata={"name": doc.name, "namespace": namespace},
@@ -707,7 +789,15 @@ def render_command(
             for doc in documents
             if doc.kind == "ModelDeployment"
         }
-        objects = [o for md in deployments.values() for o in render_model_deployment(md)]
+        objects: list[dict[str, Any]] = []
+        unfit = []
+        for name, md in deployments.items():
+            memory = plan(md.spec).memory
+            if memory.fits:
+                objects += render_model_deployment(md)
+            else:
+                unfit.append(f"ModelDeployment {name} does not fit, nothing rendered for it: "
+                             f"{memory.verdict()}")  # fmt: skip
         for doc in documents:
             if doc.kind == "InferenceService":
                 service = InferenceService(
@@ -719,6 +809,10 @@ def render_command(
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(EXIT_INVALID) from None
     typer.echo(yaml.safe_dump_all(objects, sort_keys=False), nl=False)
+    for message in unfit:
+        typer.echo(f"error: {file}: {message}", err=True)
+    if unfit:
+        raise typer.Exit(EXIT_NO_FIT)
 
 
 bench = typer.Typer(help="Load tests against OpenAI-compatible endpoints.", no_args_is_help=True)

@@ -1,6 +1,7 @@
 """The live demo: a local fleet (dev cluster with the fleet agent, the operator and
-Prometheus), an autoscaled example, a production trace replayed through a router pod, and the
-fleet scaling as it happens, printed every few seconds; then a summary and the teardown."""
+Prometheus), an autoscaled example, a load replayed through a router pod (the built-in chat
+load, or a production trace by path), and the fleet scaling as it happens, printed every few
+seconds; then a summary and the teardown."""
 
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ NAMESPACE = "demo"
 @dataclass(frozen=True)
 class DemoSettings:
     example: Path
-    trace: Path
+    trace: Path | None
+    """None: the built-in chat load (`traces.builtin_chat`)."""
     rate_multiplier: float = 1.0
     start_s: float = 0.0
     duration_s: float = 120.0
@@ -98,11 +100,15 @@ def run_demo(settings: DemoSettings, state_dir: Path, echo: Callable[[str], None
     deployment_name = deployment["metadata"]["name"]
     slo_spec = service["spec"]["slo"]
     slo = Slo(slo_spec.get("ttftP95Ms"), slo_spec.get("tpotP95Ms"), slo_spec["attainmentTarget"])
-    requests = traces.requests_from_trace(
-        settings.trace,
-        rate_multiplier=settings.rate_multiplier,
-        start_s=settings.start_s,
-        duration_s=settings.duration_s,
+    requests = (
+        traces.builtin_chat(settings.duration_s, rate_multiplier=settings.rate_multiplier)
+        if settings.trace is None
+        else traces.requests_from_trace(
+            settings.trace,
+            rate_multiplier=settings.rate_multiplier,
+            start_s=settings.start_s,
+            duration_s=settings.duration_s,
+        )
     )
     echo(f"building or reusing the control plane; the fleet lives in {state_dir}")
     with running(
@@ -143,8 +149,9 @@ def _drive(
         echo("no router pod became healthy; see the logs in " + str(cluster.log_dir))
         return 1
     url = f"http://{found[-1]}:{ROUTER_PORT}"
+    load = "the built-in chat load" if settings.trace is None else settings.trace.name
     echo(
-        f"replaying {len(requests)} requests of {settings.trace.name} "
+        f"replaying {len(requests)} requests of {load} "
         f"(x{settings.rate_multiplier:g}) through the router at {url}"
     )
     outcome: dict[str, Any] = {}

@@ -19,6 +19,10 @@ class StaleObjectError(Exception):
     """The object changed since it was read: a write made from that read would undo the other."""
 
 
+class NoConfigurationError(Exception):
+    """Neither a pod's service account nor a kubeconfig to reach an API server with."""
+
+
 class Kube:
     """Objects go in and come out as plain dicts (the wire form), through the dynamic client."""
 
@@ -38,12 +42,20 @@ class Kube:
 
     @classmethod
     def from_environment(cls) -> Kube:
-        """In a pod: its service account. Elsewhere: $KUBECONFIG or ~/.kube/config."""
+        """In a pod: its service account. Elsewhere: $KUBECONFIG or ~/.kube/config.
+
+        Raises `NoConfigurationError` when there is neither."""
         configuration = client.Configuration()
         try:
             config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
         except config.ConfigException:
-            config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+            try:
+                config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+            except (config.ConfigException, OSError) as error:
+                raise NoConfigurationError(
+                    "no Kubernetes configuration: not in a pod (no service account), and no "
+                    f"usable kubeconfig (set KUBECONFIG or write ~/.kube/config): {error}"
+                ) from None
         return cls(client.ApiClient(configuration))
 
     @property

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from inferfleet.bench.traces import (
+    CHAT_RATE_PROFILE,
     Empirical,
     Exponential,
     Fixed,
@@ -20,6 +21,7 @@ from inferfleet.bench.traces import (
     TraceFormatError,
     TraceRequest,
     Uniform,
+    builtin_chat,
     burst,
     burst_segments,
     load_azure_csv,
@@ -372,3 +374,20 @@ def test_length_distributions_and_their_command_line_forms() -> None:
     assert {Empirical((7, 9)).sample(rng) for _ in range(100)} == {7, 9}
     with pytest.raises(ValueError, match="at least 1"):
         Empirical(())
+
+
+def test_the_builtin_chat_load_follows_its_profile_and_chat_lengths() -> None:
+    duration = 2000.0
+    requests = builtin_chat(duration, rate_multiplier=2.0, seed=3)
+    for start, end, rate in CHAT_RATE_PROFILE:
+        count = sum(1 for r in requests if start * duration <= r.arrival_s < end * duration)
+        expected = 2.0 * rate * (end - start) * duration
+        assert count == pytest.approx(expected, rel=0.1)
+    inputs = sorted(r.input_tokens for r in requests)
+    outputs = sorted(r.output_tokens for r in requests)
+    assert 800 < inputs[len(inputs) // 2] < 1300
+    assert 80 < outputs[len(outputs) // 2] < 200
+    assert max(i + o for i, o in zip(inputs, outputs, strict=True)) <= 8192
+    assert builtin_chat(duration, rate_multiplier=2.0, seed=3) == requests
+    with pytest.raises(ValueError, match="rate_multiplier"):
+        builtin_chat(60.0, rate_multiplier=0.0)

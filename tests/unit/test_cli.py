@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +16,13 @@ from typer.testing import CliRunner
 
 from inferfleet.api.catalog import GpuCatalog
 from inferfleet.api.model_deployment import ModelDeploymentSpec, Role
-from inferfleet.cli import EXIT_INVALID, EXIT_NO_FIT, app
+from inferfleet.cli import (
+    EXIT_INVALID,
+    EXIT_NO_FIT,
+    GPU_CATALOG_EXAMPLE,
+    GPU_CATALOG_HELP,
+    app,
+)
 from inferfleet.engines import engine_container
 from inferfleet.planning.replica import ReplicaConfig
 from inferfleet.sim import openai_api as sim_server
@@ -178,3 +186,68 @@ def test_the_sim_adapter_command_line_starts_the_emulator_it_describes(
     assert started["name"] == "assistant"
     assert started["role"] == role
     assert started["options"]["prefix_caching"] is spec.prefix_caching
+
+
+def test_version_is_the_packages() -> None:
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0
+    assert result.stdout == f"inferfleet {version('inferfleet')}\n"
+
+
+def test_the_gpu_catalog_example_in_the_help_is_a_file_that_works(tmp_path: Path) -> None:
+    assert GPU_CATALOG_EXAMPLE in GPU_CATALOG_HELP
+    overrides = tmp_path / "gpus.yaml"
+    overrides.write_text(GPU_CATALOG_EXAMPLE + "\n")
+    path = str(EXAMPLES / "llama-3.1-8b-aggregated-vllm.yaml")
+    (default,) = plan_json("-f", path)
+    (priced,) = plan_json("-f", path, "--gpu-catalog", str(overrides))
+    assert priced["costPerMillionOutputTokensUsd"] != default["costPerMillionOutputTokensUsd"]
+
+
+def test_render_of_a_spec_that_does_not_fit_renders_no_workload_and_exits_3() -> None:
+    result = runner.invoke(
+        app, ["render", "-f", str(EXAMPLES / "llama-3.1-405b-bf16-l40s-does-not-fit.yaml")]
+    )
+    assert result.exit_code == EXIT_NO_FIT
+    assert "llama-3-1-405b-on-l40s does not fit" in result.stderr
+    assert "short by" in result.stderr
+    kinds = {doc["kind"] for doc in yaml.safe_load_all(result.stdout) if doc}
+    assert "Deployment" not in kinds or all(
+        doc["metadata"]["labels"].get("app.kubernetes.io/name") == "inferfleet-router"
+        for doc in yaml.safe_load_all(result.stdout)
+        if doc and doc["kind"] == "Deployment"
+    )
+
+
+def test_render_and_plan_name_the_kinds_they_skip(tmp_path: Path) -> None:
+    example = (EXAMPLES / "llama-3.1-8b-aggregated-vllm.yaml").read_text()
+    mixed = tmp_path / "mixed.yaml"
+    mixed.write_text(example + "\n---\nkind: ModelDeploymnet\nmetadata: {name: typo}\nspec: {}\n")
+    for command in ("render", "plan"):
+        result = runner.invoke(app, [command, "-f", str(mixed)])
+        assert result.exit_code == 0, result.output
+        assert "skipped ModelDeploymnet typo: not a kind inferfleet reads" in result.stderr
+
+
+def test_dev_cluster_kubeconfig_fails_where_no_cluster_runs(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["dev-cluster", "kubeconfig", "--dir", str(tmp_path)])
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    assert "no dev cluster runs in" in result.stderr
+
+
+def test_run_without_a_cluster_to_talk_to_says_so_in_one_line(tmp_path: Path) -> None:
+    environment = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in {"KUBECONFIG", "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"}
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "inferfleet.cli", "run", "--metrics-port", "0"],
+        capture_output=True, text=True, check=False, timeout=60,
+        env={**environment, "HOME": str(tmp_path)},
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert result.stdout == ""
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("error: no Kubernetes configuration")

@@ -464,3 +464,18 @@ def test_output_is_deterministic(engine: str) -> None:
     assert first == second
     env_names = [e["name"] for e in first.container.get("env", [])]
     assert env_names == sorted(env_names)
+
+
+@pytest.mark.parametrize(
+    ("engine_fields", "image"),
+    [
+        ({}, "registry.example.com:5000/team/sim-engine:0.1.0"),
+        ({"version": "0.2.0"}, "registry.example.com:5000/team/sim-engine:0.2.0"),
+        ({"image": "other/sim@sha256:abc"}, "other/sim@sha256:abc"),
+    ],
+)
+def test_the_install_names_the_sim_engines_image(engine_fields: dict[str, str], image: str) -> None:
+    options = EngineOptions(sim_engine_image="registry.example.com:5000/team/sim-engine:0.1.0")
+    spec = spec_on("sim", engine=engine_fields)
+    built = build_engine_container(spec, Role.AGGREGATED, model_name="served", options=options)
+    assert built.container["image"] == image

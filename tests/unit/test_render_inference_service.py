@@ -119,6 +119,15 @@ def test_router_pods_two_replicas_no_gpu_non_root() -> None:
     }
 
 
+def test_the_install_names_the_routers_image() -> None:
+    md = model_deployment(aggregated_spec())
+    objects = render_inference_service(
+        service([{"name": "llama"}]), {"llama": md}, router_image="registry.example.com/r:1.2.3"
+    )
+    (container,) = router(objects)["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == "registry.example.com/r:1.2.3"
+
+
 def test_router_args_list_backends_per_role_and_the_slo() -> None:
     deployments = {
         "llama": model_deployment(aggregated_spec(), name="llama"),

@@ -522,6 +522,38 @@ def step(
     return _build(arrivals, lengths_rng, sizes)
 
 
+CHAT_INPUT_TOKENS = LogNormal(1150, 0.5, 7000)
+CHAT_OUTPUT_TOKENS = LogNormal(210, 1.0, 1000)
+"""Chat-shaped lengths: prompts of about a thousand tokens and answers of a couple of hundred
+with a long tail, as published for production chat traffic (Patel et al., Splitwise, ISCA
+2024: conversation prompts median 1020 tokens, outputs median 129); capped to fit an 8k
+context."""
+CHAT_RATE_PROFILE: tuple[tuple[float, float, float], ...] = (
+    (0.0, 0.25, 1.0),
+    (0.25, 0.75, 3.0),
+    (0.75, 1.0, 1.5),
+)
+"""(start, end) as fractions of the duration, and requests/s: quiet, a peak at three times
+that, an ebb: the shape of a day of chat traffic, compressed into minutes."""
+
+
+def builtin_chat(
+    duration_s: float, *, rate_multiplier: float = 1.0, seed: int = 0
+) -> list[TraceRequest]:
+    """A built-in chat load for demos and machines without the public traces: Poisson
+    arrivals following `CHAT_RATE_PROFILE` (times `rate_multiplier`), chat-shaped lengths."""
+    _check_duration(duration_s)
+    if not rate_multiplier > 0:
+        raise ValueError(f"rate_multiplier must be positive, got {rate_multiplier}")
+    arrivals_rng, lengths_rng = _rngs(seed)
+    segments = [
+        (start * duration_s, end * duration_s, rate * rate_multiplier)
+        for start, end, rate in CHAT_RATE_PROFILE
+    ]
+    arrivals = _arrivals(segments, arrivals_rng)
+    return _build(arrivals, lengths_rng, [(0.0, CHAT_INPUT_TOKENS, CHAT_OUTPUT_TOKENS)])
+
+
 def burst_segments(
     base_rate: float,
     burst_rate: float,

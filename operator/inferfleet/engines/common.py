@@ -29,6 +29,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from inferfleet import __version__
 from inferfleet.api.catalog import catalog_models
 from inferfleet.api.model_deployment import (
     KvCacheDtype,
@@ -56,6 +57,9 @@ DRAFT_SOURCE_DIR: Final = "/draft-source"
 NON_ROOT_UID: Final = 1000
 DEFAULT_HF_TOKEN_SECRET: Final = "hf-token"
 DEFAULT_HF_TOKEN_KEY: Final = "token"
+DEFAULT_SIM_ENGINE_IMAGE: Final = f"inferfleet/sim-engine:{__version__}"
+"""`inferfleet` is a placeholder registry namespace: an install names where it pushed the image
+(`inferfleet run --sim-engine-image`, the chart's `image.registry`)."""
 
 DEFAULT_COLD_START_SECONDS: Final = 1200
 """Budget from container start to a healthy engine: pulling and loading a 70B checkpoint, then
@@ -82,6 +86,7 @@ class EngineOptions:
     hf_token_secret: str = DEFAULT_HF_TOKEN_SECRET
     hf_token_key: str = DEFAULT_HF_TOKEN_KEY
     cold_start_seconds: int = DEFAULT_COLD_START_SECONDS
+    sim_engine_image: str = DEFAULT_SIM_ENGINE_IMAGE
 
     def __post_init__(self) -> None:
         if self.cold_start_seconds < STARTUP_PROBE_PERIOD_SECONDS:
@@ -276,6 +281,14 @@ def image_of(spec: ModelDeploymentSpec, repository: str, pinned_tag: str) -> str
     if spec.engine.image:
         return spec.engine.image
     return f"{repository}:{spec.engine.version or pinned_tag}"
+
+
+def image_repository(reference: str) -> str:
+    """An image reference without its tag or digest. The tag is what follows the last colon
+    after the last slash: a registry's port is not a tag."""
+    reference = reference.split("@", 1)[0]
+    colon = reference.rfind(":")
+    return reference[:colon] if colon > reference.rfind("/") else reference
 
 
 _SIXTEEN_BIT = {

@@ -1,8 +1,8 @@
 """The CPU engine emulator (`inferfleet sim-engine`): vLLM's API and metrics, timed by the
 planner's roofline model of the GPU the spec names (see `inferfleet.sim`).
 
-Image `inferfleet/sim-engine:<inferfleet version>` (`inferfleet` is a placeholder registry
-namespace; `engine.image` overrides it, `engine.version` picks the tag). Command
+Image: `engine.image`; else the install's (`EngineOptions.sim_engine_image`, by default
+`inferfleet/sim-engine:<inferfleet version>`), at `engine.version` if the spec gives one. Command
 `inferfleet sim-engine` with these options, all always given except the two in brackets:
 
     --model-name NAME            the served model name (requests must use it)
@@ -33,7 +33,6 @@ from __future__ import annotations
 import json
 from typing import Final
 
-from inferfleet import __version__
 from inferfleet.api.model_deployment import ModelDeploymentSpec, Role
 from inferfleet.engines.common import (
     ENGINE_PORT,
@@ -42,10 +41,16 @@ from inferfleet.engines.common import (
     EngineOptions,
     container,
     image_of,
+    image_repository,
 )
 
-IMAGE_REPOSITORY: Final = "inferfleet/sim-engine"
 COMMAND: Final = ("inferfleet", "sim-engine")
+
+
+def _image(spec: ModelDeploymentSpec, install_default: str) -> str:
+    if spec.engine.image or spec.engine.version:
+        return image_of(spec, image_repository(install_default), "")
+    return install_default
 
 
 def _on_off(flag: str, on: bool) -> str:
@@ -85,7 +90,7 @@ def build(
     return EngineContainer(
         container=container(
             "engine",
-            image_of(spec, IMAGE_REPOSITORY, __version__),
+            _image(spec, options.sim_engine_image),
             command=list(COMMAND),
             args=args,
             env=[],

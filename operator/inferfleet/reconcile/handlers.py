@@ -42,6 +42,7 @@ from inferfleet.reconcile.status import (
     with_condition,
 )
 from inferfleet.render import (
+    InstallSettings,
     MissingReferenceError,
     UnsupportedSpecError,
     render_inference_service,
@@ -55,7 +56,6 @@ from inferfleet.render.common import (
     MANAGED_BY,
     label_value,
 )
-from inferfleet.router.config import DiscoveryMode
 
 FIELD_MANAGER = "inferfleet-operator"
 # kopf's own bookkeeping, under a prefix of its own: kopf leaves annotations with its storage
@@ -154,7 +154,7 @@ def _autoscaled(md: ModelDeployment) -> dict[Role, int] | None:
     return {entry.role: entry.replicas for entry in recorded.replicas}
 
 
-def _desired(md: ModelDeployment) -> _Desired:
+def _desired(md: ModelDeployment, install: InstallSettings) -> _Desired:
     """The objects to apply, or why none may be: a spec that does not fit asks for no GPU."""
     annotations = md.metadata.get("annotations") or {}
     pin, pin_problem = read_pin(annotations if isinstance(annotations, dict) else {})
@@ -168,7 +168,7 @@ def _desired(md: ModelDeployment) -> _Desired:
     overrides = {r: n for r, n in (_autoscaled(md) or {}).items() if r in roles}
     overrides |= {r: n for r, n in pin.replicas.items() if r in roles} if pin else {}
     try:
-        objects = render_model_deployment(md, replicas=overrides or None)
+        objects = render_model_deployment(md, replicas=overrides or None, options=install.engines)
     except UnsupportedSpecError as error:
         return _Desired(capacity, [], f"not applied: {error}", pin, pin_problem)
     return _Desired(capacity, objects, None, pin, pin_problem)
@@ -225,15 +225,20 @@ def reconcile_model_deployment(
     namespace: str | None,
     status: kopf.Status,
     patch: kopf.Patch,
+    memo: kopf.Memo,
     **_: Any,
 ) -> None:
-    _reconcile_model_deployment(body, name, _namespaced(namespace), status, patch)
+    _reconcile_model_deployment(
+        body, name, _namespaced(namespace), status, patch, install=_install(memo)
+    )
 
 
-def _apply_workloads(md: ModelDeployment, name: str, namespace: str) -> _Desired:
+def _apply_workloads(
+    md: ModelDeployment, name: str, namespace: str, install: InstallSettings
+) -> _Desired:
     """Apply what `md` wants now (spec, then the autoscaler's replicas, then pins) and prune
     what it no longer wants; idempotent, so any writer of its inputs may call it."""
-    desired = _desired(md)
+    desired = _desired(md, install)
     for obj in desired.objects:
         kube().apply(obj, FIELD_MANAGER)
     if desired.objects:
@@ -241,7 +246,9 @@ def _apply_workloads(md: ModelDeployment, name: str, namespace: str) -> _Desired
     return desired
 
 
-def _record_autoscaling(md: dict[str, Any], autoscaling: dict[str, Any] | None) -> None:
+def _record_autoscaling(
+    md: dict[str, Any], autoscaling: dict[str, Any] | None, install: InstallSettings
+) -> None:
     """Write (or, with None, clear) the autoscaler's record in a ModelDeployment's status, and
     apply its workloads from the object as stored, whoever wrote it. Not left to the
     status-field handler alone: kopf's change detection on status missed such a change when
@@ -253,11 +260,18 @@ def _record_autoscaling(md: dict[str, Any], autoscaling: dict[str, Any] | None) 
             ModelDeployment.model_validate(stored),
             str(stored["metadata"]["name"]),
             str(stored["metadata"]["namespace"]),
+            install,
         )
 
 
 def _reconcile_model_deployment(
-    body: kopf.Body, name: str, namespace: str, status: kopf.Status, patch: kopf.Patch
+    body: kopf.Body,
+    name: str,
+    namespace: str,
+    status: kopf.Status,
+    patch: kopf.Patch,
+    *,
+    install: InstallSettings,
 ) -> None:
     try:
         md = ModelDeployment.model_validate(dict(body))
@@ -276,7 +290,7 @@ def _reconcile_model_deployment(
             )
         ]
         return
-    desired = _apply_workloads(md, name, namespace)
+    desired = _apply_workloads(md, name, namespace, install)
     if desired.blocked:
         kopf.warn(body, reason="SpecNotApplied", message=desired.blocked)
     if desired.pin_problem:
@@ -305,10 +319,13 @@ def autoscaled_replicas_changed(
     namespace: str | None,
     status: kopf.Status,
     patch: kopf.Patch,
+    memo: kopf.Memo,
     **_: Any,
 ) -> None:
     """The autoscaler chose new replicas (or let go): apply them to the workloads."""
-    _reconcile_model_deployment(body, name, _namespaced(namespace), status, patch)
+    _reconcile_model_deployment(
+        body, name, _namespaced(namespace), status, patch, install=_install(memo)
+    )
 
 
 @kopf.timer(
@@ -325,6 +342,7 @@ def pin_in_force(
     namespace: str | None,
     status: kopf.Status,
     patch: kopf.Patch,
+    memo: kopf.Memo,
     **_: Any,
 ) -> None:
     """A pin that expires changes nothing in the object: notice it and reconcile once. Also a
@@ -339,11 +357,15 @@ def pin_in_force(
         else set()
     )
     if applied != in_force:
-        _reconcile_model_deployment(body, name, _namespaced(namespace), status, patch)
+        _reconcile_model_deployment(
+            body, name, _namespaced(namespace), status, patch, install=_install(memo)
+        )
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=MANAGED_BY_SELECTOR)
-def child_deployment_changed(*, body: kopf.Body, namespace: str | None, **_: Any) -> None:
+def child_deployment_changed(
+    *, body: kopf.Body, namespace: str | None, memo: kopf.Memo, **_: Any
+) -> None:
     """A workload's rollout moved: refresh its owner's status (Ready, replicas per role)."""
     # The controller reference names the owner exactly (labels may be truncated).
     owner = next(
@@ -362,14 +384,17 @@ def child_deployment_changed(*, body: kopf.Body, namespace: str | None, **_: Any
     md = ModelDeployment.model_validate(current)
     # Pins are the main reconcile's to judge (it applies them): keep what it recorded.
     pinned = {role.role for role in md.status.roles if role.pinned} if md.status else set()
-    desired_status = _status_of(md, owner, _namespaced(namespace), _desired(md), pinned)
+    desired_status = _status_of(
+        md, owner, _namespaced(namespace), _desired(md, _install(memo)), pinned
+    )
     if _changed(current.get("status"), desired_status):
         kube().patch_status(current, desired_status)
 
 
-def _router_discovery(memo: kopf.Memo) -> DiscoveryMode:
-    """How rendered routers find replicas: `inferfleet run --router-discovery`."""
-    return DiscoveryMode(memo.get("router_discovery", DiscoveryMode.ENDPOINT_SLICES))
+def _install(memo: kopf.Memo) -> InstallSettings:
+    """What this install renders with: the flags of `inferfleet run`."""
+    install = memo.get("install")
+    return install if isinstance(install, InstallSettings) else InstallSettings()
 
 
 @dataclass(frozen=True)
@@ -386,7 +411,7 @@ class _ServiceVerdict:
 def _service_state(
     service: InferenceService,
     namespace: str,
-    router_discovery: DiscoveryMode = DiscoveryMode.ENDPOINT_SLICES,
+    install: InstallSettings,
 ) -> tuple[list[dict[str, Any]], _ServiceVerdict]:
     """The router objects to apply and the reconciler's verdict on the service."""
     name = str(service.metadata.get("name"))
@@ -397,7 +422,12 @@ def _service_state(
         if found is not None:
             referenced[ref.name] = ModelDeployment.model_validate(found)
     try:
-        objects = render_inference_service(service, referenced, router_discovery=router_discovery)
+        objects = render_inference_service(
+            service,
+            referenced,
+            router_image=install.router_image,
+            router_discovery=install.router_discovery,
+        )
     except MissingReferenceError as error:
         return [], _ServiceVerdict(generation, False, "MissingDeployment", str(error), None)
     not_ready = sorted(
@@ -474,10 +504,10 @@ def reconcile_inference_service(
         kopf.warn(body, reason="InvalidSpec", message=f"spec refused: {error}")
         return
     space = _namespaced(namespace)
-    objects, verdict = _service_state(service, space, _router_discovery(memo))
+    objects, verdict = _service_state(service, space, _install(memo))
     for obj in objects:
         kube().apply(obj, FIELD_MANAGER)
-    _release(service, space)
+    _release(service, space, _install(memo))
     try:
         written = _update_service_status(name, space, functools.partial(_service_status, verdict))
     except StaleObjectError as error:
@@ -487,13 +517,13 @@ def reconcile_inference_service(
 
 
 @kopf.on.field(API_GROUP, API_VERSION, "modeldeployments", field="status.conditions")
-def backend_changed(*, name: str, namespace: str | None, **_: Any) -> None:
+def backend_changed(*, name: str, namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
     """A ModelDeployment turned Ready or not: the services it backs follow."""
     for found in kube().list(f"{API_GROUP}/{API_VERSION}", "InferenceService", namespace=namespace):
         if not any(ref.get("name") == name for ref in found["spec"].get("deployments", [])):
             continue
         service = InferenceService.model_validate(found)
-        verdict = _service_state(service, _namespaced(namespace))[1]
+        verdict = _service_state(service, _namespaced(namespace), _install(memo))[1]
         _update_service_status(
             str(found["metadata"]["name"]),
             _namespaced(namespace),
@@ -562,12 +592,14 @@ def autoscale(*, body: kopf.Body, namespace: str | None, memo: kopf.Memo, **_: A
         return
     for decided in result.deployments:
         if decided.autoscaling_status is not None:
-            _record_autoscaling(found[decided.name], decided.autoscaling_status)
+            _record_autoscaling(found[decided.name], decided.autoscaling_status, _install(memo))
     for reason, message, warning in result.events:
         (kopf.warn if warning else kopf.info)(body, reason=reason, message=message)
 
 
-def _release(service: InferenceService, namespace: str, *, deleted: bool = False) -> None:
+def _release(
+    service: InferenceService, namespace: str, install: InstallSettings, *, deleted: bool = False
+) -> None:
     """Hand the replicas of deployments this service no longer autoscales back to their specs."""
     name = str(service.metadata.get("name"))
     for ref in service.spec.deployments:
@@ -576,12 +608,12 @@ def _release(service: InferenceService, namespace: str, *, deleted: bool = False
         if found is None or recorded.get("service") != name:
             continue
         if deleted or not autoscaled_by(service, ref.name):
-            _record_autoscaling(found, None)
+            _record_autoscaling(found, None, install)
 
 
 @kopf.on.event(API_GROUP, API_VERSION, "inferenceservices")
 def inference_service_deleted(
-    *, type: str, body: kopf.Body, namespace: str | None, **_: Any
+    *, type: str, body: kopf.Body, namespace: str | None, memo: kopf.Memo, **_: Any
 ) -> None:
     """A deleted service autoscales nothing: its deployments follow their specs again. A watch
     event, not a deletion handler: no finalizer to hold the deletion, no progress to store on
@@ -589,4 +621,9 @@ def inference_service_deleted(
     if type != "DELETED":
         return
     with contextlib.suppress(ValidationError):
-        _release(InferenceService.model_validate(dict(body)), _namespaced(namespace), deleted=True)
+        _release(
+            InferenceService.model_validate(dict(body)),
+            _namespaced(namespace),
+            _install(memo),
+            deleted=True,
+        )

@@ -19,18 +19,18 @@ from inferfleet.autoscale.metrics import (
 
 # Importing the module registers its handlers with kopf.
 from inferfleet.reconcile import handlers  # noqa: F401
-from inferfleet.router.config import DiscoveryMode
+from inferfleet.render import InstallSettings
 
 
 def run(
     namespaces: Sequence[str] = (),
     liveness_endpoint: str | None = None,
-    router_discovery: DiscoveryMode = DiscoveryMode.ENDPOINT_SLICES,
+    install: InstallSettings | None = None,
     autoscaler: AutoscalerSettings | None = None,
 ) -> None:
     """Block until SIGTERM/SIGINT. No namespaces: the whole cluster (needs the ClusterRole);
-    some: only those (a namespaced Role in each suffices). `router_discovery`: how the
-    routers it renders find their replicas; `autoscaler`: where the metrics are and how often
+    some: only those (a namespaced Role in each suffices). `install`: the images and router
+    discovery everything is rendered with; `autoscaler`: where the metrics are and how often
     each `policy: goodput` service ticks (handlers read both from kopf's memo)."""
     kopf.configure(log_format=kopf.LogFormat.FULL)
     kopf.run(
@@ -39,7 +39,7 @@ def run(
         standalone=True,
         liveness_endpoint=liveness_endpoint,
         memo=kopf.Memo(
-            router_discovery=router_discovery, autoscaler=autoscaler or AutoscalerSettings()
+            install=install or InstallSettings(), autoscaler=autoscaler or AutoscalerSettings()
         ),
     )
 

@@ -4,6 +4,7 @@ form (camelCase), deterministic, for server-side apply and golden-file tests.
 * `render_model_deployment`: per role a Deployment, a headless Service, a
   PodDisruptionBudget and, when the engine reads config files, a ConfigMap;
 * `render_inference_service`: the router's Deployment, Service and PodDisruptionBudget;
+* `InstallSettings`: what one install sets for all of them (images, router discovery);
 * `rbac.rbac_files`: the operator's RBAC, as committed in `deploy/rbac/`.
 """
 
@@ -22,11 +23,13 @@ from inferfleet.render.model_deployment import (
     selector_labels,
     served_model_name,
 )
+from inferfleet.render.settings import InstallSettings
 
 __all__ = [
     "DEFAULT_ROUTER_IMAGE",
     "SPEC_HASH_ANNOTATION",
     "EngineOptions",
+    "InstallSettings",
     "MissingReferenceError",
     "UnsupportedSpecError",
     "engine_name",

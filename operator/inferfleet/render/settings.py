@@ -1,0 +1,21 @@
+"""What one install of the operator sets for everything it renders: the flags of
+`inferfleet run`, the Helm chart's values. Never part of a user's spec."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from inferfleet.engines import EngineOptions
+from inferfleet.render.inference_service import DEFAULT_ROUTER_IMAGE
+from inferfleet.router.config import DiscoveryMode
+
+
+@dataclass(frozen=True)
+class InstallSettings:
+    """`router_image`: the router pods' image (where the install pushed it);
+    `router_discovery`: how those routers find replicas; `engines`: the engine adapters'
+    install-wide options (the sim engine's image, the Hugging Face token Secret, cold start)."""
+
+    router_image: str = DEFAULT_ROUTER_IMAGE
+    router_discovery: DiscoveryMode = DiscoveryMode.ENDPOINT_SLICES
+    engines: EngineOptions = field(default_factory=EngineOptions)
