@@ -734,9 +734,10 @@ def run_command(
     metrics_address: Annotated[
         str,
         typer.Option(
-            envvar="INFERFLEET_METRICS_ADDRESS", help="Address the metrics port listens on."
+            envvar="INFERFLEET_METRICS_ADDRESS",
+            help="Address the metrics port listens on (in a pod: its IP, as the chart sets).",
         ),
-    ] = "0.0.0.0",
+    ] = "127.0.0.1",
     router_image: Annotated[
         str,
         typer.Option(
