@@ -59,7 +59,8 @@ package_files() {
 # Any change to the images' files, the lock, the package's sources, this script or the suite
 # gives a new key.
 hash=$( (cd "$repo" && {
-    find runtime_images tools/images -type f | LC_ALL=C sort | xargs sha256sum
+    find runtime_images -type f | LC_ALL=C sort | xargs sha256sum
+    sha256sum tools/images/build.sh
     package_files | xargs sha256sum
     echo "$SUITE $PLATFORM"
 }) | sha256sum | cut -c1-12)
