@@ -275,7 +275,7 @@ class Operator:
     def start(self) -> None:
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "inferfleet.cli", "run"],
+                [sys.executable, "-m", "inferfleet.cli", "run", "--metrics-port", "0"],
                 env={**os.environ, "KUBECONFIG": str(self.kubeconfig)},
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True, preexec_fn=_die_with_parent,  # noqa: PLW1509

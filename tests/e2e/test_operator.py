@@ -42,7 +42,8 @@ class Operator:
             self.process = subprocess.Popen(
                 # Autoscaled services tick every 2 s against a Prometheus that is not there.
                 [sys.executable, "-m", "inferfleet.cli", "run",
-                 "--prometheus-url", "http://127.0.0.1:9", "--autoscale-interval", "2"],
+                 "--prometheus-url", "http://127.0.0.1:9", "--autoscale-interval", "2",
+                 "--metrics-port", "0"],
                 env={**os.environ, "KUBECONFIG": str(self.kubeconfig)},
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
