@@ -400,7 +400,16 @@ def test_dashboards_are_configmaps_for_the_grafana_sidecar() -> None:
 def test_chart_test_calls_the_health_endpoint_with_the_operator_image_and_no_shell() -> None:
     objects = template()
     pod = find(objects, "Pod")
-    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    annotations = pod["metadata"]["annotations"]
+    assert annotations["helm.sh/hook"] == "test"
+    # Helm never deletes hooks on uninstall: the pod must go by itself, whatever the outcome,
+    # and a failure's log is shown before it goes.
+    assert set(annotations["helm.sh/hook-delete-policy"].split(",")) == {
+        "before-hook-creation",
+        "hook-succeeded",
+        "hook-failed",
+    }
+    assert annotations["helm.sh/hook-output-log-policy"] == "hook-failed"
     assert pod["spec"]["restartPolicy"] == "Never"
     (container,) = pod["spec"]["containers"]
     assert container["image"] == operator_container(objects)["image"]
