@@ -12,6 +12,7 @@ import functools
 import json
 import os
 import subprocess
+import tarfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -438,6 +439,18 @@ def test_notes_say_what_was_installed_how_to_check_it_and_where_the_images_go() 
         ) in notes
     assert "kubectl apply --server-side -f charts/inferfleet/crds/" in notes
     assert "operator.prometheusUrl is empty" in notes
+
+
+def test_packaged_chart_holds_what_the_templates_read(tmp_path: Path) -> None:
+    helm("package", str(CHART), "--destination", str(tmp_path))
+    (archive,) = tmp_path.glob("inferfleet-*.tgz")
+    assert archive.name == f"inferfleet-{__version__}.tgz"
+    with tarfile.open(archive) as packaged:
+        names = set(packaged.getnames())
+    expected = {"values.schema.json", "files/operator-rules.yaml", "rules/inferfleet.rules.yaml"}
+    expected |= {f"crds/{name}" for name in crd_files()}
+    expected |= {f"dashboards/{p.name}" for p in (CHART / "dashboards").glob("*.json")}
+    assert {f"inferfleet/{name}" for name in expected} <= names
 
 
 # The schema -------------------------------------------------------------------------------
