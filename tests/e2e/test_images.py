@@ -35,6 +35,8 @@ ROUTERS = "inferfleet.io/inference-service=chat"
 OPERATOR = "app.kubernetes.io/name=inferfleet-operator"
 PORT = 8000
 IMAGE_USER = 65532
+# The first run builds the images (minutes) and unpacks each once.
+pytestmark = pytest.mark.timeout(900)
 
 
 @dataclass(frozen=True)
@@ -142,7 +144,7 @@ def test_the_operator_router_and_engine_run_from_their_images_and_serve(fleet: F
 
     # It reconciles the example: the service turns Ready, its pods run from their images.
     def service() -> dict[str, Any]:
-        found: dict[str, Any] = fleet.kubectl.json("get", "isvc", "chat", "-n", NAMESPACE)
+        found: dict[str, Any] = fleet.kubectl.json("get", "infsvc", "chat", "-n", NAMESPACE)
         return found
 
     assert wait_until(lambda: _condition(service(), "Ready").get("status") == "True", 180, 1.0), (
