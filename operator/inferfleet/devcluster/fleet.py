@@ -31,7 +31,18 @@ credentials. Logs go to `<state dir>/logs/pods/<namespace>_<pod>.log`, per-pod f
 Nothing outlives the agent: processes run in process groups of their own, bound to the agent by
 PDEATHSIG, and stopped on SIGTERM.
 
-Everything that decides what to run is pure (`pod_process` and its helpers).
+The OCI runtime mode (`--images STORE`): instead of the venv's `inferfleet`, each Running pod
+whose first container's image is in the store runs from that image through crun (`oci`): the
+kubelet's command/args rules over the image's entrypoint and cmd, the image's env under the
+container's, the pod's user, volumes (emptyDir, and the projected ServiceAccount token, CA
+and namespace that in-cluster clients read, with KUBERNETES_SERVICE_HOST/PORT naming this API
+server), in namespaces of its own but the host's network (routers and sim engines still get
+`--host <podIP>`). Any command runs so, the operator's `inferfleet run` too; a pod whose
+image is not in the store is left alone (said once). Restarts, probes, readiness, grace and
+logs are as above; crun forwards SIGTERM to the container, and `crun delete --force` ends
+one whose crun was killed.
+
+Everything that decides what to run is pure (`pod_process`, `oci_pod_process` and `oci`).
 """
 
 from __future__ import annotations
