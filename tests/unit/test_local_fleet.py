@@ -594,7 +594,12 @@ def test_a_router_pod_launches_from_its_image_with_its_service_account() -> None
     assert env["HOSTNAME"] == "chat-router-abc"
     # The rendered pod's user, not the image's.
     assert launch.identity == Identity(1000, 1000)  # fsGroup 1000 is its group already
-    assert launch.read_only_root is False
+    writable = copy.deepcopy(pod["spec"]["containers"][0])
+    writable["securityContext"]["readOnlyRootFilesystem"] = False
+    assert container_launch(pod, writable, IMAGE, API).read_only_root is False
+    read_only = copy.deepcopy(writable)
+    read_only["securityContext"]["readOnlyRootFilesystem"] = True
+    assert container_launch(pod, read_only, IMAGE, API).read_only_root is True
     (volume,) = launch.volumes
     assert volume.files == (
         Token("token", 3607),
