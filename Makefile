@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo plans test lint typecheck unit e2e control-plane prometheus bench-operator bench-router bench-emulator crds calibration clean
+.PHONY: demo plans test lint typecheck unit e2e control-plane prometheus helm images images-check system-packages bench-operator bench-router bench-emulator crds calibration clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,9 +14,10 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The main job: the capacity plan of every example, then the live local fleet: an autoscaled
-# service, a production trace through its router, the fleet scaling as it happens.
+# service, the built-in chat load through its router, the fleet scaling as it happens
+# (`inferfleet demo --trace FILE` replays a production trace instead).
 demo: plans control-plane prometheus
-	$(BIN)/inferfleet demo --rate-multiplier 0.5
+	$(BIN)/inferfleet demo
 
 plans: $(STAMP)
 	@# Exit status 3 means "planned, and it does not fit or misses the SLO": expected for one example.
@@ -35,7 +36,9 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-unit: $(STAMP)
+# The unit tier lints and templates the chart with a real helm and runs the Argo CD health
+# checks under Lua 5.1; promtool comes with the first rules test.
+unit: $(STAMP) system-packages helm
 	$(BIN)/pytest
 
 # Builds kube-apiserver, controller manager, scheduler, kubectl, kwok and etcd from their Go
@@ -49,8 +52,27 @@ prometheus:
 	bash tools/prometheus/fetch.sh
 	bash tools/prometheus/build-kubernetes-sd.sh
 
-e2e: $(STAMP) control-plane prometheus
+e2e: $(STAMP) system-packages control-plane prometheus helm images
 	$(BIN)/pytest tests/e2e
+
+# Debian packages of the tests and the local fleet (Lua 5.1, crun, umoci, the image tools),
+# installed with apt-get when missing.
+system-packages:
+	bash tools/system-packages.sh
+
+# helm from its Go module at the version pinned in tools/helm/go.mod, built once and cached.
+helm:
+	bash tools/helm/build.sh
+
+# The operator, router and sim-engine images, built once from runtime_images/ with no base
+# image from a registry (a Debian root filesystem plus the locked wheels); needs root. Later
+# runs reuse the cache. `tools/images/push.sh REGISTRY` pushes them.
+images: $(STAMP) system-packages
+	bash tools/images/build.sh
+
+# The built images run through crun as a kubelet would: non-root, read-only root, serving.
+images-check: images
+	bash tools/images/smoke.sh
 
 # Performance, kept out of the tests: 200 InferenceServices applied at once on the dev cluster.
 bench-operator: $(STAMP) control-plane

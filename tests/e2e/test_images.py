@@ -190,8 +190,10 @@ def test_the_operator_router_and_engine_run_from_their_images_and_serve(fleet: F
         assert uid == security.get("runAsUser", IMAGE_USER), pod["metadata"]["name"]
         assert gid == security.get("runAsGroup", IMAGE_USER), pod["metadata"]["name"]
         assert int(capabilities, 16) == 0
-    # The operator's root is read-only (readOnlyRootFilesystem); the engine's is its own layer.
+    # The operator's and the router's roots are read-only (readOnlyRootFilesystem, as
+    # rendered); the engine's is its own layer.
     assert "ro" in _root_mount_options(fleet.container_pid(operator))
+    assert "ro" in _root_mount_options(fleet.container_pid(routers[0]))
     assert "rw" in _root_mount_options(fleet.container_pid(engine))
     # In-cluster identity: the projected token, CA and namespace where clients look for them.
     pid = fleet.container_pid(operator)

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Prints the path of a Prometheus server binary, fetched once from Debian's `prometheus`
-# package at a pinned version and cached outside the work tree:
+# package at a pinned version and cached outside the work tree, with the package's promtool
+# (rule checks and rule unit tests) beside it:
 #   ~/.cache/inferfleet/prometheus/<version>/prometheus
+#   ~/.cache/inferfleet/prometheus/<version>/promtool
 # The package is unpacked, not installed: no service is started, nothing lands in /usr.
 # Needs apt-get (a Debian or Ubuntu machine with Debian's archive in its sources) and dpkg-deb.
 # $INFERFLEET_PROMETHEUS, when set, names a binary to use instead.
@@ -15,7 +17,7 @@ if [[ -n "${INFERFLEET_PROMETHEUS:-}" ]]; then
 fi
 
 CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/inferfleet/prometheus/$VERSION"
-if [[ -x "$CACHE/prometheus" ]]; then
+if [[ -x "$CACHE/prometheus" && -x "$CACHE/promtool" ]]; then
   echo "$CACHE/prometheus"
   exit 0
 fi
@@ -23,7 +25,7 @@ fi
 mkdir -p "$(dirname "$CACHE")"
 exec 9>"$(dirname "$CACHE")/.lock"
 flock 9
-if [[ -x "$CACHE/prometheus" ]]; then  # fetched while we waited
+if [[ -x "$CACHE/prometheus" && -x "$CACHE/promtool" ]]; then  # fetched while we waited
   echo "$CACHE/prometheus"
   exit 0
 fi
@@ -40,7 +42,9 @@ if ! apt-get download "prometheus=$VERSION" >&2 2>/dev/null; then
 fi
 dpkg-deb -x prometheus_*.deb root
 mkdir -p out
-cp root/usr/bin/prometheus out/prometheus
+cp root/usr/bin/prometheus root/usr/bin/promtool out/
 "$WORK/out/prometheus" --version >&2
+"$WORK/out/promtool" --version >&2
+rm -rf "$CACHE"  # an older cache held the server alone
 mv out "$CACHE"
 echo "$CACHE/prometheus"

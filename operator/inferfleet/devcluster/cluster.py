@@ -46,6 +46,7 @@ from inferfleet.devcluster.prometheus import (
     ensure_prometheus,
     kubernetes_pods_job,
     pod_discovery_rbac,
+    static_job,
 )
 from inferfleet.kube import Kube
 from inferfleet.render.rbac import DEFAULT_NAMESPACE as OPERATOR_NAMESPACE
@@ -66,6 +67,15 @@ MONITORING_NAMESPACE = "monitoring"
 PROMETHEUS_ACCOUNT = "prometheus"
 SCRAPE_INTERVAL_S = 1.0
 OPERATOR_IMAGE = f"inferfleet/operator:{__version__}"
+# The alerting and recording rules the chart ships, evaluated by the fleet's Prometheus too
+# (in a checkout; an installed package has no chart beside it).
+RULES_FILE = (
+    Path(__file__).resolve().parents[3]
+    / "charts"
+    / "inferfleet"
+    / "rules"
+    / "inferfleet.rules.yaml"
+)
 # The operator pod's liveness and metrics ports, on its pod IP (pods share the host's network).
 OPERATOR_HEALTH_PORT = 8081
 OPERATOR_METRICS_PORT = 8080
@@ -140,6 +150,7 @@ class State:
     fleet: bool = False
     prometheus_port: int | None = None
     operator_health_port: int | None = None
+    operator_metrics_port: int | None = None
     runtime: str = Runtime.VENV.value
     images: str | None = None
     operator: str = "process"
@@ -157,6 +168,7 @@ class State:
             fleet=data.get("fleet", False),
             prometheus_port=data.get("prometheus_port"),
             operator_health_port=data.get("operator_health_port"),
+            operator_metrics_port=data.get("operator_metrics_port"),
             runtime=data.get("runtime", Runtime.VENV.value),
             images=data.get("images"),
             operator=data.get("operator", "process"),
@@ -164,6 +176,12 @@ class State:
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=2))
+
+
+def operator_metrics_job(port: int) -> dict[str, Any]:
+    """The host operator's own metrics. Its series carry the namespaces of the resources they
+    describe: kept as they are (`honor_labels`), as a cluster's Prometheus scrapes them."""
+    return {**static_job("inferfleet-operator", [f"127.0.0.1:{port}"]), "honor_labels": True}
 
 
 def kubeconfig(
@@ -484,10 +502,16 @@ class DevCluster:
                 ca_file=certs.ca.cert,
                 token_file=prometheus_token,
             )
+            jobs = [job]
+            if state.operator == "process":
+                # Known before Prometheus starts, so that it scrapes the operator from the first.
+                state.operator_metrics_port = processes.free_port()
+                jobs.append(operator_metrics_job(state.operator_metrics_port))
             prometheus = Prometheus.start(
                 self.state_dir / "prometheus",
-                [job],
+                jobs,
                 scrape_interval_s=SCRAPE_INTERVAL_S,
+                rule_files=[RULES_FILE] if RULES_FILE.is_file() else [],
                 binary=ensure_prometheus(kubernetes_sd=True),
                 bound_to_parent=bound_to_parent,
             )
@@ -511,6 +535,8 @@ class DevCluster:
                             python, "-m", "inferfleet.cli", "run", *operator_args,
                             "--liveness",
                             f"http://127.0.0.1:{state.operator_health_port}/healthz",
+                            "--metrics-address", "127.0.0.1",
+                            "--metrics-port", str(state.operator_metrics_port),
                         ),
                         env={"KUBECONFIG": str(self._operator_kubeconfig(kube))},
                     ),

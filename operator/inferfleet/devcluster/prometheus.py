@@ -161,12 +161,16 @@ def pod_discovery_rbac(service_account: str, namespace: str) -> list[dict[str, A
     ]
 
 
-def config_text(jobs: Sequence[Mapping[str, Any]], scrape_interval_s: float) -> str:
+def config_text(
+    jobs: Sequence[Mapping[str, Any]], scrape_interval_s: float, rule_files: Sequence[Path] = ()
+) -> str:
     interval = f"{int(scrape_interval_s * 1000)}ms"
-    document = {
+    document: dict[str, Any] = {
         "global": {"scrape_interval": interval, "evaluation_interval": interval},
         "scrape_configs": [dict(job) for job in jobs],
     }
+    if rule_files:
+        document["rule_files"] = [str(path) for path in rule_files]
     return yaml.safe_dump(document, sort_keys=False)
 
 
@@ -189,14 +193,16 @@ class Prometheus:
         jobs: Sequence[Mapping[str, Any]],
         *,
         scrape_interval_s: float = 1.0,
+        rule_files: Sequence[Path] = (),
         binary: Path | None = None,
         bound_to_parent: bool = True,
     ) -> Prometheus:
-        """Start scraping `jobs`; returns once the server says it is ready."""
+        """Start scraping `jobs` and evaluating `rule_files`; returns once the server says it
+        is ready."""
         binary = binary or ensure_prometheus()
         state_dir.mkdir(parents=True, exist_ok=True)
         config = state_dir / "prometheus.yml"
-        config.write_text(config_text(jobs, scrape_interval_s))
+        config.write_text(config_text(jobs, scrape_interval_s, rule_files))
         port = processes.free_port()
         spec = ProcessSpec(
             "prometheus",
@@ -244,22 +250,6 @@ class Prometheus:
         if len(result) > 1:
             raise ValueError(f"{promql} returned {len(result)} series, not one")
         return float(result[0]["value"][1])
-
-    def reconfigure(
-        self, jobs: Sequence[Mapping[str, Any]] = (), rule_files: Sequence[Path] = ()
-    ) -> None:
-        """Add scrape jobs (replacing those of the same name) and rule files to the running
-        server's configuration, and have it reload (an invalid configuration is refused)."""
-        config = self.state_dir / "prometheus.yml"
-        document = yaml.safe_load(config.read_text())
-        added = {job["job_name"] for job in jobs}
-        kept = [job for job in document["scrape_configs"] if job["job_name"] not in added]
-        document["scrape_configs"] = kept + [dict(job) for job in jobs]
-        document["rule_files"] = [*document.get("rule_files", []), *map(str, rule_files)]
-        config.write_text(yaml.safe_dump(document, sort_keys=False))
-        answer = httpx.post(f"{self.url}/-/reload", timeout=30.0)
-        if answer.status_code != 200:
-            raise PrometheusUnavailableError(f"Prometheus refused its configuration: {answer.text}")
 
     def stop(self) -> None:
         processes.stop([self.pid])

@@ -66,6 +66,7 @@ ROUTER_PORT: Final = 8000
 SERVICE_PORT: Final = 80
 ROUTER_REPLICAS: Final = 2
 ROUTER_UID: Final = 1000
+SCRATCH_VOLUME: Final = "tmp"
 DEFAULT_ROUTER_IMAGE: Final = f"inferfleet/router:{__version__}"
 """Placeholder registry namespace, like the sim engine's image; override per install."""
 
@@ -186,7 +187,9 @@ def _router_container(image: str, args: list[str]) -> dict[str, Any]:
             "timeoutSeconds": 5,
             "failureThreshold": 3,
         },
-        "securityContext": container_security_context(),
+        # The image writes nothing but scratch files, to the /tmp volume.
+        "securityContext": {**container_security_context(), "readOnlyRootFilesystem": True},
+        "volumeMounts": [{"name": SCRATCH_VOLUME, "mountPath": "/tmp"}],
     }
 
 
@@ -214,6 +217,7 @@ def router_deployment(
             "enableServiceLinks": False,
             "securityContext": pod_security_context(ROUTER_UID),
             "containers": [_router_container(image, router_args(isvc, resolved, discovery))],
+            "volumes": [{"name": SCRATCH_VOLUME, "emptyDir": {"sizeLimit": "64Mi"}}],
             # The two replicas on different nodes where there is room: one node's loss must
             # not take the endpoint down.
             "topologySpreadConstraints": [
