@@ -1,0 +1,230 @@
+"""`inferfleet run`, `router` and `sim-engine`: the processes a cluster runs (the operator, a
+service's router, the engine emulator)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Annotated, Any
+
+import typer
+from pydantic import ValidationError
+
+from inferfleet.api.catalog import GpuCatalog
+from inferfleet.api.model_deployment import ModelDeploymentSpec, Role
+from inferfleet.autoscale.controller import AutoscalerSettings
+from inferfleet.cli.common import EXIT_INVALID, app
+from inferfleet.engines.common import DEFAULT_SIM_ENGINE_IMAGE
+from inferfleet.kube import Kube, NoConfigurationError
+from inferfleet.planning.replica import ReplicaConfig
+from inferfleet.reconcile import operator
+from inferfleet.render import (
+    DEFAULT_ROUTER_IMAGE,
+    EngineOptions,
+    InstallSettings,
+)
+from inferfleet.router import proxy as router_proxy
+from inferfleet.router.config import DiscoveryMode, RouterConfig, parse_backends
+from inferfleet.router.discovery import discovery_for
+from inferfleet.sim import openai_api as sim_server
+from inferfleet.slo import Slo as RequestSlo
+
+
+@app.command("sim-engine")
+def sim_engine_command(
+    model: Annotated[str, typer.Option(help="Catalog model name, e.g. llama-3.1-8b.")],
+    gpu: Annotated[str, typer.Option(help="GPU type to emulate, e.g. H100-80GB.")],
+    model_name: Annotated[
+        str | None, typer.Option(help="Served model name (default: --model).")
+    ] = None,
+    tensor: Annotated[int, typer.Option(help="Tensor-parallel size.")] = 1,
+    pipeline: Annotated[int, typer.Option(help="Pipeline-parallel size.")] = 1,
+    weights: Annotated[str, typer.Option(help="bf16, fp16, fp8, int8 or int4.")] = "bf16",
+    method: Annotated[str | None, typer.Option(help="awq, gptq, smoothquant or fp8.")] = None,
+    kv_cache: Annotated[str, typer.Option(help="auto, bf16, fp16 or fp8.")] = "auto",
+    max_sequences: Annotated[int, typer.Option(help="Most sequences in a batch.")] = 256,
+    max_batched_tokens: Annotated[int, typer.Option(help="Token budget of a step.")] = 8192,
+    max_model_length: Annotated[int | None, typer.Option(help="Longest request.")] = None,
+    memory_utilization: Annotated[float, typer.Option(help="GPU memory fraction.")] = 0.9,
+    architecture: Annotated[
+        str | None, typer.Option(help="The model's shape as JSON (ModelArchitecture wire form).")
+    ] = None,
+    chunked_prefill: Annotated[bool, typer.Option(help="Split prompts across steps.")] = True,
+    prefix_caching: Annotated[bool, typer.Option(help="Reuse cached prompt prefixes.")] = True,
+    role: Annotated[str, typer.Option(help="aggregated, prefill or decode.")] = "aggregated",
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+) -> None:
+    """Serve a CPU emulation of a vLLM engine: the OpenAI API and vLLM's metrics, with timing
+    from the performance model (the `sim` engine of a ModelDeployment)."""
+    try:
+        shape = json.loads(architecture) if architecture else None
+    except json.JSONDecodeError as error:
+        typer.echo(f"error: --architecture: not JSON: {error}", err=True)
+        raise typer.Exit(EXIT_INVALID) from None
+    settings: dict[str, Any] = {
+        "model": {"name": model, "source": f"hf://{model}"}
+        | ({"architecture": shape} if shape is not None else {}),
+        "engine": {"name": "sim"},
+        "gpu": {"type": gpu, "memoryUtilization": memory_utilization},
+        "parallelism": {"tensor": tensor, "pipeline": pipeline},
+        "precision": {"weights": weights, "kvCache": kv_cache}
+        | ({"method": method} if method else {}),
+        "batching": {
+            "maxSequences": max_sequences,
+            "maxBatchedTokens": max_batched_tokens,
+            "chunkedPrefill": chunked_prefill,
+        }
+        | ({"maxModelLength": max_model_length} if max_model_length else {}),
+    }
+    try:
+        spec = ModelDeploymentSpec.model_validate(settings)
+        engine_role = Role(role)
+    except (ValidationError, ValueError) as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(EXIT_INVALID) from None
+    config = ReplicaConfig.from_spec(spec, GpuCatalog.builtin())
+    sim_server.run(
+        config, model_name or model, engine_role, host=host, port=port,
+        prefix_caching=prefix_caching,
+    )  # fmt: skip
+
+
+@app.command("router")
+def router_command(
+    backend: Annotated[
+        list[str],
+        typer.Option(
+            "--backend",
+            help="A deployment's role: deployment=NAME,role=ROLE,engine=ENGINE,weight=W,"
+            "model=SERVED_NAME and service=SVC,port=P (Kubernetes EndpointSlices) or "
+            "urls=URL;URL (fixed replicas). Repeatable.",
+        ),
+    ],
+    service: Annotated[
+        str, typer.Option(help="The InferenceService's name: the service label of metrics.")
+    ],
+    namespace: Annotated[
+        str | None, typer.Option(help="Namespace of the backends' Services.")
+    ] = None,
+    discovery: Annotated[
+        DiscoveryMode,
+        typer.Option(
+            help="Find replicas in the Services' EndpointSlices, or as Ready pods "
+            "their selectors pick (clusters with loopback pod addresses)."
+        ),
+    ] = DiscoveryMode.ENDPOINT_SLICES,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    slo_ttft_p95_ms: Annotated[float | None, typer.Option(help="TTFT target, ms.")] = None,
+    slo_tpot_p95_ms: Annotated[float | None, typer.Option(help="TPOT target, ms.")] = None,
+    slo_attainment_target: Annotated[
+        float, typer.Option(help="Share of requests that should meet the targets.")
+    ] = 0.99,
+    max_request_bytes: Annotated[int, typer.Option(help="Larger bodies get 413.")] = 16 * 1024**2,
+    max_attempts: Annotated[int, typer.Option(help="Replicas tried per request.")] = 3,
+    drain_delay: Annotated[
+        float, typer.Option(help="Seconds /health says 503 before the listener closes.")
+    ] = 5.0,
+    drain_timeout: Annotated[
+        float, typer.Option(help="Seconds in-flight streams may run on after that.")
+    ] = 120.0,
+) -> None:
+    """Serve an InferenceService's router: an OpenAI-compatible streaming proxy that picks
+    replicas by outstanding tokens and prefix, hands prefill over to decode, and counts each
+    request's SLO outcome for Prometheus."""
+    try:
+        config = RouterConfig(
+            service=service,
+            namespace=namespace,
+            discovery=discovery,
+            backends=parse_backends(backend),
+            slo=RequestSlo(slo_ttft_p95_ms, slo_tpot_p95_ms, slo_attainment_target),
+            max_request_bytes=max_request_bytes,
+            max_attempts=max_attempts,
+            drain_delay_s=drain_delay,
+            drain_timeout_s=drain_timeout,
+        )
+    except ValueError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(EXIT_INVALID) from None
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    router_proxy.run(config, host=host, port=port, discovery=discovery_for(config))
+
+
+@app.command("run")
+def run_command(
+    namespace: Annotated[
+        list[str] | None,
+        typer.Option("--namespace", "-n", help="Watch only these namespaces (repeatable)."),
+    ] = None,
+    liveness: Annotated[
+        str | None, typer.Option(help="Serve a liveness probe, e.g. http://0.0.0.0:8080/healthz.")
+    ] = None,
+    router_discovery: Annotated[
+        DiscoveryMode,
+        typer.Option(
+            help="How rendered routers find replicas: endpointslices, or pods where "
+            "pod addresses are loopback (the dev cluster)."
+        ),
+    ] = DiscoveryMode.ENDPOINT_SLICES,
+    prometheus_url: Annotated[
+        str | None,
+        typer.Option(help="Prometheus that scrapes routers and engines (autoscaling reads it)."),
+    ] = None,
+    autoscale_interval: Annotated[
+        float, typer.Option(help="Seconds between autoscaling ticks of a service.")
+    ] = 15.0,
+    metrics_window: Annotated[
+        float, typer.Option(help="Rate window of the autoscaler's queries, seconds.")
+    ] = 60.0,
+    metrics_port: Annotated[
+        int,
+        typer.Option(
+            envvar="INFERFLEET_METRICS_PORT",
+            min=0,
+            max=65535,
+            help="Serve the operator's Prometheus metrics on this port (0: off).",
+        ),
+    ] = 8080,
+    metrics_address: Annotated[
+        str,
+        typer.Option(
+            envvar="INFERFLEET_METRICS_ADDRESS",
+            help="Address the metrics port listens on (in a pod: its IP, as the chart sets).",
+        ),
+    ] = "127.0.0.1",
+    router_image: Annotated[
+        str,
+        typer.Option(
+            envvar="INFERFLEET_ROUTER_IMAGE",
+            help="Image of the routers it renders (where this install pushed it).",
+        ),
+    ] = DEFAULT_ROUTER_IMAGE,
+    sim_engine_image: Annotated[
+        str,
+        typer.Option(
+            envvar="INFERFLEET_SIM_ENGINE_IMAGE",
+            help="Image of `sim` engines whose spec names none (engine.version picks its tag).",
+        ),
+    ] = DEFAULT_SIM_ENGINE_IMAGE,
+) -> None:
+    """Run the operator: reconcile ModelDeployments and InferenceServices into workloads, and
+    autoscale the services with `autoscaling.policy: goodput` from Prometheus."""
+    try:
+        Kube.from_environment()
+    except NoConfigurationError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(1) from None
+    autoscaler = AutoscalerSettings(
+        prometheus_url=prometheus_url, interval_s=autoscale_interval, window_s=metrics_window
+    )
+    autoscaler = operator.serve_metrics(autoscaler, metrics_address, metrics_port)
+    install = InstallSettings(
+        router_image=router_image,
+        router_discovery=router_discovery,
+        engines=EngineOptions(sim_engine_image=sim_engine_image),
+    )
+    operator.run(namespace or (), liveness, install, autoscaler)

@@ -1,0 +1,383 @@
+"""`inferfleet plan`, `render`, `crds` and `calibrate`: specs read from files, checked, planned
+and rendered."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+from pydantic import ValidationError
+
+from inferfleet.api.catalog import GpuCatalog
+from inferfleet.api.crd import crd_files
+from inferfleet.api.inference_service import InferenceService, InferenceServiceSpec
+from inferfleet.api.model_deployment import ModelDeployment, ModelDeploymentSpec
+from inferfleet.cli.common import EXIT_INVALID, EXIT_NO_FIT, app
+from inferfleet.planning import calibration
+from inferfleet.planning.capacity import CapacityPlan, Slo, Workload, plan, report
+from inferfleet.planning.performance import DEFAULT_EFFICIENCY
+from inferfleet.render import (
+    MissingReferenceError,
+    UnsupportedSpecError,
+    render_inference_service,
+    render_model_deployment,
+)
+
+DEFAULT_CRD_DIR = Path("crds")
+# Helm installs a chart's CRDs from its own crds/ folder; the same files, written together.
+DEFAULT_CHART_CRD_DIR = Path("charts/inferfleet/crds")
+DEFAULT_CALIBRATION_DOC = Path("docs/calibration.md")
+GPU_CATALOG_EXAMPLE = "{H100-80GB: {hourlyPriceUsd: 2.1}, L4-24GB: {hourlyPriceUsd: 0.7}}"
+GPU_CATALOG_HELP = (
+    "YAML overriding GPU figures: GPU type to the fields to change, e.g. a file holding "
+    f"`{GPU_CATALOG_EXAMPLE}`."
+)
+KNOWN_KINDS = ("ModelDeployment", "InferenceService")
+
+
+class OutputFormat(StrEnum):
+    TEXT = "text"
+    JSON = "json"
+
+
+class InvalidInputError(Exception):
+    """Input the user must fix; the message names the file, the field, the value and the rule."""
+
+
+@dataclass(frozen=True)
+class Document:
+    kind: str
+    name: str
+    spec: Mapping[str, Any]
+
+
+def _load_documents(path: Path) -> Iterator[Document]:
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise InvalidInputError(f"{path}: cannot read: {error.strerror}") from None
+    try:
+        documents = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as error:
+        raise InvalidInputError(f"{path}: not valid YAML: {error}") from None
+    for index, document in enumerate(documents):
+        if not isinstance(document, dict):
+            raise InvalidInputError(f"{path}: document {index + 1} is not a mapping")
+        kind = document.get("kind")
+        metadata = document.get("metadata") or {}
+        name = metadata.get("name", f"document-{index + 1}") if isinstance(metadata, dict) else ""
+        spec = document.get("spec")
+        if not isinstance(spec, dict):
+            raise InvalidInputError(f"{path}: {kind} {name}: spec: required mapping is missing")
+        yield Document(str(kind), str(name), spec)
+
+
+def _inferfleet_documents(path: Path) -> list[Document]:
+    """The file's ModelDeployments and InferenceServices; any other kind is named on stderr
+    (a Namespace or a Secret beside them is normal, a typo in a kind is not) and skipped."""
+    documents = list(_load_documents(path))
+    for doc in documents:
+        if doc.kind not in KNOWN_KINDS:
+            typer.echo(
+                f"warning: {path}: skipped {doc.kind} {doc.name}: not a kind inferfleet reads "
+                f"({', '.join(KNOWN_KINDS)})",
+                err=True,
+            )
+    return [doc for doc in documents if doc.kind in KNOWN_KINDS]
+
+
+# A cross-field rule's message starts with the path of the field it blames.
+_BLAMED_FIELD = re.compile(r"^(?P<path>[A-Za-z][\w.]*): (?P<message>.*)$", re.DOTALL)
+
+
+def _explain(error: ValidationError, prefix: str) -> str:
+    lines = []
+    for item in error.errors():
+        where = ".".join(str(part) for part in (prefix, *item["loc"]))
+        message = item["msg"].removeprefix("Value error, ")
+        value = item.get("input")
+        shown = "" if isinstance(value, dict | list) else f" (got {value!r})"
+        blamed = _BLAMED_FIELD.match(message)
+        if blamed and item["type"] == "value_error":
+            where, message, shown = f"{where}.{blamed['path']}", blamed["message"], ""
+        lines.append(f"  {where}: {message}{shown}")
+    return "\n".join(lines)
+
+
+def _validated(model: type[ModelDeploymentSpec] | type[InferenceServiceSpec], doc: Document,
+               path: Path) -> Any:  # fmt: skip
+    try:
+        return model.model_validate(doc.spec)
+    except ValidationError as error:
+        raise InvalidInputError(
+            f"{path}: {doc.kind} {doc.name} is invalid:\n{_explain(error, 'spec')}"
+        ) from None
+
+
+def _gpu_catalog(overrides: Path | None) -> GpuCatalog:
+    catalog = GpuCatalog.builtin()
+    if overrides is None:
+        return catalog
+    try:
+        data = yaml.safe_load(overrides.read_text()) or {}
+        if not isinstance(data, dict):
+            raise InvalidInputError(f"{overrides}: expected a mapping of GPU type to figures")
+        return catalog.with_overrides(data)
+    except (OSError, yaml.YAMLError, ValueError, ValidationError) as error:
+        raise InvalidInputError(f"{overrides}: {error}") from None
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1e3:,.1f} ms"
+
+
+def _vs(predicted: float, target: float | None) -> str:
+    if target is None:
+        return _ms(predicted)
+    verdict = "meets" if predicted <= target else "MISSES"
+    return f"{_ms(predicted)}  ({verdict} target {_ms(target)})"
+
+
+def render_text(name: str, capacity: CapacityPlan) -> str:
+    config, memory = capacity.config, capacity.memory
+    gib = 1024**3
+    request = capacity.request
+    context = request.input_tokens + request.output_tokens
+    lines = [
+        f"ModelDeployment {name}: {config.model.parameter_count / 1e9:.1f}B parameters, "
+        f"{config.weights.value} weights, {config.kv_cache.value} KV cache, "
+        f"TP{config.tensor} x PP{config.pipeline} on {config.gpu_type.value}",
+        f"  Fit:               {memory.verdict()}",
+        "  Memory per GPU:",
+        f"    total            {memory.total / gib:8.1f} GiB",
+        f"    usable           {memory.usable / gib:8.1f} GiB "
+        f"(memoryUtilization {config.memory_utilization})",
+        f"    weights          {memory.weights / gib:8.1f} GiB",
+        f"    activations      {memory.activations / gib:8.1f} GiB",
+        f"    runtime          {memory.runtime / gib:8.1f} GiB",
+        f"    KV cache         {memory.kv_cache / gib:8.1f} GiB "
+        f"({memory.kv_bytes_per_token:,} bytes/token/GPU)",
+        f"  KV capacity:       {memory.kv_capacity_tokens:,} tokens per replica",
+        f"  Max concurrency:   {memory.max_concurrency(memory.context_limit)} at max model length "
+        f"{memory.context_limit:,}; {memory.max_concurrency(context)} at "
+        f"{request.input_tokens}+{request.output_tokens} tokens",
+    ]
+    if memory.fits:
+        lines += [
+            f"  Idle TTFT:         {_vs(capacity.idle_ttft_s, capacity.slo.ttft_p95_s)} "
+            f"for a {request.input_tokens}-token prompt",
+            f"  Idle TPOT:         {_vs(capacity.idle_tpot_s, capacity.slo.tpot_p95_s)}",
+            f"  Saturated output:  {capacity.saturated_output_tokens_per_s:,.0f} tokens/s per "
+            "replica",
+        ]
+    if capacity.workload is not None:
+        load = capacity.workload
+        lines.append(
+            f"  Load:              {load.requests_per_second:g} req/s x "
+            f"{load.input_tokens}/{load.output_tokens} tokens; SLO p95 TTFT "
+            f"{_ms(capacity.slo.ttft_p95_s)}, TPOT {_ms(capacity.slo.tpot_p95_s)}"
+        )
+    if capacity.reason != memory.verdict():
+        lines.append(f"  Plan:              {capacity.reason}")
+    for role in capacity.roles:
+        line = f"    {role.role.value:<12} {role.replicas:>4} replicas  {role.gpus:>5} GPUs"
+        if role.point is not None:
+            point = role.point
+            line += f"  per replica: {point.rate:.2f} req/s, batch {point.batch:.1f}"
+            if point.ttft_p95_s > 0:
+                line += f", p95 TTFT {_ms(point.ttft_p95_s)}"
+            if point.tpot_s > 0:
+                line += f", TPOT {_ms(point.tpot_s)}"
+            line += f", MFU {point.mfu:.0%}, MBU {point.mbu:.0%}"
+        lines.append(line)
+    cost = capacity.cost_per_million_output_tokens_usd
+    lines += [
+        f"  GPUs:              {capacity.gpus} x {config.gpu_type.value} "
+        f"(${capacity.gpus * config.gpu.hourly_price_usd:,.2f}/h)",
+        "  Cost per 1M output tokens: "
+        + ("-" if cost is None else f"${cost:,.3f}")
+        + ("" if capacity.workload else " (replicas saturated)"),
+    ]
+    return "\n".join(lines)
+
+
+@app.command("plan")
+def plan_command(
+    file: Annotated[Path, typer.Option("-f", "--file", help="YAML with ModelDeployments (and "
+                                       "InferenceServices that give SLO and load).")],
+    rps: Annotated[float | None, typer.Option(help="Requests per second to plan for.")] = None,
+    input_tokens: Annotated[int | None, typer.Option(help="Prompt length, tokens.")] = None,
+    output_tokens: Annotated[int | None, typer.Option(help="Output length, tokens.")] = None,
+    ttft_ms: Annotated[float | None, typer.Option(help="p95 TTFT target, ms.")] = None,
+    tpot_ms: Annotated[float | None, typer.Option(help="p95 TPOT target, ms.")] = None,
+    gpu_catalog: Annotated[Path | None, typer.Option(help=GPU_CATALOG_HELP)] = None,
+    output: Annotated[OutputFormat, typer.Option("-o", "--output")] = OutputFormat.TEXT,
+) -> None:  # fmt: skip
+    """Print the capacity plan of each ModelDeployment in FILE."""
+    try:
+        gpus = _gpu_catalog(gpu_catalog)
+        documents = _inferfleet_documents(file)
+        services = [
+            (doc, _validated(InferenceServiceSpec, doc, file))
+            for doc in documents
+            if doc.kind == "InferenceService"
+        ]
+        deployments = [
+            (doc, _validated(ModelDeploymentSpec, doc, file))
+            for doc in documents
+            if doc.kind == "ModelDeployment"
+        ]
+        if not deployments:
+            raise InvalidInputError(f"{file}: no ModelDeployment to plan")
+        plans = []
+        for doc, spec in deployments:
+            service = next(
+                (s for _, s in services if any(d.name == doc.name for d in s.deployments)), None
+            )
+            plans.append(
+                (
+                    doc.name,
+                    _plan_one(
+                        spec,
+                        service=service,
+                        gpus=gpus,
+                        rps=rps,
+                        input_tokens=input_tokens,
+                        output_tokens=output_tokens,
+                        ttft_ms=ttft_ms,
+                        tpot_ms=tpot_ms,
+                    ),
+                )
+            )
+    except InvalidInputError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(EXIT_INVALID) from None
+    if output == OutputFormat.JSON:
+        typer.echo(json.dumps([{"name": n, **report(p)} for n, p in plans], indent=2))
+    else:
+        typer.echo("\n\n".join(render_text(name, p) for name, p in plans))
+    if any(not p.memory.fits or p.meets_slo is False for _, p in plans):
+        raise typer.Exit(EXIT_NO_FIT)
+
+
+def _plan_one(
+    spec: ModelDeploymentSpec,
+    *,
+    service: InferenceServiceSpec | None,
+    gpus: GpuCatalog,
+    rps: float | None,
+    input_tokens: int | None,
+    output_tokens: int | None,
+    ttft_ms: float | None,
+    tpot_ms: float | None,
+) -> CapacityPlan:
+    expected = service.expected_load if service else None
+    rate = rps if rps is not None else (expected.requests_per_second if expected else None)
+    inp = input_tokens or (expected.input_tokens if expected else None)
+    out = output_tokens or (expected.output_tokens if expected else None)
+    workload = None
+    if rate is not None or inp is not None or out is not None:
+        if rate is None or inp is None or out is None:
+            raise InvalidInputError(
+                "a load needs --rps, --input-tokens and --output-tokens together "
+                "(or an InferenceService with expectedLoad)"
+            )
+        try:
+            workload = Workload(rate, inp, out)
+        except ValueError as error:
+            raise InvalidInputError(str(error)) from None
+    slo_ttft = ttft_ms if ttft_ms is not None else (service.slo.ttft_p95_ms if service else None)
+    slo_tpot = tpot_ms if tpot_ms is not None else (service.slo.tpot_p95_ms if service else None)
+    for label, value in (("--ttft-ms", slo_ttft), ("--tpot-ms", slo_tpot)):
+        if value is not None and not value > 0:
+            raise InvalidInputError(f"{label} must be positive (got {value})")
+    slo = Slo(
+        ttft_p95_s=None if slo_ttft is None else slo_ttft / 1e3,
+        tpot_p95_s=None if slo_tpot is None else slo_tpot / 1e3,
+    )
+    return plan(spec, gpus, workload, slo)
+
+
+@app.command("crds")
+def crds_command(
+    directory: Annotated[Path, typer.Option("--dir", help="Where to write.")] = DEFAULT_CRD_DIR,
+    chart_directory: Annotated[
+        Path, typer.Option("--chart-dir", help="Where the Helm chart keeps the same files.")
+    ] = DEFAULT_CHART_CRD_DIR,
+) -> None:
+    """Regenerate the CustomResourceDefinitions from the API models, for kubectl and Helm."""
+    for target in (directory, chart_directory):
+        target.mkdir(parents=True, exist_ok=True)
+        for name, text in crd_files().items():
+            path = target / name
+            path.write_text(text, encoding="utf-8")
+            typer.echo(f"wrote {path}")
+
+
+@app.command("calibrate")
+def calibrate_command(
+    doc: Annotated[Path, typer.Option(help="Markdown file whose table to rewrite.")] = (
+        DEFAULT_CALIBRATION_DOC
+    ),
+    refit: Annotated[bool, typer.Option(help="Search the efficiency terms first (slow).")] = False,
+) -> None:
+    """Predict every published point, and rewrite the calibration table in DOC."""
+    terms = DEFAULT_EFFICIENCY
+    if refit:
+        terms = calibration.fit(progress=lambda line: typer.echo(line, err=True))
+    rows = calibration.table(terms)
+    held_out = calibration.leave_one_out(start=terms)
+    table = calibration.render_markdown(terms, rows, held_out)
+    doc.write_text(calibration.replace_table(doc.read_text(), table))
+    typer.echo(table)
+
+
+@app.command("render")
+def render_command(
+    file: Annotated[Path, typer.Option("-f", "--file", help="YAML with ModelDeployments and "
+                                       "InferenceServices.")],
+    namespace: Annotated[str, typer.Option("-n", "--namespace")] = "default",
+) -> None:  # fmt: skip
+    """Print the Kubernetes objects the operator would create, for review and GitOps. A
+    ModelDeployment that does not fit gets none, as in the cluster: exit status 3."""
+    try:
+        documents = _inferfleet_documents(file)
+        deployments = {
+            doc.name: ModelDeployment(
+                metadata={"name": doc.name, "namespace": namespace},
+                spec=_validated(ModelDeploymentSpec, doc, file),
+            )
+            for doc in documents
+            if doc.kind == "ModelDeployment"
+        }
+        objects: list[dict[str, Any]] = []
+        unfit = []
+        for name, md in deployments.items():
+            memory = plan(md.spec).memory
+            if memory.fits:
+                objects += render_model_deployment(md)
+            else:
+                unfit.append(f"ModelDeployment {name} does not fit, nothing rendered for it: "
+                             f"{memory.verdict()}")  # fmt: skip
+        for doc in documents:
+            if doc.kind == "InferenceService":
+                service = InferenceService(
+                    metadata={"name": doc.name, "namespace": namespace},
+                    spec=_validated(InferenceServiceSpec, doc, file),
+                )
+                objects += render_inference_service(service, deployments)
+    except (InvalidInputError, UnsupportedSpecError, MissingReferenceError) as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(EXIT_INVALID) from None
+    typer.echo(yaml.safe_dump_all(objects, sort_keys=False), nl=False)
+    for message in unfit:
+        typer.echo(f"error: {file}: {message}", err=True)
+    if unfit:
+        raise typer.Exit(EXIT_NO_FIT)
