@@ -135,10 +135,18 @@ def test_installed_entry_point_runs() -> None:
 
 
 def test_crds_command_writes_what_is_committed(tmp_path: Path) -> None:
-    result = runner.invoke(app, ["crds", "--dir", str(tmp_path / "out")])
+    result = runner.invoke(
+        app, ["crds", "--dir", str(tmp_path / "out"), "--chart-dir", str(tmp_path / "chart")]
+    )
     assert result.exit_code == 0, result.output
-    for committed in (ROOT / "crds").glob("*.yaml"):
-        assert (tmp_path / "out" / committed.name).read_text() == committed.read_text()
+    for where in ("crds", "charts/inferfleet/crds"):
+        committed = sorted((ROOT / where).glob("*.yaml"))
+        assert [path.name for path in committed] == sorted(
+            path.name for path in (tmp_path / "out").glob("*.yaml")
+        )
+        for path in committed:
+            assert (tmp_path / "out" / path.name).read_text() == path.read_text()
+            assert (tmp_path / "chart" / path.name).read_text() == path.read_text()
 
 
 def test_dev_cluster_refuses_bad_node_pools_before_building_anything(tmp_path: Path) -> None:
