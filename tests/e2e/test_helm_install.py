@@ -166,10 +166,12 @@ def _owned_by_release(install: Install) -> list[str]:
     return sorted(f"{o['kind']}/{o['metadata']['name']}" for o in found)
 
 
-def test_every_rendered_object_passes_server_side_dry_run(install: Install) -> None:
+@pytest.mark.parametrize("scope", ["namespace", "cluster"])
+def test_every_rendered_object_passes_server_side_dry_run(install: Install, scope: str) -> None:
     rendered = install.helm(
-        "template", RELEASE, str(CHART), "--namespace", NAMESPACE, *install.values()
-    ).stdout
+        "template", RELEASE, str(CHART), "--namespace", NAMESPACE, *install.values(),
+        "--set", f"rbac.scope={scope}",
+    ).stdout  # fmt: skip
     # CRDs aside (templates only): the API server validates each against its schema.
     result = install.kubectl.run(
         "apply", "--server-side", "--dry-run=server", "-f", "-",
@@ -177,7 +179,15 @@ def test_every_rendered_object_passes_server_side_dry_run(install: Install) -> N
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     kinds = {line.split("/", 1)[0] for line in result.stdout.splitlines()}
-    for kind in ("deployment.apps", "servicemonitor.monitoring.coreos.com", "configmap"):
+    for kind in (
+        "deployment.apps",
+        "clusterrole.rbac.authorization.k8s.io",
+        "servicemonitor.monitoring.coreos.com",
+        "podmonitor.monitoring.coreos.com",
+        "prometheusrule.monitoring.coreos.com",
+        "configmap",
+        "pod",
+    ):
         assert kind in kinds, result.stdout
 
 
