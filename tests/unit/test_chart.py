@@ -437,7 +437,8 @@ def test_notes_say_what_was_installed_how_to_check_it_and_where_the_images_go() 
             f"skopeo copy oci:STORE/{store}:{__version__} "
             f"docker://registry.example.com/ml/inferfleet/{repository}:{__version__}"
         ) in notes
-    assert "kubectl apply --server-side -f charts/inferfleet/crds/" in notes
+    assert "tools/images/push.sh registry.example.com/ml/inferfleet" in notes
+    assert "kubectl apply --server-side --force-conflicts -f charts/inferfleet/crds/" in notes
     assert "operator.prometheusUrl is empty" in notes
 
 
