@@ -21,7 +21,9 @@ from inferfleet.devcluster.fleet import (
     pod_process,
     readiness_probe,
     readiness_status,
+    restarts_after,
     service_account_kubeconfig,
+    terminated_status,
 )
 from inferfleet.devcluster.oci import (
     Bundle,
@@ -716,3 +718,42 @@ def test_crun_runs_in_a_private_mount_namespace_over_an_overlay() -> None:
     )  # fmt: skip
     plain = crun_argv("crun", Path("/s/crun"), "x", bundle, Path("/c"), hide_unified_cgroup=False)
     assert "umount" not in plain[7]
+
+
+@pytest.mark.parametrize(
+    ("policy", "exit_code", "again"),
+    [
+        ("Always", 0, True),
+        ("Always", 1, True),
+        ("OnFailure", 0, False),
+        ("OnFailure", 3, True),
+        ("Never", 0, False),
+        ("Never", 1, False),
+    ],
+)
+def test_a_container_restarts_as_its_pods_restart_policy_says(
+    policy: str, exit_code: int, again: bool
+) -> None:
+    assert restarts_after(policy, exit_code) is again
+
+
+@pytest.mark.parametrize(
+    ("exit_code", "phase", "reason"), [(0, "Succeeded", "Completed"), (2, "Failed", "Error")]
+)
+def test_a_container_that_exits_for_good_ends_its_pod_by_its_exit_status(
+    exit_code: int, phase: str, reason: str
+) -> None:
+    now = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
+    status = terminated_status("check", exit_code, 0, now)
+    assert status["phase"] == phase
+    assert {c["type"]: c["status"] for c in status["conditions"]} == {
+        "Ready": "False",
+        "ContainersReady": "False",
+    }
+    (container,) = status["containerStatuses"]
+    assert container["name"] == "check"
+    assert container["state"]["terminated"] == {
+        "exitCode": exit_code,
+        "reason": reason,
+        "finishedAt": "2026-11-23T12:00:00Z",
+    }

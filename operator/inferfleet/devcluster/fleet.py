@@ -8,7 +8,9 @@ process of this machine, bound to the pod's IP (a real pod has a network namespa
 here the pod IP replaces the wildcard listen address: `--host <podIP>`), with the container's
 environment resolved as a kubelet resolves it (`value`, `fieldRef`, `$(VAR)` in args). A
 process that dies while its pod exists is restarted with exponential backoff, as a kubelet
-does (from 1 s, doubling to 60 s: quicker than a kubelet's 10 s to 5 min, for a playground).
+does (from 1 s, doubling to 60 s: quicker than a kubelet's 10 s to 5 min, for a playground),
+unless the pod's `restartPolicy` says otherwise (Never, or OnFailure after a success): then its
+pod turns Succeeded or Failed by the exit status, as a `helm test` pod must.
 A pod deleted or no longer Running: SIGTERM to its process group, SIGKILL after the pod's
 termination grace period.
 
@@ -127,6 +129,8 @@ class PodProcess:
     """In the OCI runtime mode: the image it runs from, and how (argv and env are then the
     container's own)."""
     launch: oci.Launch | None = None
+    restart_policy: str = "Always"
+    """The pod's `restartPolicy`: Always, OnFailure or Never (a `helm test` pod's)."""
 
     @property
     def key(self) -> str:
@@ -207,6 +211,7 @@ def pod_process(pod: Mapping[str, Any], executable: str) -> PodProcess | None:
         if kind == Kind.ROUTER
         else None,
         readiness=readiness_probe(container),
+        restart_policy=str(spec.get("restartPolicy") or "Always"),
     )
 
 
@@ -250,6 +255,7 @@ def oci_pod_process(
         argv=argv,
         env=dict(launch.env),
         grace_s=float(DEFAULT_GRACE_S if grace is None else grace),
+        restart_policy=str(spec.get("restartPolicy") or "Always"),
         service_account=str(spec.get("serviceAccountName") or "default"),
         readiness=readiness_probe(container),
         image=image,
@@ -272,6 +278,43 @@ def readiness_status(
     return {
         "conditions": conditions,
         "containerStatuses": [{"name": container, "ready": ready, "restartCount": restarts}],
+    }
+
+
+def restarts_after(restart_policy: str, exit_code: int) -> bool:
+    """Whether a kubelet starts a container again after it exited with `exit_code`."""
+    if restart_policy == "Never":
+        return False
+    return restart_policy != "OnFailure" or exit_code != 0
+
+
+def terminated_status(
+    container: str, exit_code: int, restarts: int, now: datetime
+) -> dict[str, Any]:
+    """The pod status a kubelet writes when its container exits for good (restartPolicy
+    Never, or OnFailure after a success): the pod's phase is the exit's verdict."""
+    stamp = now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    succeeded = exit_code == 0
+    return {
+        "phase": "Succeeded" if succeeded else "Failed",
+        "conditions": [
+            {"type": kind, "status": "False", "reason": "PodCompleted", "lastTransitionTime": stamp}
+            for kind in ("Ready", "ContainersReady")
+        ],
+        "containerStatuses": [
+            {
+                "name": container,
+                "ready": False,
+                "restartCount": restarts,
+                "state": {
+                    "terminated": {
+                        "exitCode": exit_code,
+                        "reason": "Completed" if succeeded else "Error",
+                        "finishedAt": stamp,
+                    }
+                },
+            }
+        ],
     }
 
 
@@ -333,10 +376,12 @@ class PodSupervisor:
         pod: PodProcess,
         context: AgentContext,
         report_ready: Callable[[PodProcess, bool, str, int], None],
+        report_terminated: Callable[[PodProcess, int, int], None],
     ) -> None:
         self.pod = pod
         self.context = context
         self.report_ready = report_ready
+        self.report_terminated = report_terminated
         self.restarts = 0
         self.grace_s = pod.grace_s
         self._stopping = threading.Event()
@@ -508,9 +553,14 @@ class PodSupervisor:
         finally:
             if process.poll() is None:
                 processes.stop([process.pid], grace_s=self.grace_s)
+        if self._stopping.is_set():
+            return
+        if not restarts_after(self.pod.restart_policy, process.returncode):
+            log.info("%s: exited with status %d, for good", self.pod.key, process.returncode)
+            self.report_terminated(self.pod, process.returncode, self.restarts)
+            return
         self.restarts += 1
-        if not self._stopping.is_set():
-            self.report_ready(self.pod, False, "ContainerExited", self.restarts)
+        self.report_ready(self.pod, False, "ContainerExited", self.restarts)
         raise ProcessExitedError(f"exited with status {process.returncode}")
 
     def _probe(self) -> bool:
@@ -581,7 +631,9 @@ class FleetAgent:
                     del self.supervisors[uid]
             for uid, process in wanted.items():
                 if uid not in self.supervisors:
-                    supervisor = PodSupervisor(process, self.context, self._report_ready)
+                    supervisor = PodSupervisor(
+                        process, self.context, self._report_ready, self._report_terminated
+                    )
                     self.supervisors[uid] = supervisor
                     supervisor.start()
 
@@ -594,6 +646,16 @@ class FleetAgent:
             )
         except Exception as error:  # a pod deleted meanwhile: nothing to report
             log.info("%s: readiness not reported: %s", pod.key, error)
+
+    def _report_terminated(self, pod: PodProcess, exit_code: int, restarts: int) -> None:
+        try:
+            self.context.kube.patch_pod_status(
+                pod.name,
+                pod.namespace,
+                terminated_status(pod.container, exit_code, restarts, datetime.now(UTC)),
+            )
+        except Exception as error:  # a pod deleted meanwhile: nothing to report
+            log.info("%s: termination not reported: %s", pod.key, error)
 
     def _sync_once(self) -> None:
         listed: dict[str, Mapping[str, Any]] = {}

@@ -33,9 +33,14 @@ def run(
     discovery everything is rendered with; `autoscaler`: where the metrics are and how often
     each `policy: goodput` service ticks (handlers read both from kopf's memo)."""
     kopf.configure(log_format=kopf.LogFormat.FULL)
+    settings = kopf.OperatorSettings()
+    # Named namespaces are served as named: no listing of every namespace, which a namespaced
+    # install may not do (kopf would retry it, refused, for a minute before serving them).
+    settings.scanning.disabled = bool(namespaces)
     kopf.run(
         clusterwide=not namespaces,
         namespaces=list(namespaces),
+        settings=settings,
         standalone=True,
         liveness_endpoint=liveness_endpoint,
         memo=kopf.Memo(
