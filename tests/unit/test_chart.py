@@ -22,6 +22,7 @@ import yaml
 
 from inferfleet import __version__
 from inferfleet.api.crd import crd_files
+from inferfleet.devcluster.tools import TOOLS_DIR, cached_tool
 from inferfleet.render.rbac import (
     CRD_RULE,
     NAMESPACED_RULES,
@@ -35,7 +36,7 @@ from tests.unit.golden import check_text
 REPO_ROOT: Final = Path(__file__).resolve().parents[2]
 CHART: Final = REPO_ROOT / "charts" / "inferfleet"
 RULES_FILE: Final = CHART / "files" / "operator-rules.yaml"
-HELM_BUILD_SCRIPT: Final = REPO_ROOT / "tools" / "helm" / "build.sh"
+HELM_BUILD_SCRIPT: Final = TOOLS_DIR / "helm" / "build.sh"
 HELM_BIN_VARIABLE: Final = "INFERFLEET_HELM_BIN"
 
 RELEASE: Final = "inferfleet"
@@ -49,15 +50,7 @@ Manifest = dict[str, Any]
 def helm_binary() -> Path:
     """helm from $INFERFLEET_HELM_BIN (a directory), or tools/helm/build.sh's cache (built on
     first use, a few minutes). `make unit` and `make e2e` build it first: never skipped."""
-    configured = os.environ.get(HELM_BIN_VARIABLE)
-    if configured:
-        directory = Path(configured)
-    else:
-        result = subprocess.run(
-            ["bash", str(HELM_BUILD_SCRIPT)], stdout=subprocess.PIPE, text=True, check=False
-        )
-        assert result.returncode == 0, f"{HELM_BUILD_SCRIPT} failed ({result.returncode})"
-        directory = Path(result.stdout.strip().splitlines()[-1])
+    directory = cached_tool(HELM_BIN_VARIABLE, HELM_BUILD_SCRIPT)
     binary = directory / "helm"
     assert binary.is_file(), f"no helm in {directory}: run `make helm`"
     return binary

@@ -36,6 +36,7 @@ from inferfleet.autoscale.metrics import (
     registry_of,
 )
 from inferfleet.devcluster.processes import free_port
+from inferfleet.devcluster.prometheus import ensure_prometheus
 from inferfleet.reconcile.operator import serve_metrics
 from inferfleet.router.metrics import RouterMetrics
 from inferfleet.sim.metrics import EngineMetrics
@@ -54,8 +55,6 @@ DASHBOARDS = ROOT / "charts" / "inferfleet" / "dashboards"
 RULES = ROOT / "charts" / "inferfleet" / "rules" / "inferfleet.rules.yaml"
 RUNBOOKS = RULES.with_name("runbooks.md")
 RULE_TESTS = ROOT / "tests" / "unit" / "rules" / "inferfleet.rules.test.yaml"
-# Fetches Debian's prometheus package once and prints the server's path; promtool is beside it.
-PROMETHEUS_FETCH = ROOT / "tools" / "prometheus" / "fetch.sh"
 GRAFANA_SCHEMA_VERSION = 41
 """Grafana 12's dashboard schema version."""
 
@@ -224,10 +223,8 @@ def tick_record(at_s: float = 1000.0, **changes: Any) -> TickRecord:
 
 @pytest.fixture(scope="module")
 def promtool() -> Path:
-    result = subprocess.run(
-        ["bash", str(PROMETHEUS_FETCH)], stdout=subprocess.PIPE, text=True, check=True
-    )
-    return Path(result.stdout.strip().splitlines()[-1]).with_name("promtool")
+    """From the same unpacked Debian package as the server (tools/prometheus/fetch.sh)."""
+    return ensure_prometheus().with_name("promtool")
 
 
 # The dashboards.

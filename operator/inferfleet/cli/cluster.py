@@ -13,11 +13,10 @@ import typer
 
 from inferfleet.cli.common import EXIT_INVALID, app
 from inferfleet.demo import DemoSettings, run_demo
-from inferfleet.devcluster.binaries import BinariesUnavailableError, ensure_binaries
+from inferfleet.devcluster.binaries import ensure_binaries
 from inferfleet.devcluster.cluster import DevCluster, DevClusterError, Runtime
-from inferfleet.devcluster.images import ImagesUnavailableError
 from inferfleet.devcluster.nodes import NodePool
-from inferfleet.devcluster.prometheus import PrometheusUnavailableError
+from inferfleet.devcluster.tools import ToolUnavailableError
 
 dev_cluster = typer.Typer(
     help="A real Kubernetes control plane on loopback with fake GPU nodes (kwok).",
@@ -91,12 +90,7 @@ def dev_cluster_up(
             cluster.start_fleet(
                 timeout_s=timeout, runtime=runtime, images=images, operator=with_operator
             )
-    except (
-        DevClusterError,
-        BinariesUnavailableError,
-        PrometheusUnavailableError,
-        ImagesUnavailableError,
-    ) as error:
+    except (DevClusterError, ToolUnavailableError) as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(1) from None
     typer.echo(
@@ -151,7 +145,7 @@ def dev_cluster_kubectl(ctx: typer.Context, directory: StateDir = DEFAULT_DEV_CL
     """Run the bundled kubectl against the cluster: inferfleet dev-cluster kubectl get nodes."""
     try:
         bin_dir = ensure_binaries()
-    except BinariesUnavailableError as error:
+    except ToolUnavailableError as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(1) from None
     kubeconfig = DevCluster(directory).kubeconfig_path
@@ -193,7 +187,7 @@ def demo_command(
     directory = state_dir or Path(tempfile.mkdtemp(prefix="inferfleet-demo-"))
     try:
         code = run_demo(settings, directory, typer.echo)
-    except (DevClusterError, BinariesUnavailableError, PrometheusUnavailableError) as error:
+    except (DevClusterError, ToolUnavailableError) as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(1) from None
     raise typer.Exit(code)

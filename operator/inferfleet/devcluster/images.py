@@ -3,39 +3,26 @@ tools/images/build.sh (cached outside the work tree by version) into a store of 
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 
+from inferfleet.devcluster.tools import TOOLS_DIR, ToolUnavailableError, cached_tool
+
 IMAGES_VARIABLE = "INFERFLEET_IMAGES_DIR"
-BUILD_SCRIPT = Path(__file__).resolve().parents[3] / "tools" / "images" / "build.sh"
+BUILD_SCRIPT = TOOLS_DIR / "images" / "build.sh"
 IMAGES = ("operator", "router", "sim-engine")
 
 
-class ImagesUnavailableError(RuntimeError):
+class ImagesUnavailableError(ToolUnavailableError):
     pass
 
 
 def ensure_images() -> Path:
     """The image store: $INFERFLEET_IMAGES_DIR, or the build script's cache (building on
     first use, which takes minutes; progress goes to stderr)."""
-    configured = os.environ.get(IMAGES_VARIABLE)
-    if configured:
-        directory = Path(configured)
-    elif BUILD_SCRIPT.exists():
-        result = subprocess.run(
-            ["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, text=True, check=False
-        )
-        if result.returncode != 0 or not result.stdout.strip():
-            raise ImagesUnavailableError(
-                f"{BUILD_SCRIPT} failed with exit status {result.returncode}"
-            )
-        directory = Path(result.stdout.strip().splitlines()[-1])
-    else:
-        raise ImagesUnavailableError(
-            f"no images: set {IMAGES_VARIABLE} to a directory of OCI layouts, or run from a "
-            "checkout that has tools/images/build.sh"
-        )
+    try:
+        directory = cached_tool(IMAGES_VARIABLE, BUILD_SCRIPT)
+    except ToolUnavailableError as error:
+        raise ImagesUnavailableError(f"no images (a directory of OCI layouts): {error}") from None
     missing = [name for name in IMAGES if not (directory / name / "index.json").is_file()]
     if missing:
         raise ImagesUnavailableError(f"{directory} lacks the OCI layouts {', '.join(missing)}")

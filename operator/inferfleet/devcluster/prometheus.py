@@ -6,8 +6,6 @@ Go module by tools/prometheus/build-kubernetes-sd.sh."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,9 +17,10 @@ from prometheus_api_client import PrometheusConnect
 
 from inferfleet.devcluster import processes
 from inferfleet.devcluster.processes import ProcessSpec
+from inferfleet.devcluster.tools import TOOLS_DIR, ToolUnavailableError, cached_tool
 
 BINARY_VARIABLE = "INFERFLEET_PROMETHEUS"
-FETCH_SCRIPT = Path(__file__).resolve().parents[3] / "tools" / "prometheus" / "fetch.sh"
+FETCH_SCRIPT = TOOLS_DIR / "prometheus" / "fetch.sh"
 # Debian's package lacks Kubernetes service discovery: the local fleet's Prometheus is built
 # from the published Go module with it.
 KUBERNETES_SD_VARIABLE = "INFERFLEET_PROMETHEUS_KUBERNETES_SD"
@@ -29,7 +28,7 @@ KUBERNETES_SD_BUILD_SCRIPT = FETCH_SCRIPT.with_name("build-kubernetes-sd.sh")
 _READY_TIMEOUT_S = 30.0
 
 
-class PrometheusUnavailableError(RuntimeError):
+class PrometheusUnavailableError(ToolUnavailableError):
     pass
 
 
@@ -42,23 +41,10 @@ def ensure_prometheus(*, kubernetes_sd: bool = False) -> Path:
         if kubernetes_sd
         else (BINARY_VARIABLE, FETCH_SCRIPT)
     )
-    configured = os.environ.get(variable)
-    if configured:
-        binary = Path(configured)
-    elif script.exists():
-        result = subprocess.run(
-            ["bash", str(script)], stdout=subprocess.PIPE, text=True, check=False
-        )
-        if result.returncode != 0:
-            raise PrometheusUnavailableError(
-                f"{script} failed with exit status {result.returncode}"
-            )
-        binary = Path(result.stdout.strip().splitlines()[-1])
-    else:
-        raise PrometheusUnavailableError(
-            f"no Prometheus: set {variable}, or run from a checkout that has "
-            f"tools/prometheus/{script.name}"
-        )
+    try:
+        binary = cached_tool(variable, script)
+    except ToolUnavailableError as error:
+        raise PrometheusUnavailableError(f"no Prometheus: {error}") from None
     if not binary.is_file():
         raise PrometheusUnavailableError(f"{binary} is not a file")
     return binary
