@@ -177,41 +177,49 @@ def pod_is_running(pod: Mapping[str, Any]) -> bool:
     return not deleting and status.get("phase") == "Running" and bool(status.get("podIP"))
 
 
+def _first_container(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The container to run, if the pod is Running with an address and has one."""
+    containers = (pod.get("spec") or {}).get("containers") or []
+    return containers[0] if pod_is_running(pod) and containers else None
+
+
+def _pod_fields(pod: Mapping[str, Any], container: Mapping[str, Any]) -> dict[str, Any]:
+    """What a pod's process takes from the pod and its container, whatever runs it."""
+    metadata, spec = pod["metadata"], pod.get("spec") or {}
+    grace = spec.get("terminationGracePeriodSeconds")
+    return {
+        "uid": str(metadata.get("uid", "")),
+        "namespace": str(metadata.get("namespace", "")),
+        "name": str(metadata["name"]),
+        "container": str(container.get("name", "")),
+        "ip": str(pod["status"]["podIP"]),
+        "grace_s": float(DEFAULT_GRACE_S if grace is None else grace),
+        "readiness": readiness_probe(container),
+        "restart_policy": str(spec.get("restartPolicy") or "Always"),
+    }
+
+
 def pod_process(pod: Mapping[str, Any], executable: str) -> PodProcess | None:
     """The process to run for a pod: None unless it is Running with an address and its
     first container runs `inferfleet sim-engine` or `inferfleet router`. `executable`
     replaces the image's `inferfleet`."""
-    if not pod_is_running(pod):
+    container = _first_container(pod)
+    if container is None:
         return None
-    spec = pod.get("spec") or {}
-    containers = spec.get("containers") or []
-    if not containers:
-        return None
-    container = containers[0]
     command = list(container.get("command") or [])
     if len(command) != 2 or Path(command[0]).name != "inferfleet" or command[1] not in SUBCOMMANDS:
         return None
-    metadata = pod["metadata"]
-    ip = str(pod["status"]["podIP"])
+    fields = _pod_fields(pod, container)
     env = container_env(pod, container)
     args = [expand_references(str(arg), env) for arg in container.get("args") or []]
     kind = Kind(command[1])
-    grace = spec.get("terminationGracePeriodSeconds")
+    account = (pod.get("spec") or {}).get("serviceAccountName") or "default"
     return PodProcess(
-        uid=str(metadata.get("uid", "")),
-        namespace=str(metadata.get("namespace", "")),
-        name=str(metadata["name"]),
-        container=str(container.get("name", "")),
+        **fields,
         kind=kind,
-        ip=ip,
-        argv=(executable, kind.value, *listen_on(args, ip)),
+        argv=(executable, kind.value, *listen_on(args, fields["ip"])),
         env=env,
-        grace_s=float(DEFAULT_GRACE_S if grace is None else grace),
-        service_account=str(spec.get("serviceAccountName") or "default")
-        if kind == Kind.ROUTER
-        else None,
-        readiness=readiness_probe(container),
-        restart_policy=str(spec.get("restartPolicy") or "Always"),
+        service_account=str(account) if kind == Kind.ROUTER else None,
     )
 
 
@@ -225,13 +233,9 @@ def oci_pod_process(
     sim engine's `inferfleet` listens on the pod's IP, as in the venv mode; any other command
     (the operator's `inferfleet run`) runs as the pod says. Raises `oci.ImageError` (a
     `ValueError`) for a pod that cannot run as it is."""
-    if not pod_is_running(pod):
+    container = _first_container(pod)
+    if container is None:
         return None
-    spec = pod.get("spec") or {}
-    containers = spec.get("containers") or []
-    if not containers:
-        return None
-    container = containers[0]
     image = find_image(str(container.get("image") or ""))
     if image is None:
         return None
@@ -243,21 +247,12 @@ def oci_pod_process(
         kind = Kind(argv[1])
         argv = (*argv[:2], *listen_on(argv[2:], ip))
         launch = dataclasses.replace(launch, argv=argv)
-    metadata = pod["metadata"]
-    grace = spec.get("terminationGracePeriodSeconds")
     return PodProcess(
-        uid=str(metadata.get("uid", "")),
-        namespace=str(metadata.get("namespace", "")),
-        name=str(metadata["name"]),
-        container=str(container.get("name", "")),
+        **_pod_fields(pod, container),
         kind=kind,
-        ip=ip,
         argv=argv,
         env=dict(launch.env),
-        grace_s=float(DEFAULT_GRACE_S if grace is None else grace),
-        restart_policy=str(spec.get("restartPolicy") or "Always"),
-        service_account=str(spec.get("serviceAccountName") or "default"),
-        readiness=readiness_probe(container),
+        service_account=str((pod.get("spec") or {}).get("serviceAccountName") or "default"),
         image=image,
         launch=launch,
     )
