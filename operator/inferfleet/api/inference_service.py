@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field
 
 from inferfleet.api.common import Condition, CrossFieldRule, StatusModel, WireModel
-from inferfleet.api.model_deployment import MODEL_NAME_PATTERN, Role
+from inferfleet.api.model_deployment import MAX_REPLICAS, MODEL_NAME_PATTERN, Role
 
 KIND = "InferenceService"
 PLURAL = "inferenceservices"
@@ -73,9 +73,11 @@ class LoadSpec(WireModel):
 
 class ReplicaBounds(WireModel):
     min_replicas: int = Field(
-        default=1, ge=1, le=1000, description="Fewest replicas of the role (never zero)."
+        default=1, ge=1, le=MAX_REPLICAS, description="Fewest replicas of the role (never zero)."
     )
-    max_replicas: int = Field(default=10, ge=1, le=1000, description="Most replicas of the role.")
+    max_replicas: int = Field(
+        default=10, ge=1, le=MAX_REPLICAS, description="Most replicas of the role."
+    )
 
 
 BOUNDS_RULES: tuple[CrossFieldRule[ReplicaBounds], ...] = (

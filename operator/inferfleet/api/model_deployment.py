@@ -30,6 +30,10 @@ DEFAULT_MAX_SEQUENCES = 256
 DEFAULT_MAX_BATCHED_TOKENS = 8192
 DEFAULT_MEMORY_UTILIZATION = 0.9
 
+# Most replicas of one role, wherever a count is given (spec, autoscaler bounds, pins): far
+# above any fleet we plan for, and far inside a Deployment's int32 spec.replicas.
+MAX_REPLICAS = 1000
+
 
 class EngineName(StrEnum):
     VLLM = "vllm"
@@ -309,7 +313,7 @@ class PrefillPoolSpec(WireModel):
     replicas: int = Field(
         default=1,
         ge=0,
-        le=1000,
+        le=MAX_REPLICAS,
         description="Prefill replicas. The autoscaler and pins override this in the workloads, "
         "never here.",
     )
@@ -402,7 +406,7 @@ class ModelDeploymentSpec(WireModel):
     replicas: int = Field(
         default=1,
         ge=0,
-        le=1000,
+        le=MAX_REPLICAS,
         description="Serving replicas: aggregated engines, or the decode pool when "
         "disaggregated. The scale subresource (kubectl scale) sets it.",
     )

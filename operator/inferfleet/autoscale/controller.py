@@ -149,7 +149,9 @@ def current_replicas(md: ModelDeployment) -> dict[Role, int]:
 
 def _pins(md: ModelDeployment, now: datetime) -> dict[Role, int]:
     annotations = md.metadata.get("annotations")
-    pin, _problem = read_pin(annotations if isinstance(annotations, dict) else {})
+    pin, _problem = read_pin(
+        annotations if isinstance(annotations, dict) else {}, roles=roles_of(md.spec), now=now
+    )
     if pin is None or not pin.active(now):
         return {}
     return dict(pin.replicas)

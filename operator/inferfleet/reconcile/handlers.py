@@ -157,16 +157,19 @@ def _autoscaled(md: ModelDeployment) -> dict[Role, int] | None:
 def _desired(md: ModelDeployment, install: InstallSettings) -> _Desired:
     """The objects to apply, or why none may be: a spec that does not fit asks for no GPU."""
     annotations = md.metadata.get("annotations") or {}
-    pin, pin_problem = read_pin(annotations if isinstance(annotations, dict) else {})
-    if pin is not None and not pin.active(_now()):
+    roles = set(roles_of(md.spec))
+    now = _now()
+    pin, pin_problem = read_pin(
+        annotations if isinstance(annotations, dict) else {}, roles=roles, now=now
+    )
+    if pin is not None and not pin.active(now):
         pin = None
     capacity = plan(md.spec)
     if not capacity.memory.fits:
         verdict = f"not applied: {capacity.memory.verdict()}"
         return _Desired(capacity, [], verdict, pin, pin_problem)
-    roles = set(roles_of(md.spec))
     overrides = {r: n for r, n in (_autoscaled(md) or {}).items() if r in roles}
-    overrides |= {r: n for r, n in pin.replicas.items() if r in roles} if pin else {}
+    overrides |= pin.replicas if pin else {}  # read_pin took only `roles`
     try:
         objects = render_model_deployment(md, replicas=overrides or None, options=install.engines)
     except UnsupportedSpecError as error:
@@ -348,12 +351,17 @@ def pin_in_force(
     """A pin that expires changes nothing in the object: notice it and reconcile once. Also a
     pin that is in force but not yet applied, however its annotation's change was missed: the
     SRE's override must not wait for the next change of the object."""
-    pin, _problem = read_pin(body.metadata.annotations)
+    try:
+        md = ModelDeployment.model_validate(dict(body))
+    except ValidationError:
+        return  # the reconcile reports the spec; a pin on it has nothing to apply to
+    now = _now()
+    pin, _problem = read_pin(body.metadata.annotations, roles=roles_of(md.spec), now=now)
     roles = status.get("roles") or []
     applied = {role.get("role") for role in roles if role.get("pinned")}
     in_force = (
         {r.value for r in pin.replicas} & {role.get("role") for role in roles}
-        if pin is not None and pin.active(_now())
+        if pin is not None and pin.active(now)
         else set()
     )
     if applied != in_force:

@@ -5,26 +5,41 @@ the spec (owned by Git) stays untouched:
       "reason": "INC-1234 launch traffic", "until": "2026-11-22T06:00:00Z"}'
 
 The operator honours a valid, unexpired pin over the spec and any autoscaler, says so in status
-and Events, and returns to the spec when it expires. A malformed pin is ignored with a warning.
+and Events, and returns to the spec when it expires. A pin that breaks any rule is ignored as a
+whole (never applied in part), with the field, the value and the rule in the warning.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from datetime import datetime
+import json
+from collections.abc import Collection, Mapping
+from datetime import datetime, timedelta
+from typing import Annotated, Any
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, Strict, ValidationError
 
-from inferfleet.api.model_deployment import Role
+from inferfleet.api.model_deployment import MAX_REPLICAS, Role
 
 PIN_ANNOTATION = "inferfleet.io/pin"
 
+# A pin is an incident's override of Git and of the autoscaler. A week spans a weekend and an
+# on-call handover; a hold longer than that belongs in the spec, where it is reviewed, rather
+# than in an annotation that is easily forgotten.
+MAX_PIN_DURATION = timedelta(days=7)
+
+# The longest value quoted back in a refusal (an Event message must stay readable).
+_QUOTED_CHARS = 80
+
+ReplicaCount = Annotated[int, Field(ge=0, le=MAX_REPLICAS)]
+
 
 class Pin(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Strict, as the API's own types are: `true`, `"4"` and `4.0` are not replica counts.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    replicas: dict[Role, int] = Field(min_length=1)
-    reason: str = Field(min_length=1, max_length=1024)
+    # Role names arrive as JSON strings: the enum opts out of strictness to accept them.
+    replicas: dict[Annotated[Role, Strict(False)], ReplicaCount] = Field(min_length=1)
+    reason: str = Field(min_length=1, max_length=1024, pattern=r"\S")
     until: AwareDatetime
 
     def active(self, now: datetime) -> bool:
@@ -35,18 +50,47 @@ class Pin(BaseModel):
         return f"pinned {counts} until {self.until.isoformat()}: {self.reason}"
 
 
-def read_pin(annotations: Mapping[str, str]) -> tuple[Pin | None, str | None]:
-    """The pin in the annotations (None when absent), or why it is ignored."""
+def _quoted(value: Any) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= _QUOTED_CHARS else text[: _QUOTED_CHARS - 3] + "..."
+
+
+def _problems(error: ValidationError) -> str:
+    described = []
+    for problem in error.errors():
+        # A refused role name is reported at its place, replicas.<name>, not pydantic's [key].
+        field = ".".join(str(part) for part in problem["loc"] if part != "[key]") or "pin"
+        got = "" if problem["type"] == "missing" else f" (got {_quoted(problem['input'])})"
+        described.append(f"{field}: {problem['msg']}{got}")
+    return "; ".join(described)
+
+
+def read_pin(
+    annotations: Mapping[str, str], *, roles: Collection[Role], now: datetime
+) -> tuple[Pin | None, str | None]:
+    """The pin in the annotations (None when absent), or why it is ignored. `roles` are the
+    deployment's own: a pin may name no other. An expired pin is returned (it is simply not
+    active); one that would last past `now` + MAX_PIN_DURATION is refused."""
     text = annotations.get(PIN_ANNOTATION)
     if text is None:
         return None, None
     try:
         pin = Pin.model_validate_json(text)
     except ValidationError as error:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'pin'}: {e['msg']}" for e in error.errors()
+        return None, f"{PIN_ANNOTATION} ignored: {_problems(error)}"
+    foreign = sorted(set(pin.replicas) - set(roles))
+    if foreign:
+        names = ", ".join(role.value for role in foreign)
+        has = ", ".join(sorted(role.value for role in roles)) or "none"
+        return None, (
+            f"{PIN_ANNOTATION} ignored: replicas: a pin may only name the deployment's roles "
+            f"({has}) (got {names})"
         )
-        return None, f"{PIN_ANNOTATION} ignored: {problems}"
-    if any(count < 0 for count in pin.replicas.values()):
-        return None, f"{PIN_ANNOTATION} ignored: replica counts cannot be negative"
+    latest = now + MAX_PIN_DURATION
+    if pin.until > latest:
+        return None, (
+            f"{PIN_ANNOTATION} ignored: until: a pin may last at most {MAX_PIN_DURATION.days} "
+            f"days, to {latest.isoformat(timespec='seconds')} at the latest "
+            f"(got {pin.until.isoformat()})"
+        )
     return pin, None
