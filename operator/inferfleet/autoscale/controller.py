@@ -11,7 +11,8 @@ One tick (`tick`), per ModelDeployment the service routes to:
    reconciler applies them to the workloads it owns (server-side apply, one field manager for
    every replica count it writes, so pins, the spec and the autoscaler never fight).
 
-Prometheus unreachable or its samples stale: the policy holds the last decision (never zero)
+Prometheus unreachable, its answer malformed (an error, a matrix, a value that is not a
+number) or its samples stale: the policy holds the last decision (never zero)
 and `MetricsAvailable` turns False with the reason; it turns True again when fresh samples
 come back.
 
@@ -40,6 +41,8 @@ from inferfleet.autoscale.metrics import OperatorMetrics, RoleRecord, TickRecord
 from inferfleet.autoscale.policy import Decision, PolicyHistory, Reason, decide, policy_spec
 from inferfleet.autoscale.queries import (
     DeploymentUsage,
+    MalformedAnswerError,
+    instant_value,
     observe,
     role_queries,
     service_queries,
@@ -68,7 +71,18 @@ class AutoscalerSettings:
 
 
 class MetricsUnavailableError(RuntimeError):
-    """Prometheus could not answer; the message says why."""
+    """Prometheus could not answer, or answered what the snapshot cannot be read from; the
+    message says why and `reason` names the kind (the MetricsAvailable condition's reason)."""
+
+    def __init__(self, message: str, reason: str = "PrometheusUnavailable") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+# MetricsAvailable reasons besides PrometheusUnavailable: an error status (a query Prometheus
+# refused or could not run), and an answer the snapshot cannot be read from.
+QUERY_FAILED = "PrometheusQueryFailed"
+MALFORMED_ANSWER = "PrometheusAnswerMalformed"
 
 
 class MetricsSource(Protocol):
@@ -97,14 +111,26 @@ class PrometheusSource:
                 )
             try:
                 result = self.client.custom_query(query=query, timeout=left)
-            except (requests.RequestException, PrometheusApiClientException) as error:
+            # A body that is not JSON, or JSON without `data.result` (an error answered with
+            # 200, say): the client indexes the body without checking it.
+            except (requests.JSONDecodeError, KeyError, TypeError) as error:
+                raise MetricsUnavailableError(
+                    f"{name}: Prometheus answered without a query result "
+                    f"({type(error).__name__}: {error})",
+                    MALFORMED_ANSWER,
+                ) from error
+            except PrometheusApiClientException as error:  # any HTTP status but 200
+                raise MetricsUnavailableError(
+                    f"{name}: Prometheus answered with an error: {error}", QUERY_FAILED
+                ) from error
+            except requests.RequestException as error:
                 raise MetricsUnavailableError(f"Prometheus did not answer: {error}") from error
-            if not result:
-                found[name] = None
-            elif len(result) > 1:
-                raise MetricsUnavailableError(f"{name}: {len(result)} series for {query}")
-            else:
-                found[name] = float(result[0]["value"][1])
+            try:
+                found[name] = instant_value(name, result)
+            except MalformedAnswerError as error:
+                raise MetricsUnavailableError(
+                    f"{error} (query: {query})", MALFORMED_ANSWER
+                ) from error
         return found
 
 
@@ -198,7 +224,7 @@ def tick(
         try:
             service_answers = source.answers(service_queries(name, namespace, settings.window_s))
         except MetricsUnavailableError as error:
-            snapshot_problem = ("PrometheusUnavailable", str(error))
+            snapshot_problem = (error.reason, str(error))
 
     weights = {ref.name: ref.weight for ref in service.spec.deployments}
     total_weight = sum(w for n, w in weights.items() if n in deployments) or 1
@@ -223,7 +249,7 @@ def tick(
                     for role in spec.role_names
                 }
             except MetricsUnavailableError as error:
-                snapshot_problem = ("PrometheusUnavailable", str(error))
+                snapshot_problem = (error.reason, str(error))
             else:
                 snapshot = snapshot_from_answers(
                     service_answers, role_answers, taken_at_s=now_s, window_s=settings.window_s

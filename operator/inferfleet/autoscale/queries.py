@@ -2,6 +2,9 @@
 live performance. Pure: the controller runs the queries, this module fills in their blanks and
 reads their answers.
 
+`instant_value` is where a Prometheus answer is read: anything but one finite sample of an
+instant vector (or none) is refused with `MalformedAnswerError`, which says what was wrong.
+
 The queries are the ones `autoscale.snapshot` documents field by field; `render` substitutes a
 service, its namespace, one ModelDeployment, a role and the rate window.
 """
@@ -12,6 +15,8 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from inferfleet.api.model_deployment import Role
 from inferfleet.autoscale.snapshot import (
@@ -24,6 +29,7 @@ from inferfleet.autoscale.snapshot import (
 )
 from inferfleet.planning.memory import weight_bytes_per_gpu
 from inferfleet.planning.replica import ReplicaConfig
+from inferfleet.render.common import label_value
 
 STALENESS = "newest_sample_age_s"
 
@@ -52,7 +58,9 @@ def render(
         "$S": _quoted(service),
         # A regex inside a PromQL string: regex-escaped first, then string-escaped (`\.` is
         # written `\\.`; a bare `\-` is a PromQL parse error).
-        "$MD": _quoted(re.escape(deployment)),
+        # Engines are selected by the pod label the renderer puts on them, which is the name
+        # itself only up to 63 characters (longer names are truncated with a digest).
+        "$MD": _quoted(re.escape(label_value(deployment))),
         "$R": "" if role is None else role.value,
         "$w": _window(window_s),
     }
@@ -85,6 +93,64 @@ def role_queries(namespace: str, deployment: str, role: Role, window_s: float) -
         )
         for name, query in ROLE_QUERIES.items()
     }
+
+
+# Ratios and quantiles: Prometheus answers NaN for 0/0 (no request completed) and +Inf for a
+# quantile past the last bucket. Every other field is a sum, count, mean or age, which a
+# healthy Prometheus answers with a finite number.
+MAY_BE_UNDEFINED: frozenset[str] = frozenset(
+    {
+        "attainment",
+        "ttft_p95_s",
+        "tpot_p95_s",
+        "ttft_p99_s",
+        "tpot_p99_s",
+        "mean_prompt_tokens",
+        "mean_output_tokens",
+    }
+)
+
+
+class MalformedAnswerError(ValueError):
+    """A Prometheus answer the snapshot cannot be read from; the message says what was wrong."""
+
+
+class _Sample(BaseModel):
+    """One series of an instant vector: `{"metric": {...}, "value": [time, "value"]}`."""
+
+    model_config = ConfigDict(extra="ignore")
+    metric: dict[str, str]
+    value: tuple[float, str]
+
+
+_INSTANT_VECTOR: TypeAdapter[list[_Sample]] = TypeAdapter(list[_Sample])
+
+
+def instant_value(field: str, result: object) -> float | None:
+    """The single value of `result` (an instant query's `data.result`) for `field`; None when
+    it holds no series. Raises MalformedAnswerError for anything else: not an instant vector
+    (a matrix, a scalar, missing keys), more than one series, a value that is not a number, or
+    NaN/Inf for a field that needs a number."""
+    try:
+        samples = _INSTANT_VECTOR.validate_python(result)
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in e['loc']) or 'result'}: {e['msg']}"
+            for e in error.errors()[:3]
+        )
+        raise MalformedAnswerError(f"{field}: not an instant vector ({problems})") from None
+    if not samples:
+        return None
+    if len(samples) > 1:
+        raise MalformedAnswerError(f"{field}: {len(samples)} series where one was expected")
+    text = samples[0].value[1]
+    try:
+        value = float(text)
+    except ValueError:
+        raise MalformedAnswerError(f"{field}: value {text[:40]!r} is not a number") from None
+    if not math.isfinite(value) and field not in MAY_BE_UNDEFINED:
+        raise MalformedAnswerError(f"{field}: value {text!r} where a finite number is needed")
+    return value
 
 
 def _finite(value: float | None) -> float | None:
