@@ -26,6 +26,7 @@ from inferfleet.devcluster.nodes import NodePool
 from inferfleet.devcluster.processes import wait_until
 from inferfleet.render.rbac import DEFAULT_NAMESPACE as OPERATOR_NAMESPACE
 from tests.e2e.conftest import Kubectl
+from tests.e2e.test_local_fleet import stream_completion
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "llama-3.1-8b-aggregated-sim.yaml"
 NAMESPACE = "images"
@@ -164,15 +165,7 @@ def test_the_operator_router_and_engine_run_from_their_images_and_serve(fleet: F
         assert wait_until(lambda ip=ip: _healthy(ip), 60, 0.5), fleet.diagnostics()  # type: ignore[misc]
 
     # A request served through a router, by the engine behind it.
-    body = {"model": MODEL, "prompt": "hello " * 50, "max_tokens": 16, "stream": True}
-    pieces = []
-    with httpx.stream(
-        "POST", f"http://{router_ips[0]}:{PORT}/v1/completions", json=body, timeout=30.0
-    ) as answer:
-        assert answer.status_code == 200, answer.read()
-        for line in answer.iter_lines():
-            if line.startswith("data: ") and line != "data: [DONE]":
-                pieces.append(json.loads(line[len("data: ") :])["choices"][0]["text"])
+    pieces = stream_completion(router_ips[0])
     assert len(pieces) >= 8, pieces
 
     # Each is a container of crun, isolated but on the host's network (its pod IP).

@@ -117,7 +117,7 @@ def _ready_condition(pod: dict[str, Any]) -> str | None:
     return None
 
 
-def _stream_completion(router_ip: str) -> list[str]:
+def stream_completion(router_ip: str) -> list[str]:
     """The text pieces of a streamed completion through a router."""
     pieces = []
     body = {"model": MODEL, "prompt": "hello " * 50, "max_tokens": 16, "stream": True}
@@ -178,7 +178,7 @@ def test_pods_run_as_processes_and_the_routers_follow_scaling(fleet: Fleet) -> N
     router = fleet.pods(ROUTERS)[0]
     assert "--discovery" in router["spec"]["containers"][0]["args"]
 
-    pieces = _stream_completion(router_ips[0])
+    pieces = stream_completion(router_ips[0])
     assert len(pieces) >= 8, pieces
 
     # kubectl scale: a second engine pod, a second process, both routers route to both.
@@ -219,7 +219,7 @@ def test_prometheus_scrapes_engines_and_routers_with_their_pod_labels(fleet: Fle
     # A request, so that the router's per-outcome counters exist.
     ip = fleet.running_ips(ROUTERS)[0]
     assert wait_until(lambda: _healthy(ip), 30, 0.5), fleet.diagnostics()
-    _stream_completion(ip)
+    stream_completion(ip)
 
     def engine_series() -> list[dict[str, Any]]:
         return prometheus.query(f'vllm:num_requests_running{{namespace="{NAMESPACE}"}}')
