@@ -1,0 +1,74 @@
+"""The goodput autoscaling policy: (spec, metrics snapshot, current replicas, history) ->
+(replicas per role, reason, new history). Pure: no I/O and no clock; time comes from the
+snapshot, so the live controller and the fleet simulator drive the same function.
+
+One tick, in order:
+
+1. Demand. Requests/s arriving (router completions, plus the growth of the requests in flight,
+   plus the engines' queues drained over a cold start), and the prompt/output mix (router means,
+   else engine token rates, else the expected load). A least-squares trend over recent ticks
+   projects the demand to now + cold start, since a replica ordered now serves only then.
+2. Feed-forward. Each pool is sized with the planner (`inferfleet.planning.load`) for that
+   demand: the prefill pool on TTFT (prefill service, queueing, KV transfer), the decode pool on
+   TPOT, its batch limit and its KV cache, an aggregated pool on both. Measured concurrency and
+   KV-cache usage give floors of their own (the decode pool must hold the sequences running
+   now). As the mix shifts, each pool follows its own half of the work: prefill:decode rebalances.
+3. Calibration and feedback. The planner plans against (target - weight x offset) /
+   tightening. The offset is measured latency minus predicted latency at the replicas that
+   served it (what the model misses for this workload; additive, so a fixed overhead the
+   planner leaves out does not make more replicas look useful). The tightening is learned from
+   attainment: a miss tightens the latency that missed (TTFT -> prefill or aggregated, TPOT ->
+   decode or aggregated), with at least one replica more for the roles it concerns, once per
+   cold start and only while the last lesson helped; it relaxes slowly while the target is met,
+   and the count that answered the miss holds while the load that missed does
+   (`miss_memory_s`), so attainment at the edge of its target does not cycle.
+4. Scale-down stabilisation, as the HPA does: a role shrinks only to the highest recommendation
+   of the last `scale_down_stabilization_s`, and only to a count that holds `scale_down_margin`
+   more load (hysteresis), so steady load never oscillates. Calibration and tightening together
+   never ask for more than `max_calibrated_growth` times the planner's own count.
+5. Constraints, in one place: bounds, pins (the pinned count wins), GPU budget (given first to
+   roles whose SLO is missed), never below one replica.
+
+Stale or missing metrics hold the last decision.
+"""
+
+from inferfleet.autoscale.policy.decision import Decision, decide
+from inferfleet.autoscale.policy.explanation import RoleEstimate
+from inferfleet.autoscale.policy.history import (
+    DemandSample,
+    LastDecision,
+    LatencyFactors,
+    LatencyOffsets,
+    MissFloor,
+    PolicyHistory,
+    Recommendation,
+)
+from inferfleet.autoscale.policy.learning import planning_slo
+from inferfleet.autoscale.policy.spec import (
+    DECODING_ROLES,
+    PREFILLING_ROLES,
+    PolicySpec,
+    Reason,
+    RolePolicy,
+    policy_spec,
+)
+
+__all__ = [
+    "DECODING_ROLES",
+    "PREFILLING_ROLES",
+    "Decision",
+    "DemandSample",
+    "LastDecision",
+    "LatencyFactors",
+    "LatencyOffsets",
+    "MissFloor",
+    "PolicyHistory",
+    "PolicySpec",
+    "Reason",
+    "Recommendation",
+    "RoleEstimate",
+    "RolePolicy",
+    "decide",
+    "planning_slo",
+    "policy_spec",
+]

@@ -1,0 +1,92 @@
+"""Step 4 and 5 of a tick: scale-down stabilisation, and every constraint in one place
+(bounds, pins, the GPU budget, at least one replica)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from inferfleet.api.model_deployment import Role
+from inferfleet.autoscale.policy.history import Recommendation
+from inferfleet.autoscale.policy.spec import ROLE_ORDER, PolicySpec
+
+
+def stabilised(
+    spec: PolicySpec,
+    role: Role,
+    recommended: int,
+    current: int,
+    window: Iterable[Recommendation],
+) -> int:
+    """A role shrinks only to the highest recommendation within the stabilisation window."""
+    if recommended >= current:
+        return recommended
+    highest = max((r.replicas.get(role, recommended) for r in window), default=recommended)
+    return min(current, max(recommended, highest))
+
+
+@dataclass(frozen=True)
+class Constrained:
+    replicas: dict[Role, int]
+    pinned: frozenset[Role]
+    """Pinned roles whose pin overrode the recommendation."""
+    budget_cut: frozenset[Role]
+    max_cut: frozenset[Role]
+
+
+def constrain(
+    spec: PolicySpec,
+    wanted: Mapping[Role, int],
+    pins: Mapping[Role, int],
+    priority: frozenset[Role],
+) -> Constrained:
+    """Every constraint, in one place: bounds, pins, the GPU budget, at least one replica."""
+    replicas: dict[Role, int] = {}
+    max_cut: set[Role] = set()
+    pinned: set[Role] = set()
+    for policy in spec.roles:
+        role = policy.role
+        want = wanted.get(role, policy.min_replicas)
+        if role in pins:
+            replicas[role] = pins[role]
+            if pins[role] != max(1, min(want, policy.max_replicas)):
+                pinned.add(role)
+            continue
+        if want > policy.max_replicas:
+            max_cut.add(role)
+        replicas[role] = max(1, policy.min_replicas, min(want, policy.max_replicas))
+
+    budget_cut: set[Role] = set()
+    if spec.gpu_budget is not None:
+        budget_cut = _fit_budget(spec, replicas, pins, priority)
+    return Constrained(replicas, frozenset(pinned), frozenset(budget_cut), frozenset(max_cut))
+
+
+def _fit_budget(
+    spec: PolicySpec, replicas: dict[Role, int], pins: Mapping[Role, int], priority: frozenset[Role]
+) -> set[Role]:
+    """Cut unpinned roles to the budget, in place: each keeps its minReplicas (one replica when
+    even those exceed the budget), then the roles whose SLO is missed are filled first, the rest
+    after, evenly by the share of their want."""
+    assert spec.gpu_budget is not None
+    gpus = {p.role: p.gpus_per_replica for p in spec.roles}
+    if sum(replicas[r] * gpus[r] for r in replicas) <= spec.gpu_budget:
+        return set()
+    wanted = dict(replicas)
+    free = [r for r in spec.role_names if r not in pins]
+    pinned_gpus = sum(replicas[r] * gpus[r] for r in replicas if r in pins)
+    # minReplicas holds while the budget has room for it; one replica per role always does.
+    minimums = {r: spec.role(r).min_replicas for r in free}
+    fits_minimums = pinned_gpus + sum(minimums[r] * gpus[r] for r in free) <= spec.gpu_budget
+    for role in free:
+        replicas[role] = min(wanted[role], minimums[role]) if fits_minimums else 1
+    left = spec.gpu_budget - sum(replicas[r] * gpus[r] for r in replicas)
+    for tier in ([r for r in free if r in priority], [r for r in free if r not in priority]):
+        while True:
+            growable = [r for r in tier if replicas[r] < wanted[r] and gpus[r] <= left]
+            if not growable:
+                break
+            role = min(growable, key=lambda r: (replicas[r] / wanted[r], ROLE_ORDER.index(r)))
+            replicas[role] += 1
+            left -= gpus[role]
+    return {r for r in free if replicas[r] < wanted[r]}

@@ -1,0 +1,135 @@
+"""Step 1 of a tick: the demand now and a cold start ahead, and the prompt/output mix."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from inferfleet.api.model_deployment import Role
+from inferfleet.autoscale.policy.history import DemandSample, PolicyHistory
+from inferfleet.autoscale.policy.spec import PolicySpec
+from inferfleet.autoscale.snapshot import MetricsSnapshot, RoleMetrics
+from inferfleet.planning.capacity import REFERENCE_REQUEST
+
+
+@dataclass(frozen=True)
+class Demand:
+    requests_per_s: float
+    """Arriving now (for this deployment)."""
+    forecast_requests_per_s: float
+    """Expected at now + cold start."""
+    input_tokens: int
+    output_tokens: int
+    backlog_requests: float
+    growth: float
+    """How much the trend alone grows the load within a cold start (1: no trend)."""
+
+
+def role_metrics(snapshot: MetricsSnapshot, role: Role) -> RoleMetrics:
+    return snapshot.roles.get(role) or RoleMetrics(role, 0, 0.0, 0.0, 0.0, 0.0, 0.0)
+
+
+def _mean_tokens(
+    router_mean: float | None, engine_tokens_per_s: float, requests_per_s: float, fallback: int
+) -> int:
+    if router_mean is not None and router_mean >= 1:
+        return round(router_mean)
+    if requests_per_s > 0 and engine_tokens_per_s > 0:
+        return max(1, round(engine_tokens_per_s / requests_per_s))
+    return fallback
+
+
+def _trend_slope(samples: Iterable[DemandSample]) -> float:
+    """Least-squares slope of requests/s over time (0 with fewer than three samples)."""
+    points = [(s.at_s, s.requests_per_s) for s in samples]
+    if len(points) < 3:
+        return 0.0
+    mean_t = sum(t for t, _ in points) / len(points)
+    mean_r = sum(r for _, r in points) / len(points)
+    spread = sum((t - mean_t) ** 2 for t, _ in points)
+    if spread <= 0:
+        return 0.0
+    return sum((t - mean_t) * (r - mean_r) for t, r in points) / spread
+
+
+# Increments in a row that make a ramp: one rise is a step or noise, three are a trend.
+_RISING_INCREMENTS = 3
+
+
+def _sustained_rise(samples: list[DemandSample]) -> float:
+    """Requests/s gained per second by a load that keeps rising: the least-squares slope over
+    the samples, when the last `_RISING_INCREMENTS` increments are all rises, and never more per
+    second than the rise seen across the samples (a step is not a ramp, a plateau not a
+    trend)."""
+    if len(samples) <= _RISING_INCREMENTS:
+        return 0.0
+    tail = [s.requests_per_s for s in samples[-_RISING_INCREMENTS - 1 :]]
+    if not all(later > earlier for earlier, later in itertools.pairwise(tail)):
+        return 0.0
+    last = samples[-1]
+    slope = _trend_slope(samples)
+    span_s = last.at_s - samples[0].at_s
+    seen = (last.requests_per_s - samples[0].requests_per_s) / span_s if span_s > 0 else 0.0
+    return max(0.0, min(slope, seen))
+
+
+def estimate_demand(spec: PolicySpec, snapshot: MetricsSnapshot, history: PolicyHistory) -> Demand:
+    service = snapshot.service
+    share = spec.traffic_share
+    prefill_role = Role.PREFILL if spec.disaggregated else Role.AGGREGATED
+    decode_role = Role.DECODE if spec.disaggregated else Role.AGGREGATED
+    prefill = role_metrics(snapshot, prefill_role)
+    decode = role_metrics(snapshot, decode_role)
+    fallback = spec.expected_load or REFERENCE_REQUEST
+    completed = service.requests_per_s * share
+    input_tokens = _mean_tokens(
+        service.mean_prompt_tokens, prefill.prompt_tokens_per_s, completed, fallback.input_tokens
+    )
+    output_tokens = _mean_tokens(
+        service.mean_output_tokens,
+        decode.generation_tokens_per_s,
+        completed,
+        fallback.output_tokens,
+    )
+    # Completions lag arrivals when the fleet falls behind: what piles up in flight also arrived.
+    # Measured against a sample at least a rate window old, as noisy as the rates themselves.
+    in_flight = service.in_flight_requests * share
+    baseline = next(
+        (s for s in reversed(history.demand) if s.at_s <= snapshot.taken_at_s - snapshot.window_s),
+        None,
+    )
+    growing = 0.0
+    if baseline is not None:
+        growing = max(
+            0.0, (in_flight - baseline.in_flight_requests) / (snapshot.taken_at_s - baseline.at_s)
+        )
+    arriving = max(completed + growing, prefill.prompt_tokens_per_s / input_tokens)
+    # Queued requests are drained by the replicas that start within a cold start.
+    backlog = prefill.waiting_requests + (decode.waiting_requests if spec.disaggregated else 0.0)
+    drain_s = max(spec.cold_start_s, snapshot.window_s)
+    current = arriving + backlog / drain_s
+
+    window_start = snapshot.taken_at_s - trend_window_s(spec, snapshot)
+    recent = [
+        *(s for s in history.demand if window_start <= s.at_s < snapshot.taken_at_s),
+        DemandSample(snapshot.taken_at_s, arriving, 0.0),
+    ]
+    # A replica ordered now serves after a cold start: project the trend that far.
+    rise = _sustained_rise(recent) * spec.cold_start_s
+    forecast, growth = current, 1.0
+    if current > 0 and rise > spec.trend_tolerance * current:
+        growth = min(1 + rise / current, spec.max_trend_growth)
+        forecast = current * growth
+    return Demand(
+        requests_per_s=arriving,
+        forecast_requests_per_s=forecast,
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        backlog_requests=backlog,
+        growth=growth,
+    )
+
+
+def trend_window_s(spec: PolicySpec, snapshot: MetricsSnapshot) -> float:
+    return max(spec.cold_start_s, 2 * snapshot.window_s, 60.0)

@@ -1,0 +1,164 @@
+"""What the caller stores between ticks (an annotation on the InferenceService): recent
+recommendations and demand, and what the policy learned."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from inferfleet.api.model_deployment import Role
+from inferfleet.autoscale.policy.spec import Reason
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """A tick's recommendation before constraints, kept for scale-down stabilisation."""
+
+    at_s: float
+    replicas: Mapping[Role, int]
+
+
+@dataclass(frozen=True)
+class DemandSample:
+    """A tick's demand estimate, kept for the trend."""
+
+    at_s: float
+    requests_per_s: float
+    in_flight_requests: float
+
+
+@dataclass(frozen=True)
+class MissFloor:
+    """After a miss: the count that answered it, at what load, until when."""
+
+    replicas: int
+    requests_per_s: float
+    until_s: float
+
+
+@dataclass(frozen=True)
+class LastDecision:
+    at_s: float
+    replicas: Mapping[Role, int]
+    reason: Reason
+
+
+@dataclass(frozen=True)
+class LatencyFactors:
+    """One factor per latency target; the planner plans against target / factor."""
+
+    ttft: float = 1.0
+    tpot: float = 1.0
+
+    def to_wire(self) -> dict[str, float]:
+        return {"ttft": self.ttft, "tpot": self.tpot}
+
+    @classmethod
+    def from_wire(cls, data: Mapping[str, Any]) -> LatencyFactors:
+        return cls(float(data.get("ttft", 1.0)), float(data.get("tpot", 1.0)))
+
+
+@dataclass(frozen=True)
+class LatencyOffsets:
+    """Measured minus predicted latency, seconds, per target."""
+
+    ttft_s: float = 0.0
+    tpot_s: float = 0.0
+
+    def to_wire(self) -> dict[str, float]:
+        return {"ttftS": self.ttft_s, "tpotS": self.tpot_s}
+
+    @classmethod
+    def from_wire(cls, data: Mapping[str, Any]) -> LatencyOffsets:
+        return cls(float(data.get("ttftS", 0.0)), float(data.get("tpotS", 0.0)))
+
+
+@dataclass(frozen=True)
+class PolicyHistory:
+    """Small and immutable: recent recommendations and demand, when each role last grew, what
+    the policy learned about latency, and the last decision taken on fresh metrics."""
+
+    recommendations: tuple[Recommendation, ...] = ()
+    demand: tuple[DemandSample, ...] = ()
+    last_scale_up_s: Mapping[Role, float] = field(default_factory=dict)
+    calibration: LatencyOffsets = LatencyOffsets()
+    """Measured latency minus the planner's prediction at the running fleet (moving average):
+    a model optimistic for this workload is corrected before attainment suffers, and a
+    pessimistic one stops holding GPUs it does not need."""
+    tightening: LatencyFactors = LatencyFactors()
+    """Learned from attainment misses: how far below its target a latency must be planned for
+    the attainment target to hold (the tail beyond the quantile measured)."""
+    tightened_at_s: float | None = None
+    attainment_when_tightened: float | None = None
+    """The attainment that taught the last lesson: the next one needs it to have improved."""
+    miss_floors: Mapping[Role, MissFloor] = field(default_factory=dict)
+    last_decision: LastDecision | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        """Plain JSON-able data (camelCase), for an annotation."""
+
+        def counts(replicas: Mapping[Role, int]) -> dict[str, int]:
+            return {role.value: n for role, n in sorted(replicas.items())}
+
+        last = self.last_decision
+        return {
+            "recommendations": [
+                {"atS": r.at_s, "replicas": counts(r.replicas)} for r in self.recommendations
+            ],
+            "demand": [
+                {"atS": d.at_s, "requestsPerS": d.requests_per_s, "inFlight": d.in_flight_requests}
+                for d in self.demand
+            ],
+            "lastScaleUpS": {role.value: t for role, t in sorted(self.last_scale_up_s.items())},
+            "calibration": self.calibration.to_wire(),
+            "tightening": self.tightening.to_wire(),
+            "tightenedAtS": self.tightened_at_s,
+            "attainmentWhenTightened": self.attainment_when_tightened,
+            "missFloors": {
+                role.value: {
+                    "replicas": f.replicas,
+                    "requestsPerS": f.requests_per_s,
+                    "untilS": f.until_s,
+                }
+                for role, f in sorted(self.miss_floors.items())
+            },
+            "lastDecision": None
+            if last is None
+            else {"atS": last.at_s, "replicas": counts(last.replicas), "reason": last.reason.value},
+        }
+
+    @classmethod
+    def from_wire(cls, data: Mapping[str, Any]) -> PolicyHistory:
+        """The inverse of `to_wire`; raises ValueError (or KeyError/TypeError) on bad data."""
+
+        def counts(raw: Mapping[str, Any]) -> dict[Role, int]:
+            return {Role(role): int(n) for role, n in raw.items()}
+
+        last = data.get("lastDecision")
+        tightened = data.get("tightenedAtS")
+        taught = data.get("attainmentWhenTightened")
+        return cls(
+            recommendations=tuple(
+                Recommendation(float(r["atS"]), counts(r["replicas"]))
+                for r in data.get("recommendations", [])
+            ),
+            demand=tuple(
+                DemandSample(float(d["atS"]), float(d["requestsPerS"]), float(d["inFlight"]))
+                for d in data.get("demand", [])
+            ),
+            last_scale_up_s={Role(r): float(t) for r, t in data.get("lastScaleUpS", {}).items()},
+            calibration=LatencyOffsets.from_wire(data.get("calibration", {})),
+            tightening=LatencyFactors.from_wire(data.get("tightening", {})),
+            tightened_at_s=None if tightened is None else float(tightened),
+            attainment_when_tightened=None if taught is None else float(taught),
+            miss_floors={
+                Role(role): MissFloor(
+                    int(f["replicas"]), float(f["requestsPerS"]), float(f["untilS"])
+                )
+                for role, f in data.get("missFloors", {}).items()
+            },
+            last_decision=None
+            if last is None
+            else LastDecision(float(last["atS"]), counts(last["replicas"]), Reason(last["reason"])),
+        )

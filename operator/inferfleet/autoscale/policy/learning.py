@@ -1,0 +1,205 @@
+"""Step 3 of a tick: what the policy learns from the running fleet: the calibration
+(measured minus predicted latency) and the tightening taught by attainment misses."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from inferfleet.api.model_deployment import Role
+from inferfleet.autoscale.policy.demand import Demand, role_metrics
+from inferfleet.autoscale.policy.explanation import ms
+from inferfleet.autoscale.policy.history import LatencyFactors, LatencyOffsets, PolicyHistory
+from inferfleet.autoscale.policy.sizing import operating_point_at, transfer_s
+from inferfleet.autoscale.policy.spec import DECODING_ROLES, PREFILLING_ROLES, PolicySpec, Reason
+from inferfleet.autoscale.snapshot import MetricsSnapshot
+from inferfleet.planning.capacity import Slo
+
+
+def planning_slo(spec: PolicySpec, offsets: LatencyOffsets, tightening: LatencyFactors) -> Slo:
+    """The targets the planner plans against: each less (a share of) what the model misses,
+    then tightened by what attainment taught."""
+    slo, weight = spec.slo, spec.calibration_weight
+
+    def target(value: float | None, offset: float, factor: float) -> float | None:
+        return None if value is None else (value - weight * offset) / factor
+
+    return Slo(
+        ttft_p95_s=target(slo.ttft_p95_s, offsets.ttft_s, tightening.ttft),
+        tpot_p95_s=target(slo.tpot_p95_s, offsets.tpot_s, tightening.tpot),
+    )
+
+
+def _observed_latency(spec: PolicySpec, p95: float | None, p99: float | None) -> float | None:
+    """The measured latency at the quantile the attainment target is judged at (p99 when the
+    target asks for 99% and the router reports it), else p95."""
+    if spec.attainment_target >= 0.99 and p99 is not None:
+        return p99
+    return p95
+
+
+def calibrate(
+    spec: PolicySpec,
+    snapshot: MetricsSnapshot,
+    current: Mapping[Role, int],
+    history: PolicyHistory,
+    demand: Demand,
+) -> LatencyOffsets:
+    """Update the calibration from this snapshot: the latencies measured over the window
+    against the planner's prediction for the replicas that served them (the ready ones) at the
+    measured load. Skipped when too few requests completed, when the planner sees that fleet
+    overloaded (a backlog drains; no steady state to compare with), and while replicas that
+    were asked for join (the window mixes two fleets)."""
+    previous = history.calibration
+    service = snapshot.service
+    now = snapshot.taken_at_s
+    completed = service.requests_per_s * spec.traffic_share * snapshot.window_s
+    ready = {r: role_metrics(snapshot, r).ready_replicas for r in spec.role_names}
+    joining = any(
+        spec.cold_start_s
+        <= now - history.last_scale_up_s.get(r, -math.inf)
+        < spec.cold_start_s + snapshot.window_s
+        for r in spec.role_names
+    )
+    if (
+        not spec.calibrate
+        or joining
+        or min(ready.values()) < 1
+        or completed < spec.min_requests_to_calibrate
+    ):
+        return previous
+    elapsed = snapshot.taken_at_s - (history.last_decision.at_s if history.last_decision else 0)
+    weight = min(1.0, max(0.0, elapsed) / snapshot.window_s)
+
+    def blend(
+        old: float, measured: float | None, predicted: float | None, target: float | None
+    ) -> float:
+        if measured is None or predicted is None or target is None:
+            return old
+        if not math.isfinite(predicted):
+            return old
+        limit = spec.calibration_limit * target
+        offset = min(limit, max(-limit, measured - predicted))
+        return old + weight * (offset - old)
+
+    ttft_predicted: float | None = None
+    tpot_predicted: float | None = None
+    for role in spec.role_names:
+        policy = spec.role(role)
+        point = operating_point_at(spec, policy, demand.requests_per_s, ready[role], demand)
+        if not point.stable:
+            return previous
+        if role in PREFILLING_ROLES:
+            ttft_predicted = point.ttft_p95_s + transfer_s(spec, policy, demand)
+        if role in DECODING_ROLES:
+            tpot_predicted = point.tpot_s
+    return LatencyOffsets(
+        ttft_s=blend(
+            previous.ttft_s,
+            _observed_latency(spec, service.ttft_p95_s, service.ttft_p99_s),
+            ttft_predicted,
+            spec.slo.ttft_p95_s,
+        ),
+        tpot_s=blend(
+            previous.tpot_s,
+            _observed_latency(spec, service.tpot_p95_s, service.tpot_p99_s),
+            tpot_predicted,
+            spec.slo.tpot_p95_s,
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class Feedback:
+    missed: frozenset[Role]
+    """Roles whose target is missed (they get the budget first and never shrink)."""
+    tightening: LatencyFactors
+    """The tightening before this tick's lesson (relaxed when the target is met)."""
+    lesson: LatencyFactors | None
+    """The tightening a settled fleet's miss teaches; None when there is nothing to learn."""
+    reason: Reason | None
+    note: str
+
+
+def _decayed(spec: PolicySpec, factor: float, elapsed_s: float) -> float:
+    if elapsed_s <= 0 or factor <= 1:
+        return max(1.0, factor)
+    remaining: float = 0.5 ** (elapsed_s / spec.tightening_half_life_s)
+    return 1 + (factor - 1) * remaining
+
+
+def attainment_feedback(
+    spec: PolicySpec,
+    snapshot: MetricsSnapshot,
+    current: Mapping[Role, int],
+    history: PolicyHistory,
+) -> Feedback:
+    service = snapshot.service
+    attainment = service.attainment
+    previous = history.tightening
+    if attainment is None or attainment >= spec.attainment_target:
+        elapsed = snapshot.taken_at_s - (
+            history.last_decision.at_s if history.last_decision else snapshot.taken_at_s
+        )
+        relaxed = previous
+        if attainment is not None:
+            relaxed = LatencyFactors(
+                _decayed(spec, previous.ttft, elapsed), _decayed(spec, previous.tpot, elapsed)
+            )
+        return Feedback(frozenset(), relaxed, None, None, "")
+
+    def ratio(measured: float | None, target: float | None) -> float:
+        if measured is None or target is None:
+            return 0.0
+        return measured / target
+
+    ttft = ratio(service.ttft_p95_s, spec.slo.ttft_p95_s)
+    tpot = ratio(service.tpot_p95_s, spec.slo.tpot_p95_s)
+    # A miss in the tail (p95 within target) goes to whichever latency is closer to its target.
+    ttft_missed = ttft > 1 or (ttft >= tpot and ttft > 0)
+    tpot_missed = tpot > 1 or (tpot > ttft)
+    if not (ttft_missed or tpot_missed):
+        # No latency measured: every pool may be short.
+        ttft_missed = spec.slo.ttft_p95_s is not None
+        tpot_missed = spec.slo.tpot_p95_s is not None
+    missed = frozenset(
+        role
+        for role in spec.role_names
+        if (ttft_missed and role in PREFILLING_ROLES) or (tpot_missed and role in DECODING_ROLES)
+    )
+    reason = Reason.SCALE_UP_TTFT if ttft_missed and ttft >= tpot else Reason.SCALE_UP_TPOT
+    # Learn only from a settled fleet: every replica asked for is ready, and neither a scale-up
+    # nor an earlier tightening is younger than a cold start and a window of metrics.
+    now = snapshot.taken_at_s
+    settle_s = spec.cold_start_s + snapshot.window_s
+    settled = all(
+        role_metrics(snapshot, r).ready_replicas >= current.get(r, 0) for r in spec.role_names
+    ) and all(now - history.last_scale_up_s.get(r, -math.inf) >= settle_s for r in missed)
+    if history.tightened_at_s is not None and now - history.tightened_at_s < settle_s:
+        settled = False
+    # A lesson that did not raise attainment shows a latency that replicas do not reduce (a
+    # tail set by the requests themselves): tightening further would only add GPUs, so the
+    # lesson is undone, and the next one waits for attainment to improve on it.
+    helped = (
+        history.attainment_when_tightened is None or attainment > history.attainment_when_tightened
+    )
+    lesson = None
+    if settled and not helped:
+        gain = spec.feedback_gain
+        previous = LatencyFactors(
+            max(1.0, previous.ttft / gain) if ttft_missed else previous.ttft,
+            max(1.0, previous.tpot / gain) if tpot_missed else previous.tpot,
+        )
+    if settled and helped:
+        gain, cap = spec.feedback_gain, spec.max_tightening
+        lesson = LatencyFactors(
+            min(cap, previous.ttft * gain) if ttft_missed else previous.ttft,
+            min(cap, previous.tpot * gain) if tpot_missed else previous.tpot,
+        )
+    note = (
+        f"attainment {attainment:.1%} below {spec.attainment_target:.1%} "
+        f"(p95 TTFT {ms(service.ttft_p95_s)} of {ms(spec.slo.ttft_p95_s)}, "
+        f"p95 TPOT {ms(service.tpot_p95_s)} of {ms(spec.slo.tpot_p95_s)})"
+    )
+    return Feedback(missed, previous, lesson, reason, note)

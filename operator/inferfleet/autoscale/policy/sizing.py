@@ -1,0 +1,218 @@
+"""Step 2 of a tick: replicas per pool for the demand, from the planner's operating point
+(`inferfleet.planning.load`) and floors from the sequences and KV cache in use."""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+from inferfleet.api.model_deployment import Role
+from inferfleet.autoscale.policy.demand import Demand
+from inferfleet.autoscale.policy.spec import (
+    DECODING_ROLES,
+    PREFILLING_ROLES,
+    PolicySpec,
+    RolePolicy,
+)
+from inferfleet.autoscale.snapshot import RoleMetrics
+from inferfleet.planning.capacity import KV_TRANSFER_BYTES_PER_S, Slo
+from inferfleet.planning.load import OperatingPoint, operating_point
+from inferfleet.planning.memory import kv_bytes_per_token, plan_memory
+from inferfleet.planning.performance import EfficiencyTerms, decode_step_seconds
+from inferfleet.planning.replica import ReplicaConfig
+
+
+@dataclass(frozen=True)
+class Sizing:
+    needed: int
+    feasible: bool
+    why: str
+
+
+def meets_slo(point: OperatingPoint, slo: Slo, extra_ttft_s: float = 0.0) -> bool:
+    if not point.stable:
+        return False
+    if slo.ttft_p95_s is not None and point.ttft_p95_s + extra_ttft_s > slo.ttft_p95_s:
+        return False
+    return slo.tpot_p95_s is None or point.tpot_s <= slo.tpot_p95_s
+
+
+# Per-replica rates are rounded up to a geometric grid (0.5% apart) before the planner sees
+# them: a noisy load then reuses cached operating points, and rounding up only errs towards
+# more capacity.
+_RATE_GRID = 1.005
+
+
+@functools.lru_cache(maxsize=8192)
+def _cached_point(
+    config: ReplicaConfig,
+    *,
+    grid_index: int,
+    input_tokens: int,
+    output_tokens: int,
+    efficiency: EfficiencyTerms,
+    role: Role,
+) -> OperatingPoint:
+    return operating_point(
+        config,
+        _RATE_GRID**grid_index,
+        input_tokens,
+        output_tokens,
+        efficiency=efficiency,
+        prefill=role in PREFILLING_ROLES,
+        decode=role in DECODING_ROLES,
+    )
+
+
+def operating_point_at(
+    spec: PolicySpec, policy: RolePolicy, rate: float, count: int, demand: Demand
+) -> OperatingPoint:
+    """One replica's operating point when `count` replicas share `rate` req/s."""
+    per_replica = rate / max(count, 1)
+    if per_replica <= 0:
+        return operating_point(
+            policy.replica,
+            0.0,
+            demand.input_tokens,
+            demand.output_tokens,
+            efficiency=spec.efficiency,
+            prefill=policy.role in PREFILLING_ROLES,
+            decode=policy.role in DECODING_ROLES,
+        )
+    grid_index = math.ceil(math.log(per_replica) / math.log(_RATE_GRID) - 1e-9)
+    return _cached_point(
+        policy.replica,
+        grid_index=grid_index,
+        input_tokens=demand.input_tokens,
+        output_tokens=demand.output_tokens,
+        efficiency=spec.efficiency,
+        role=policy.role,
+    )
+
+
+def role_slo(slo: Slo, role: Role) -> Slo:
+    """The targets a pool answers for: a prefill pool has no TPOT, a decode pool no TTFT."""
+    if role == Role.PREFILL:
+        return Slo(ttft_p95_s=slo.ttft_p95_s)
+    if role == Role.DECODE:
+        return Slo(tpot_p95_s=slo.tpot_p95_s)
+    return slo
+
+
+def transfer_s(spec: PolicySpec, policy: RolePolicy, demand: Demand) -> float:
+    """The KV hand-off to the decode pool counts against the prefill pool's TTFT."""
+    if policy.role != Role.PREFILL:
+        return 0.0
+    return demand.input_tokens * kv_bytes_per_token(policy.replica) / KV_TRANSFER_BYTES_PER_S
+
+
+def fewest_meeting(
+    spec: PolicySpec,
+    policy: RolePolicy,
+    *,
+    rate: float,
+    demand: Demand,
+    slo: Slo,
+    hint: int,
+) -> int:
+    """Fewest replicas (up to max_replicas + 1, meaning 'not enough') that hold the role's SLO
+    at `rate` req/s. The search gallops from `hint` (the current count: under a steady load the
+    answer is there, and two planner calls confirm it), then bisects."""
+    if rate <= 0:
+        return 1
+    slo = role_slo(slo, policy.role)
+    extra = transfer_s(spec, policy, demand)
+    limit = policy.max_replicas + 1
+
+    def meets(count: int) -> bool:
+        return meets_slo(operating_point_at(spec, policy, rate, count, demand), slo, extra)
+
+    start = min(max(hint, 1), limit)
+    step = 1
+    if meets(start):
+        # Invariant: `high` meets, `low` does not (zero replicas never meet).
+        high, low = start, start - 1
+        while low > 0 and meets(low):
+            high, step = low, step * 2
+            low = max(0, high - step)
+    else:
+        low, high = start, min(limit, start + 1)
+        while not meets(high):
+            if high >= limit:
+                return limit
+            low, step = high, step * 2
+            high = min(limit, high + step)
+    while high - low > 1:
+        middle = (low + high) // 2
+        if meets(middle):
+            high = middle
+        else:
+            low = middle
+    return high
+
+
+def sequences_per_replica(spec: PolicySpec, policy: RolePolicy, demand: Demand, slo: Slo) -> int:
+    """Sequences one replica holds at once within its KV cache (whole contexts reserved, as a
+    no-eviction scheduler does), its batch limit and the TPOT target of a decode step."""
+    config = policy.replica
+    context = demand.input_tokens + demand.output_tokens
+    slots = max(1, min(config.max_sequences, plan_memory(config).kv_capacity_tokens // context))
+    target = slo.tpot_p95_s
+    mean_context = demand.input_tokens + demand.output_tokens / 2
+
+    def within_tpot(batch: int) -> bool:
+        step = decode_step_seconds(config, batch, mean_context, spec.efficiency)
+        return target is None or step <= target
+
+    if within_tpot(slots):
+        return slots
+    low, high = 0, slots
+    while high - low > 1:
+        middle = (low + high) // 2
+        if within_tpot(middle):
+            low = middle
+        else:
+            high = middle
+    return max(1, low)
+
+
+def size_role(
+    spec: PolicySpec,
+    policy: RolePolicy,
+    *,
+    demand: Demand,
+    metrics: RoleMetrics,
+    slo: Slo,
+    margin: float,
+) -> Sizing:
+    """Replicas the forecast load needs: the planner's count for the SLO it is planned against
+    (the targets over the calibration), and floors from the sequences and KV cache in use."""
+    rate = demand.forecast_requests_per_s * (1 + margin)
+    hint = max(1, metrics.ready_replicas)
+    by_model = fewest_meeting(spec, policy, rate=rate, demand=demand, slo=slo, hint=hint)
+    if slo != spec.slo:
+        planner_own = fewest_meeting(
+            spec, policy, rate=rate, demand=demand, slo=spec.slo, hint=hint
+        )
+        by_model = min(by_model, math.ceil(planner_own * spec.max_calibrated_growth))
+    why = f"{rate:.3g} req/s of {demand.input_tokens}/{demand.output_tokens} tokens"
+    needed = by_model
+    if policy.role in DECODING_ROLES:
+        # The sequences running and queued now, grown as the load is, must fit somewhere.
+        sequences = (metrics.running_requests + metrics.waiting_requests) * demand.growth
+        by_concurrency = math.ceil(
+            sequences / sequences_per_replica(spec, policy, demand, slo) - 1e-9
+        )
+        if by_concurrency > needed:
+            needed = by_concurrency
+            why = f"{sequences:.0f} sequences running or queued"
+    if metrics.ready_replicas > 0 and metrics.kv_cache_usage > spec.kv_target_usage:
+        by_kv = math.ceil(
+            metrics.ready_replicas * metrics.kv_cache_usage / spec.kv_target_usage - 1e-9
+        )
+        if by_kv > needed:
+            needed = by_kv
+            why = f"KV cache {metrics.kv_cache_usage:.0%} full on {metrics.ready_replicas} replicas"
+    feasible = needed <= policy.max_replicas
+    return Sizing(max(1, needed), feasible, why)

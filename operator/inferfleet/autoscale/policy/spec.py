@@ -1,0 +1,194 @@
+"""What the policy sizes: the pools, the SLO and the knobs, from the InferenceService and
+the ModelDeployment (`policy_spec`); and the reasons it gives."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from inferfleet.api.catalog import GpuCatalog
+from inferfleet.api.inference_service import InferenceServiceSpec, ReplicaBounds
+from inferfleet.api.model_deployment import ModelDeploymentSpec, Role, TopologyMode
+from inferfleet.planning.capacity import Slo, Workload
+from inferfleet.planning.performance import DEFAULT_EFFICIENCY, EfficiencyTerms
+from inferfleet.planning.replica import ReplicaConfig
+
+PREFILLING_ROLES = frozenset({Role.AGGREGATED, Role.PREFILL})
+DECODING_ROLES = frozenset({Role.AGGREGATED, Role.DECODE})
+ROLE_ORDER = (Role.AGGREGATED, Role.PREFILL, Role.DECODE)
+
+
+class Reason(StrEnum):
+    """Why the policy chose what it chose (a condition/Event reason)."""
+
+    SCALE_UP_LOAD = "ScaleUpLoad"
+    """More load arrives, or is forecast within a cold start."""
+    SCALE_UP_TTFT = "ScaleUpTtft"
+    """Measured attainment below target, TTFT misses: more prefill (or aggregated) replicas."""
+    SCALE_UP_TPOT = "ScaleUpTpot"
+    """Measured attainment below target, TPOT misses: more decode (or aggregated) replicas."""
+    REBALANCE = "Rebalance"
+    """The prompt/output mix moved: one pool grows while the other shrinks."""
+    SCALE_DOWN_STABLE = "ScaleDownStable"
+    """Demand stayed lower for the whole stabilisation window."""
+    STABILIZING = "HoldStabilizing"
+    """Demand is lower, but not yet for the whole stabilisation window."""
+    STEADY = "Steady"
+    """The current replicas are what the load needs."""
+    AT_MAX = "LimitedByMaxReplicas"
+    """More replicas are needed than maxReplicas allows."""
+    BUDGET_EXHAUSTED = "BudgetExhausted"
+    """More replicas are needed than the GPU budget allows."""
+    PINNED = "HoldPinned"
+    """A pin fixes a role's replicas over the recommendation."""
+    STALE_METRICS = "HoldStaleMetrics"
+    """The newest metrics are too old to act on: the last decision holds."""
+    NO_METRICS = "HoldNoMetrics"
+    """No metrics at all: the last decision holds."""
+    DISABLED = "AutoscalingDisabled"
+    """autoscaling.policy is none: replicas come from the ModelDeployment."""
+
+
+@dataclass(frozen=True)
+class RolePolicy:
+    """One pool the policy sizes: what a replica is, and how many there may be."""
+
+    role: Role
+    replica: ReplicaConfig
+    min_replicas: int = 1
+    max_replicas: int = 10
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_replicas <= self.max_replicas:
+            raise ValueError(
+                f"{self.role.value}: need 1 <= min_replicas <= max_replicas "
+                f"(got {self.min_replicas}, {self.max_replicas})"
+            )
+
+    @property
+    def gpus_per_replica(self) -> int:
+        return self.replica.gpus
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """What the policy needs from the InferenceService (SLO, autoscaling) and the
+    ModelDeployment (replica configuration, topology). Build it with `policy_spec`."""
+
+    roles: tuple[RolePolicy, ...]
+    """The aggregated pool, or the prefill and decode pools."""
+    slo: Slo
+    attainment_target: float = 0.99
+    gpu_budget: int | None = None
+    scale_down_stabilization_s: float = 300.0
+    cold_start_s: float = 120.0
+    enabled: bool = True
+    expected_load: Workload | None = None
+    """The mix to assume before any request has completed."""
+    traffic_share: float = 1.0
+    """Share of the service's traffic this deployment receives (its weight over the total)."""
+    stale_after_s: float = 120.0
+    """Metrics older than this are not acted on."""
+    load_margin: float = 0.1
+    """Pools are sized for this fraction more than the forecast load (burstiness above Poisson)."""
+    scale_down_margin: float = 0.1
+    """A pool shrinks only to a count that holds this fraction more load again (hysteresis)."""
+    trend_tolerance: float = 0.15
+    """A rising trend is acted on when it adds more than this fraction within a cold start."""
+    max_trend_growth: float = 1.5
+    """The forecast never exceeds this multiple of the current demand."""
+    kv_target_usage: float = 0.85
+    """Measured KV-cache usage above this asks for more replicas of the role."""
+    feedback_gain: float = 1.15
+    """Each attainment miss tightens the latency that missed by this factor."""
+    max_tightening: float = 3.0
+    tightening_half_life_s: float = 1800.0
+    """How fast a tightening relaxes towards 1 while the attainment target is met."""
+    calibrate: bool = True
+    """Plan against the targets less the measured-minus-predicted latency (see
+    PolicyHistory.calibration)."""
+    calibration_limit: float = 0.5
+    """The calibration offset stays within this fraction of its target, either way."""
+    calibration_weight: float = 0.5
+    """The share of the offset planned against: it is measured at p95 over a window that takes
+    in bursts, and attainment feedback tightens further where that is not enough."""
+    miss_memory_s: float = 1800.0
+    """After a miss taught a lesson, the role keeps the count that answered it this long while
+    the load stays (so the target is not lost again as soon as the lesson relaxes)."""
+    max_calibrated_growth: float = 2.0
+    """Calibration and tightening together never ask for more than this multiple of the
+    planner's own count for the raw targets (a bound on what a wrong lesson can cost)."""
+    min_requests_to_calibrate: float = 50.0
+    """Completed requests in the rate window below which latency quantiles are too noisy."""
+    efficiency: EfficiencyTerms = DEFAULT_EFFICIENCY
+
+    def __post_init__(self) -> None:
+        names = [r.role for r in self.roles]
+        if sorted(names) not in (sorted([Role.AGGREGATED]), sorted([Role.PREFILL, Role.DECODE])):
+            raise ValueError(
+                f"roles must be aggregated, or prefill and decode (got {[r.value for r in names]})"
+            )
+        if self.slo.ttft_p95_s is None and self.slo.tpot_p95_s is None:
+            raise ValueError("the SLO needs a TTFT target, a TPOT target or both")
+        if self.gpu_budget is not None and self.gpu_budget < 1:
+            raise ValueError(f"gpu_budget must be >= 1 (got {self.gpu_budget})")
+        if not 0 < self.traffic_share <= 1:
+            raise ValueError(f"traffic_share must be in (0, 1] (got {self.traffic_share})")
+
+    @property
+    def disaggregated(self) -> bool:
+        return any(r.role == Role.PREFILL for r in self.roles)
+
+    def role(self, role: Role) -> RolePolicy:
+        for policy in self.roles:
+            if policy.role == role:
+                return policy
+        raise KeyError(role)
+
+    @property
+    def role_names(self) -> tuple[Role, ...]:
+        return tuple(r for r in ROLE_ORDER if any(p.role == r for p in self.roles))
+
+
+def policy_spec(
+    isvc_spec: InferenceServiceSpec,
+    md_spec: ModelDeploymentSpec,
+    catalog: GpuCatalog | None = None,
+    *,
+    traffic_share: float = 1.0,
+) -> PolicySpec:
+    """The policy's view of one ModelDeployment serving an InferenceService. With several
+    deployments, `traffic_share` is this one's weight over the total."""
+    replica = ReplicaConfig.from_spec(md_spec, catalog or GpuCatalog.builtin())
+    autoscaling = isvc_spec.autoscaling
+
+    def pool(role: Role, bounds: ReplicaBounds | None) -> RolePolicy:
+        bounds = bounds or ReplicaBounds()
+        return RolePolicy(role, replica, bounds.min_replicas, bounds.max_replicas)
+
+    roles: tuple[RolePolicy, ...]
+    if md_spec.topology.mode == TopologyMode.DISAGGREGATED:
+        roles = (
+            pool(Role.PREFILL, autoscaling.prefill),
+            pool(Role.DECODE, autoscaling.decode),
+        )
+    else:
+        roles = (pool(Role.AGGREGATED, autoscaling.aggregated),)
+    slo = isvc_spec.slo
+    load = isvc_spec.expected_load
+    return PolicySpec(
+        roles=roles,
+        slo=Slo(
+            ttft_p95_s=None if slo.ttft_p95_ms is None else slo.ttft_p95_ms / 1e3,
+            tpot_p95_s=None if slo.tpot_p95_ms is None else slo.tpot_p95_ms / 1e3,
+        ),
+        attainment_target=slo.attainment_target,
+        gpu_budget=autoscaling.gpu_budget,
+        scale_down_stabilization_s=float(autoscaling.scale_down_stabilization_seconds),
+        cold_start_s=float(autoscaling.cold_start_seconds),
+        enabled=autoscaling.policy == "goodput",
+        expected_load=None
+        if load is None
+        else Workload(load.requests_per_second, load.input_tokens, load.output_tokens),
+        traffic_share=traffic_share,
+    )
