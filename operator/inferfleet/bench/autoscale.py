@@ -4,17 +4,9 @@ A scenario (YAML) names a service (a ModelDeployment and an InferenceService), a
 in ../shared/traces replayed at a rate multiplier, or a synthetic pattern), a seed and the
 fleet's cold start. Every policy replays the same load open-loop through the same simulated
 fleet (`inferfleet.sim.fleet`) and is scored on SLO attainment, goodput, goodput per GPU-hour,
-GPU-hours (and their ratio to the clairvoyant oracle's), p95 TTFT and TPOT, reaction time to
-load steps and direction changes per hour.
-
-The oracle: per window (`oracle_window_s`), the fewest replicas per role that meet the SLO for
-the requests arriving in it, known in advance and asked for a cold start ahead. It starts from
-the planner's sizing for each window's rate and mean lengths, then is corrected by simulation:
-windows that miss the attainment target get more replicas of the role that misses (TTFT:
-prefill or aggregated, TPOT: decode or aggregated; one, or in proportion to twice the share of
-requests missed) until every window meets it; then passes
-take a replica away from each window that met it (one role per pass), put it back where that
-made the window miss, and keep the pass when no window misses that met the target before.
+GPU-hours (and their ratio to the two references of `bench.references`: the clairvoyant
+schedule and the fluid lower bound), p95 TTFT and TPOT, reaction time to load steps and
+direction changes per hour.
 
 Pure apart from `load_scenario`, `write_results` and `plot_scenario`.
 """
@@ -45,14 +37,33 @@ from inferfleet.autoscale.baselines import (
 from inferfleet.autoscale.policy import Decision, PolicyHistory, PolicySpec, decide, policy_spec
 from inferfleet.autoscale.snapshot import MetricsSnapshot
 from inferfleet.bench import traces
+from inferfleet.bench.references import (
+    DEFAULT_ORACLE_WINDOW_S,
+    Clairvoyant,
+    FluidBound,
+    Oracle,
+    Service,
+    StaticBest,
+    clairvoyant_schedule,
+    fluid_bound,
+    per_window,
+    per_window_oracle,
+    references_json,
+    references_line,
+    static_best,
+    static_counts,
+    window_scores,
+)
 from inferfleet.bench.report import percentile
-from inferfleet.planning import capacity
 from inferfleet.planning.replica import ReplicaConfig
 from inferfleet.sim.fleet import FleetConfig, FleetRun, Scaler, simulate
 from inferfleet.slo import Outcome, Slo
 
-POLICIES = ("goodput", "static-peak", "static-mean", "hpa", "keda", "planner", "oracle")
-DEFAULT_ORACLE_WINDOW_S = 60.0
+BASELINES = ("static-best", "static-peak", "static-mean", "hpa", "keda", "planner")
+"""The policies the goodput policy has to beat (the clairvoyant schedule is a reference)."""
+POLICIES = ("goodput", *BASELINES, "clairvoyant")
+POLICY_ALIASES = {"oracle": "clairvoyant"}
+"""Names the command line still takes for a policy."""
 GOODPUT_INTERVAL_S = 15.0
 LOAD_STEP_GROWTH = 1.25
 """A window whose planned GPUs exceed the previous window's by this factor is a load step."""
@@ -194,22 +205,6 @@ def horizon_s(scenario: Scenario, requests: Sequence[traces.TraceRequest], rate:
     return max((r.arrival_s for r in requests), default=0.0)
 
 
-# The service as the simulator and the baselines see it.
-
-
-@dataclass(frozen=True)
-class Service:
-    replica: ReplicaConfig
-    roles: tuple[Role, ...]
-    slo: Slo
-    bounds: Mapping[Role, Bounds]
-    policy: PolicySpec
-
-    @property
-    def disaggregated(self) -> bool:
-        return Role.PREFILL in self.roles
-
-
 def service_of(scenario: Scenario, catalog: GpuCatalog | None = None) -> Service:
     catalog = catalog or GpuCatalog.builtin()
     replica = ReplicaConfig.from_spec(scenario.deployment, catalog)
@@ -277,210 +272,6 @@ class GoodputScaler:
         return decision.replicas
 
 
-# The oracle.
-
-
-def _windows(
-    requests: Sequence[traces.TraceRequest], horizon: float, window_s: float
-) -> list[list[traces.TraceRequest]]:
-    count = max(1, math.ceil(horizon / window_s))
-    windows: list[list[traces.TraceRequest]] = [[] for _ in range(count)]
-    for request in requests:
-        windows[min(count - 1, int(request.arrival_s // window_s))].append(request)
-    return windows
-
-
-def planner_needs(
-    service: Service, windows: Sequence[Sequence[traces.TraceRequest]], window_s: float
-) -> list[dict[Role, int]]:
-    """Per window, the planner's replicas per role for its rate and mean lengths."""
-    slo = capacity.Slo(
-        ttft_p95_s=None if service.slo.ttft_p95_ms is None else service.slo.ttft_p95_ms / 1e3,
-        tpot_p95_s=None if service.slo.tpot_p95_ms is None else service.slo.tpot_p95_ms / 1e3,
-    )
-    needs: list[dict[Role, int]] = []
-    for window in windows:
-        if not window:
-            needs.append(dict.fromkeys(service.roles, 1))
-            continue
-        workload = capacity.Workload(
-            len(window) / window_s,
-            max(1, round(sum(r.input_tokens for r in window) / len(window))),
-            max(1, round(sum(r.output_tokens for r in window) / len(window))),
-        )
-        plan = capacity.plan_replica(
-            service.replica,
-            disaggregated=service.disaggregated,
-            replicas=1,
-            prefill_replicas=1,
-            workload=workload,
-            slo=slo,
-        )
-        needs.append(
-            {
-                role.role: service.bounds[role.role].clamp(role.replicas)
-                for role in plan.roles
-                if role.role in service.roles
-            }
-        )
-    return needs
-
-
-@dataclass(frozen=True)
-class WindowScore:
-    requests: int
-    met: int
-    missed_ttft: int
-    missed_tpot: int
-
-    def meets(self, target: float) -> bool:
-        return self.requests == 0 or self.met >= target * self.requests
-
-
-def window_scores(run: FleetRun, window_s: float, windows: int) -> list[WindowScore]:
-    """Outcomes of the requests arriving in each window."""
-    counts = [[0, 0, 0, 0] for _ in range(windows)]
-    for record in run.records:
-        index = min(windows - 1, int(record.arrival_s // window_s))
-        row = counts[index]
-        row[0] += 1
-        if record.outcome is Outcome.MET:
-            row[1] += 1
-        if record.outcome in (Outcome.MISSED_TTFT, Outcome.MISSED_BOTH, Outcome.FAILED):
-            row[2] += 1
-        if record.outcome in (Outcome.MISSED_TPOT, Outcome.MISSED_BOTH):
-            row[3] += 1
-    return [WindowScore(*row) for row in counts]
-
-
-@dataclass(frozen=True)
-class Oracle:
-    needs: list[dict[Role, int]]
-    """The searched schedule the clairvoyant scaler replays (a window's replicas are asked for
-    a cold start ahead, so a window below a later one's need is not binding)."""
-    planned: list[dict[Role, int]]
-    """The planner's sizing of each window, before the search."""
-    run: FleetRun
-    simulations: int
-
-    def served(self, window_s: float) -> list[dict[Role, int]]:
-        """Per window, the replicas taking requests throughout it in the oracle's run: what
-        met the SLO for that window's load."""
-        return fleet_per_window(self.run, window_s, len(self.needs))
-
-
-def fleet_per_window(run: FleetRun, window_s: float, windows: int) -> list[dict[Role, int]]:
-    """Per window, the fewest replicas of each role that took requests at any time in it
-    (sampled every second)."""
-    roles = sorted({life.role for life in run.replicas}, key=lambda r: r.value)
-    served: list[dict[Role, int]] = []
-    for index in range(windows):
-        start = index * window_s
-        moments = [start + offset for offset in range(int(window_s))]
-        served.append({role: min(run.accepting(role, t) for t in moments) for role in roles})
-    return served
-
-
-def _oracle_run(
-    requests: Sequence[traces.TraceRequest],
-    config: FleetConfig,
-    needs: list[dict[Role, int]],
-    window_s: float,
-) -> FleetRun:
-    scaler = ClairvoyantScaler(needs, window_s, config.cold_start_s)
-    first = scaler.desired(0.0, None, {})
-    return simulate(requests, replace(config, initial_replicas=dict(first)), scaler)
-
-
-def clairvoyant_oracle(
-    requests: Sequence[traces.TraceRequest],
-    service: Service,
-    config: FleetConfig,
-    window_s: float = DEFAULT_ORACLE_WINDOW_S,
-    *,
-    max_raise_passes: int = 8,
-    max_lower_passes: int = 4,
-) -> Oracle:
-    """The fewest replicas per window that meet the SLO, found as the module docstring says."""
-    horizon = config.horizon_s or max((r.arrival_s for r in requests), default=0.0)
-    windows = _windows(requests, horizon, window_s)
-    needs = planner_needs(service, windows, window_s)
-    planned = [dict(need) for need in needs]
-    target = service.slo.attainment_target
-    simulations = 0
-
-    def raise_missing(run: FleetRun) -> bool:
-        scores = window_scores(run, window_s, len(windows))
-        raised = False
-        for index, score in enumerate(scores):
-            if score.meets(target):
-                continue
-            # In proportion to the share missed: a burst that most requests miss needs many.
-            missed = 1 - score.met / score.requests
-            for role in _responsible(service, score):
-                bounds = service.bounds[role]
-                if needs[index][role] < bounds.max_replicas:
-                    step = max(1, round(needs[index][role] * min(1.0, 2 * missed)))
-                    needs[index][role] = min(bounds.max_replicas, needs[index][role] + step)
-                    raised = True
-        return raised
-
-    run = _oracle_run(requests, config, needs, window_s)
-    simulations += 1
-    for _ in range(max_raise_passes):
-        if not raise_missing(run):
-            break
-        run = _oracle_run(requests, config, needs, window_s)
-        simulations += 1
-
-    # Passes down: every window that met the target tries one replica less of one role (the
-    # roles take turns); windows that then miss get it back. A pass is kept when no window
-    # misses that met the target before.
-    for attempt in range(max_lower_passes):
-        scores = window_scores(run, window_s, len(windows))
-        role = service.roles[attempt % len(service.roles)]
-        trial = [dict(need) for need in needs]
-        lowered = [
-            index
-            for index, score in enumerate(scores)
-            if score.meets(target) and trial[index][role] > service.bounds[role].min_replicas
-        ]
-        for index in lowered:
-            trial[index][role] -= 1
-        if not lowered:
-            continue
-        trial_run = _oracle_run(requests, config, trial, window_s)
-        simulations += 1
-        trial_scores = window_scores(trial_run, window_s, len(windows))
-        missed = [index for index in lowered if not trial_scores[index].meets(target)]
-        for index in missed:
-            trial[index][role] += 1
-        if missed:
-            if len(missed) == len(lowered):
-                continue
-            trial_run = _oracle_run(requests, config, trial, window_s)
-            simulations += 1
-            trial_scores = window_scores(trial_run, window_s, len(windows))
-        newly_missed = any(
-            before.meets(target) and not after.meets(target)
-            for before, after in zip(scores, trial_scores, strict=True)
-        )
-        if not newly_missed:
-            needs, run = trial, trial_run
-    return Oracle(needs, planned, run, simulations)
-
-
-def _responsible(service: Service, score: WindowScore) -> list[Role]:
-    if not service.disaggregated:
-        return [Role.AGGREGATED]
-    roles = []
-    if score.missed_ttft >= score.missed_tpot or score.missed_ttft > 0:
-        roles.append(Role.PREFILL)
-    if score.missed_tpot > 0:
-        roles.append(Role.DECODE)
-    return roles
-
-
 # Scoring.
 
 
@@ -492,12 +283,14 @@ class PolicyResult:
     goodput_rps: float
     goodput_per_gpu_hour: float
     gpu_hours: float
-    gpu_hours_vs_oracle: float | None
+    gpu_hours_vs_clairvoyant: float | None
+    gpu_hours_vs_fluid_bound: float | None
     ttft_p95_ms: float | None
     tpot_p95_ms: float | None
     reaction_s: float | None
     """Mean, over the load steps, of the time until the role's ready replicas reach the
-    oracle's need for the step's window (None: no load step in the run)."""
+    clairvoyant schedule's served fleet for the step's window (None: no load step in the
+    run)."""
     direction_changes_per_hour: float
     failed: int
     requests: int
@@ -510,7 +303,8 @@ class PolicyResult:
             "goodputRps": self.goodput_rps,
             "goodputPerGpuHour": self.goodput_per_gpu_hour,
             "gpuHours": self.gpu_hours,
-            "gpuHoursVsOracle": self.gpu_hours_vs_oracle,
+            "gpuHoursVsClairvoyant": self.gpu_hours_vs_clairvoyant,
+            "gpuHoursVsFluidBound": self.gpu_hours_vs_fluid_bound,
             "ttftP95Ms": self.ttft_p95_ms,
             "tpotP95Ms": self.tpot_p95_ms,
             "reactionS": self.reaction_s,
@@ -578,33 +372,43 @@ def score(
     run: FleetRun,
     slo: Slo,
     *,
-    oracle_gpu_hours: float | None,
-    oracle_served: Sequence[Mapping[Role, int]],
+    clairvoyant_gpu_hours: float | None,
+    fluid_gpu_hours: float | None,
+    served: Sequence[Mapping[Role, int]],
     steps: Sequence[int],
     window_s: float,
 ) -> PolicyResult:
     records = run.records
     met = sum(1 for r in records if r.outcome is Outcome.MET)
-    attainment = met / len(records) if records else 1.0
+    share_met = met / len(records) if records else 1.0
     gpu_hours = run.gpu_seconds() / 3600
     ttfts = sorted(r.ttft_s for r in records if r.ttft_s is not None)
     tpots = sorted(t for r in records if (t := r.tpot_s) is not None)
     hours = run.horizon_s / 3600
     return PolicyResult(
         policy=policy,
-        attainment=attainment,
-        meets_target=attainment >= slo.attainment_target,
+        attainment=share_met,
+        meets_target=share_met >= slo.attainment_target,
         goodput_rps=met / run.horizon_s if run.horizon_s > 0 else 0.0,
         goodput_per_gpu_hour=met / gpu_hours if gpu_hours > 0 else 0.0,
         gpu_hours=gpu_hours,
-        gpu_hours_vs_oracle=gpu_hours / oracle_gpu_hours if oracle_gpu_hours else None,
+        gpu_hours_vs_clairvoyant=gpu_hours / clairvoyant_gpu_hours
+        if clairvoyant_gpu_hours
+        else None,
+        gpu_hours_vs_fluid_bound=gpu_hours / fluid_gpu_hours if fluid_gpu_hours else None,
         ttft_p95_ms=percentile(ttfts, 95) * 1e3 if ttfts else None,
         tpot_p95_ms=percentile(tpots, 95) * 1e3 if tpots else None,
-        reaction_s=reaction_time(run, oracle_served, window_s, steps),
+        reaction_s=reaction_time(run, served, window_s, steps),
         direction_changes_per_hour=direction_changes(run) / hours if hours > 0 else 0.0,
         failed=sum(1 for r in records if r.outcome is Outcome.FAILED),
         requests=len(records),
     )
+
+
+def cheapest_baseline(results: Sequence[PolicyResult]) -> PolicyResult | None:
+    """The baseline with the fewest GPU-hours among those that meet the target."""
+    meeting = [r for r in results if r.policy in BASELINES and r.meets_target]
+    return min(meeting, key=lambda r: r.gpu_hours, default=None)
 
 
 # One scenario, every policy.
@@ -618,43 +422,43 @@ class ScenarioResult:
     requests: int
     results: list[PolicyResult]
     runs: dict[str, FleetRun]
-    oracle: Oracle
+    clairvoyant: Clairvoyant
+    fluid: FluidBound
     gpus_per_replica: int
     cpu_s: dict[str, float]
+    static_best: StaticBest | None = None
     goodput_decisions: list[tuple[float, str, str]] = field(default_factory=list)
     """The goodput policy's changes: time, reason and message."""
 
-
-def _static_counts(needs: Sequence[Mapping[Role, int]], roles: Sequence[Role], *, peak: bool
-                   ) -> dict[Role, int]:  # fmt: skip
-    if peak:
-        return {role: max(need[role] for need in needs) for role in roles}
-    return {role: math.ceil(sum(need[role] for need in needs) / len(needs) - 1e-9)
-            for role in roles}  # fmt: skip
+    @property
+    def oracle(self) -> Oracle:
+        return self.clairvoyant.oracle
 
 
 def build_scaler(
     policy: str,
     service: Service,
     *,
-    oracle: Oracle,
+    clairvoyant: Clairvoyant,
     window_s: float,
     cold_start_s: float,
     mix: tuple[int, int],
 ) -> tuple[Scaler, dict[Role, int]]:
-    """The scaler of a policy and the replicas it starts with (warm at time 0): the oracle's
-    first fleet for every policy that scales, so all start equally ready for the load. The
-    static fleets are the largest and the mean (rounded up) of the oracle's served fleets."""
-    clairvoyant = ClairvoyantScaler(oracle.needs, window_s, cold_start_s)
-    first = dict(clairvoyant.desired(0.0, None, {}))
+    """The scaler of a policy and the replicas it starts with (warm at time 0): the clairvoyant
+    schedule's first fleet for every policy that scales, so all start equally ready for the
+    load. The static fleets are the largest and the mean (rounded up) of the fleets that
+    served each window in the clairvoyant schedule's run (static-best is searched by
+    `run_scenario`)."""
+    schedule = ClairvoyantScaler(clairvoyant.needs, window_s, cold_start_s)
+    first = dict(schedule.desired(0.0, None, {}))
     slo = service.slo
     ttft = None if slo.ttft_p95_ms is None else slo.ttft_p95_ms / 1e3
     tpot = None if slo.tpot_p95_ms is None else slo.tpot_p95_ms / 1e3
     if policy == "goodput":
         return GoodputScaler(service.policy), first
     if policy in ("static-peak", "static-mean"):
-        served = oracle.served(window_s)
-        counts = _static_counts(served, service.roles, peak=policy == "static-peak")
+        served = clairvoyant.served(window_s)
+        counts = static_counts(served, service.roles, peak=policy == "static-peak")
         return StaticScaler(counts), counts
     if policy == "hpa":
         capacities = {
@@ -675,9 +479,21 @@ def build_scaler(
         return ThroughputPlanner(
             service.replica, service.roles, service.bounds, ttft, tpot, mix
         ), first
-    if policy == "oracle":
-        return clairvoyant, first
+    if policy == "clairvoyant":
+        return schedule, first
     raise ValueError(f"unknown policy {policy!r}; expected one of {', '.join(POLICIES)}")
+
+
+def policy_names(policies: Iterable[str]) -> list[str]:
+    """The policies asked for, aliases resolved, each once, in the order asked."""
+    names: list[str] = []
+    for policy in policies:
+        name = POLICY_ALIASES.get(policy, policy)
+        if name not in POLICIES:
+            raise ValueError(f"unknown policy {policy!r}; expected one of {', '.join(POLICIES)}")
+        if name not in names:
+            names.append(name)
+    return names
 
 
 def run_scenario(
@@ -689,9 +505,7 @@ def run_scenario(
     cpu_clock: Callable[[], float] | None = None,
 ) -> ScenarioResult:
     """Every policy on the scenario's load; `cpu_clock` (e.g. `time.process_time`) times each."""
-    for policy in policies:
-        if policy not in POLICIES:
-            raise ValueError(f"unknown policy {policy!r}; expected one of {', '.join(POLICIES)}")
+    names = policy_names(policies)
     rate = scenario.rate if rate is None else rate
     requests = scenario_requests(scenario, traces_dir, rate=rate)
     horizon = horizon_s(scenario, requests, rate)
@@ -699,47 +513,62 @@ def run_scenario(
     window_s = scenario.oracle_window_s
     base = fleet_config(scenario, service, horizon, {})
     clock = cpu_clock or (lambda: 0.0)
+    fluid = fluid_bound(
+        requests, service, horizon, window_s, prefix_caching=scenario.deployment.prefix_caching
+    )
     started = clock()
-    oracle = clairvoyant_oracle(requests, service, base, window_s)
+    oracle = per_window_oracle(requests, service, base, window_s)
     cpu = {"oracle": clock() - started}
+    started = clock()
+    clairvoyant = clairvoyant_schedule(requests, service, base, oracle, window_s)
+    cpu["clairvoyant"] = clock() - started
     mix = (
         max(1, round(sum(r.input_tokens for r in requests) / max(1, len(requests)))),
         max(1, round(sum(r.output_tokens for r in requests) / max(1, len(requests)))),
     )
-    oracle_gpu_hours = oracle.run.gpu_seconds() / 3600
-    served = oracle.served(window_s)
+    clairvoyant_gpu_hours = clairvoyant.run.gpu_seconds() / 3600
+    served = clairvoyant.served(window_s)
     steps = load_steps(oracle.planned, service.replica.gpus)
     runs: dict[str, FleetRun] = {}
     results: list[PolicyResult] = []
     goodput_decisions: list[tuple[float, str, str]] = []
-    for policy in policies:
-        if policy == "oracle":
-            run = oracle.run
+    best: StaticBest | None = None
+    for policy in names:
+        started = clock()
+        if policy == "clairvoyant":
+            run = clairvoyant.run
+        elif policy == "static-best":
+            # From the oracle's peak, down to the fluid bound's mean GPUs (no fewer can do the
+            # work within the load's duration).
+            peak = static_counts(oracle.needs, service.roles, peak=True)
+            best = static_best(requests, service, base, peak, fluid.static_floor(horizon))
+            run = best.run
         else:
             scaler, initial = build_scaler(
                 policy,
                 service,
-                oracle=oracle,
+                clairvoyant=clairvoyant,
                 window_s=window_s,
                 cold_start_s=scenario.cold_start_s,
                 mix=mix,
             )
-            started = clock()
             run = simulate(requests, replace(base, initial_replicas=initial), scaler)
-            cpu[policy] = clock() - started
             if isinstance(scaler, GoodputScaler):
                 goodput_decisions = [
                     (at, decision.reason.value, decision.message)
                     for at, decision in scaler.decisions
                 ]
+        if policy != "clairvoyant":
+            cpu[policy] = clock() - started
         runs[policy] = run
         results.append(
             score(
                 policy,
                 run,
                 service.slo,
-                oracle_gpu_hours=oracle_gpu_hours,
-                oracle_served=served,
+                clairvoyant_gpu_hours=clairvoyant_gpu_hours,
+                fluid_gpu_hours=fluid.gpu_hours,
+                served=served,
                 steps=steps,
                 window_s=window_s,
             )
@@ -751,9 +580,11 @@ def run_scenario(
         requests=len(requests),
         results=results,
         runs=runs,
-        oracle=oracle,
+        clairvoyant=clairvoyant,
+        fluid=fluid,
         gpus_per_replica=service.replica.gpus,
         cpu_s=cpu,
+        static_best=best,
         goodput_decisions=goodput_decisions,
     )
 
@@ -784,18 +615,44 @@ def markdown_table(result: ScenarioResult) -> str:
         f"{result.gpus_per_replica} GPU(s) per replica.",
         "",
         "| policy | attainment | meets target | goodput (req/s) | goodput / GPU-h | GPU-hours | "
-        "GPU-h / oracle | p95 TTFT (ms) | p95 TPOT (ms) | reaction (s) | direction changes / h |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "GPU-h / clairvoyant | GPU-h / fluid bound | p95 TTFT (ms) | p95 TPOT (ms) | "
+        "reaction (s) | direction changes / h |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result.results:
         lines.append(
             f"| {r.policy} | {r.attainment:.4f} | {'yes' if r.meets_target else 'no'} | "
             f"{r.goodput_rps:.2f} | {r.goodput_per_gpu_hour:,.0f} | {r.gpu_hours:.2f} | "
-            f"{_fmt(r.gpu_hours_vs_oracle, 2)} | {_fmt(r.ttft_p95_ms, 0)} | "
+            f"{_fmt(r.gpu_hours_vs_clairvoyant, 2)} | {_fmt(r.gpu_hours_vs_fluid_bound, 2)} | "
+            f"{_fmt(r.ttft_p95_ms, 0)} | "
             f"{_fmt(r.tpot_p95_ms, 1)} | {_fmt(r.reaction_s, 0)} | "
             f"{r.direction_changes_per_hour:.1f} |"
         )
+    lines.extend(["", *summary_lines(result)])
     return "\n".join(lines) + "\n"
+
+
+def summary_lines(result: ScenarioResult) -> list[str]:
+    """The references, and the goodput policy against the cheapest baseline that meets the
+    target."""
+    lines = [references_line(result.fluid, result.clairvoyant), ""]
+    cheapest = cheapest_baseline(result.results)
+    goodput = next((r for r in result.results if r.policy == "goodput"), None)
+    if cheapest is None:
+        lines.append("Cheapest baseline that meets the target: none of those run.")
+    elif goodput is None:
+        lines.append(
+            f"Cheapest baseline that meets the target: {cheapest.policy}, "
+            f"{cheapest.gpu_hours:.2f} GPU-h."
+        )
+    else:
+        lines.append(
+            f"Cheapest baseline that meets the target: {cheapest.policy}, "
+            f"{cheapest.gpu_hours:.2f} GPU-h; goodput uses "
+            f"{goodput.gpu_hours / cheapest.gpu_hours:.2f}x its GPU-hours"
+            f"{'' if goodput.meets_target else ' and misses the target'}."
+        )
+    return lines
 
 
 def result_json(result: ScenarioResult) -> dict[str, Any]:
@@ -815,14 +672,14 @@ def result_json(result: ScenarioResult) -> dict[str, Any]:
         "coldStartS": scenario.cold_start_s,
         "gpusPerReplica": result.gpus_per_replica,
         "oracleWindowS": scenario.oracle_window_s,
-        "plannedPerWindow": _per_window(result.oracle.planned),
-        "oracleSchedule": _per_window(result.oracle.needs),
-        "oracleServedPerWindow": _per_window(result.oracle.served(scenario.oracle_window_s)),
+        "plannedPerWindow": per_window(result.oracle.planned),
+        **references_json(
+            result.fluid, result.clairvoyant, result.static_best, scenario.oracle_window_s
+        ),
         "loadSteps": [
             i * scenario.oracle_window_s
             for i in load_steps(result.oracle.planned, result.gpus_per_replica)
         ],
-        "oracleSimulations": result.oracle.simulations,
         "cpuSeconds": result.cpu_s,
         "policies": [r.to_dict() for r in result.results],
         "scaling": {
@@ -834,10 +691,6 @@ def result_json(result: ScenarioResult) -> dict[str, Any]:
             for at, reason, message in result.goodput_decisions
         ],
     }
-
-
-def _per_window(needs: Sequence[Mapping[Role, int]]) -> list[dict[str, int]]:
-    return [{role.value: count for role, count in need.items()} for need in needs]
 
 
 def write_results(result: ScenarioResult, out_dir: Path | str, *, plots: bool = True
@@ -870,7 +723,7 @@ def plot_scenario(result: ScenarioResult, out_dir: Path) -> list[Path]:
 
     name = result.scenario.name
     window_s = result.scenario.oracle_window_s
-    roles = list(next(iter(result.oracle.needs)).keys())
+    roles = list(next(iter(result.clairvoyant.needs)).keys())
     any_run = next(iter(result.runs.values()))
     windows = max(1, math.ceil(result.horizon_s / window_s))
     arrivals = [0] * windows
@@ -894,12 +747,18 @@ def plot_scenario(result: ScenarioResult, out_dir: Path) -> list[Path]:
     axes[0].set_title(f"{name}: load and replicas per role")
     axes[0].grid(alpha=0.3)
     step = max(5.0, result.horizon_s / 600)
+    plotted = dict(result.runs)
+    plotted.setdefault("clairvoyant", result.clairvoyant.run)
+    fluid = result.fluid.gpus()
     for axis, role in zip(axes[1:], roles, strict=True):
-        for index, (policy, run) in enumerate(result.runs.items()):
+        for index, (policy, run) in enumerate(plotted.items()):
             times, held = _series(run, role, result.horizon_s, step)
-            style = "--" if policy == "oracle" else "-"
+            style = "--" if policy == "clairvoyant" else "-"
             axis.step(times, held, where="post", linestyle=style, label=policy,
                       color=f"C{index}", linewidth=1.2)  # fmt: skip
+        axis.step([i * window_s for i in range(windows)],
+                  [w[role] / result.gpus_per_replica for w in fluid], where="post",
+                  linestyle=":", color="black", label="fluid bound")  # fmt: skip
         axis.set_ylabel(f"{role.value} replicas held")
         axis.grid(alpha=0.3)
         axis.legend(loc="upper left", fontsize="small", ncol=4)
@@ -913,7 +772,7 @@ def plot_scenario(result: ScenarioResult, out_dir: Path) -> list[Path]:
     for index, (policy, run) in enumerate(result.runs.items()):
         scores = window_scores(run, window_s, windows)
         values = [s.met / s.requests if s.requests else math.nan for s in scores]
-        style = "--" if policy == "oracle" else "-"
+        style = "--" if policy == "clairvoyant" else "-"
         axis.plot(centres, values, linestyle=style, label=policy, color=f"C{index}")
     target = result.scenario.service.slo.attainment_target
     axis.axhline(target, color="grey", linestyle=":", label=f"target {target:g}")
