@@ -3,19 +3,76 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from inferfleet.api.catalog import GpuType
 from inferfleet.planning import calibration
+from inferfleet.planning.performance import EfficiencyTerms
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "calibration.md"
-TOLERANCE = 0.25
+# Points outside the target band, each explained under "Known limits" in docs/calibration.md,
+# with the error it must not exceed: a point that improves into the band leaves this list.
+KNOWN_OUT_OF_BAND: dict[tuple[str, calibration.Metric], float] = {
+    ("llama-3.3-70b FP8 TP2 H100-80GB, 20000/2000, max throughput",
+     calibration.Metric.OUTPUT_TOKENS_PER_S): 0.18,
+    ("llama-3.3-70b FP8 TP1 H200-141GB, 20000/2000, max throughput",
+     calibration.Metric.OUTPUT_TOKENS_PER_S): 0.24,
+    ("llama-3.1-8b FP8 TP1 H200-141GB, 128/128, max throughput",
+     calibration.Metric.OUTPUT_TOKENS_PER_S): 0.12,
+    ("llama-3.3-70b FP8 TP2 H100-80GB, 5000/500, concurrency 5", calibration.Metric.TTFT_MS): 0.17,
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("row", calibration.table(), ids=lambda row: row.point.label)
-def test_every_published_point_is_predicted_within_tolerance(row: calibration.Row) -> None:
-    assert abs(row.error) <= TOLERANCE, f"{row.point.label}: {row.error:+.1%}"
+def test_every_published_point_is_predicted_within_its_band(row: calibration.Row) -> None:
+    """10% on throughput, 15% on latency; a known exception within its stated ceiling."""
+    ceiling = KNOWN_OUT_OF_BAND.get(
+        (row.point.label, row.point.metric), calibration.TARGET_BAND[row.point.metric]
+    )
+    assert abs(row.error) <= ceiling, f"{row.point.label} {row.point.metric}: {row.error:+.1%}"
+
+
+def test_the_known_exceptions_are_exactly_the_points_out_of_band() -> None:
+    outside = {(row.point.label, row.point.metric) for row in calibration.out_of_band(
+        calibration.table())}  # fmt: skip
+    assert outside == set(KNOWN_OUT_OF_BAND)
+    limits = DOC.read_text().partition("## Known limits")[2]
+    for label, _ in KNOWN_OUT_OF_BAND:
+        assert label in limits, f"docs/calibration.md does not explain {label}"
+
+
+def test_every_point_names_its_source_address() -> None:
+    for point in calibration.PUBLISHED_POINTS:
+        assert "https://" in point.source, point.label
+
+
+def test_a_gpu_whose_points_differ_gets_terms_of_its_own() -> None:
+    """H200 points scaled down by a fifth cannot be met with the H100 terms: the fit gives the
+    H200 its own efficiencies and leaves the shared terms to the H100 points."""
+    h100 = list(calibration.PUBLISHED_POINTS[:7])
+    h200 = [
+        replace(p, published=p.published * 0.8)
+        for p in calibration.PUBLISHED_POINTS
+        if p.gpu_type is GpuType.H200_141GB
+    ]
+    fitted = calibration.fit([*h100, *h200], rounds=1)
+    own = fitted.for_gpu(GpuType.H200_141GB)
+    assert own is not fitted
+    assert own.step_overhead_s == fitted.step_overhead_s
+    assert own.bandwidth < fitted.bandwidth or own.compute < fitted.compute
+    assert fitted.for_gpu(GpuType.A100_80GB) is fitted
+    # The same points unscaled fit the H100 terms: no entry of its own.
+    plain = [p for p in calibration.PUBLISHED_POINTS if p.gpu_type is GpuType.H200_141GB]
+    assert calibration.fit([*h100, *plain], rounds=1).per_gpu == ()
+
+
+def test_the_document_says_which_terms_time_each_gpu_type() -> None:
+    text = DOC.read_text()
+    for gpu_type in GpuType:
+        assert f"- {gpu_type.value}: " in text or gpu_type is calibration.REFERENCE_GPU
 
 
 def test_committed_table_matches_the_model() -> None:
@@ -33,7 +90,7 @@ def test_committed_table_matches_the_model() -> None:
 
 
 def test_the_fit_improves_on_a_poor_start_and_recovers_sensible_terms() -> None:
-    poor = calibration.EfficiencyTerms(compute=0.8, bandwidth=0.6, step_overhead_s=0.004)
+    poor = EfficiencyTerms(compute=0.8, bandwidth=0.6, step_overhead_s=0.004)
     points = calibration.PUBLISHED_POINTS[:7]  # the saturated points: quick to predict
     fitted = calibration.fit(points, start=poor, rounds=1)
     worst_before = max(abs(r.error) for r in calibration.table(poor, points))

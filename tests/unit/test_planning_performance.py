@@ -7,9 +7,10 @@ from dataclasses import replace
 import pytest
 
 from inferfleet.api.catalog import GpuType
-from inferfleet.planning.memory import plan_memory
+from inferfleet.planning.memory import kv_bytes_per_token, plan_memory
 from inferfleet.planning.performance import (
     DEFAULT_EFFICIENCY,
+    EfficiencyTerms,
     StepLoad,
     decode_step_seconds,
     max_throughput,
@@ -96,3 +97,53 @@ def test_max_throughput_is_efficient_but_below_peak() -> None:
     assert result.batch == capacity // 2000
     shorter = max_throughput(config, 128, 128, capacity)
     assert shorter.output_tokens_per_s > result.output_tokens_per_s
+
+
+def test_attention_is_a_roofline_per_part_not_a_sum_of_bytes_and_flops() -> None:
+    config = fp8(replica())
+    efficiency = DEFAULT_EFFICIENCY
+    bandwidth = config.gpu.memory_bandwidth * efficiency.bandwidth
+    decode = StepLoad(decode_sequences=32, decode_context_tokens=32 * 4000)
+    kv_read = decode.decode_context_tokens * kv_bytes_per_token(config)
+    # Decode attention reads each cached byte for a few FLOPs: the bytes alone set its time.
+    assert step_time(config, decode).attention_s == pytest.approx(kv_read / bandwidth)
+    # A long prompt's attention is compute-bound: its FLOPs alone set the time.
+    prompt = StepLoad.prefill_chunk(8192)
+    m = config.model
+    flops = 4 * m.layers * m.attention_heads * m.head_dim * prompt.prefill_attention_pairs
+    rate = config.gpu.bf16_flops * efficiency.compute
+    assert step_time(config, prompt).attention_s == pytest.approx(flops / rate)
+    # Decodes and a prompt chunk in one step: the two rooflines add up.
+    mixed = replace(prompt, decode_sequences=32, decode_context_tokens=32 * 4000)
+    assert step_time(config, mixed).attention_s == pytest.approx(kv_read / bandwidth + flops / rate)
+
+
+def test_decode_attention_depends_on_the_summed_context_only() -> None:
+    """Bytes and FLOPs both grow with each sequence's context, so a batch's attention time is
+    the same whether its contexts are equal or spread: no mean context enters."""
+    config = fp8(replica())
+    total = 64 * 3000
+    even = step_time(config, StepLoad(decode_sequences=64, decode_context_tokens=total))
+    per_sequence = sum(
+        step_time(config, StepLoad(decode_sequences=1, decode_context_tokens=context)).attention_s
+        for context in [1000] * 32 + [5000] * 32
+    )
+    assert even.attention_s == pytest.approx(per_sequence)
+
+
+def test_a_gpu_type_with_its_own_terms_is_timed_by_them_and_no_other() -> None:
+    slower = EfficiencyTerms(compute=0.4, bandwidth=0.7)
+    terms = DEFAULT_EFFICIENCY.with_gpu(GpuType.A100_80GB, slower)
+    assert terms.for_gpu(GpuType.A100_80GB) == slower
+    assert terms.for_gpu(GpuType.H100_80GB) is terms
+    assert hash(terms) == hash(DEFAULT_EFFICIENCY.with_gpu(GpuType.A100_80GB, slower))
+    a100, h100 = replica(gpu=GpuType.A100_80GB), replica()
+    assert decode_step_seconds(a100, 8, 2000, terms) == pytest.approx(
+        decode_step_seconds(a100, 8, 2000, slower)
+    )
+    assert decode_step_seconds(a100, 8, 2000, terms) > decode_step_seconds(a100, 8, 2000)
+    assert decode_step_seconds(h100, 8, 2000, terms) == decode_step_seconds(h100, 8, 2000)
+    # Replacing an entry keeps one per type.
+    again = terms.with_gpu(GpuType.A100_80GB, DEFAULT_EFFICIENCY)
+    assert len(again.per_gpu) == 1
+    assert again.for_gpu(GpuType.A100_80GB) == DEFAULT_EFFICIENCY

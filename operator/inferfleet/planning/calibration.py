@@ -10,14 +10,16 @@ it was not fitted to. docs/calibration.md is `render_markdown` of these, regener
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
+from typing import Any
 
 from inferfleet.api.catalog import GpuCatalog, GpuType, catalog_models
 from inferfleet.api.model_deployment import KvCacheDtype, QuantizationMethod, WeightPrecision
-from inferfleet.planning.load import closed_loop_point
+from inferfleet.planning.load import OperatingPoint, closed_loop_point
 from inferfleet.planning.memory import plan_memory
 from inferfleet.planning.performance import DEFAULT_EFFICIENCY, EfficiencyTerms, max_throughput
 from inferfleet.planning.replica import ReplicaConfig
@@ -26,9 +28,15 @@ TRTLLM_PERF_OVERVIEW = (
     "TensorRT-LLM performance overview (trtllm-bench max throughput, FP8 checkpoints, "
     "H100 SXM 80GB): https://nvidia.github.io/TensorRT-LLM/performance/perf-overview.html"
 )
+TRTLLM_PERF_OVERVIEW_1_0 = (
+    "TensorRT-LLM 1.0 performance overview (trtllm-bench max throughput, FP8 checkpoints, "
+    "H100 SXM 80GB and H200 SXM 141GB, up to 20000/2000 tokens): "
+    "https://github.com/NVIDIA/TensorRT-LLM/blob/00f37686aa854010d68bcbd0f4ab000221541ca6/"
+    "docs/source/performance/perf-overview.md"
+)
 NIM_BENCHMARKS = (
-    "NVIDIA NIM for LLMs benchmarks, Llama-3.3-70B-Instruct FP8 TP2 on 2xH100 SXM: "
-    "https://docs.nvidia.com/nim/benchmarking/llm/latest/performance.html"
+    "NVIDIA NIM for LLMs benchmarks (NIM 1.8.0), Llama-3.3-70B-Instruct FP8 TP2 on 2xH100 SXM, "
+    "closed-loop concurrency sweeps: https://docs.nvidia.com/nim/benchmarking/llm/1.0.0/performance"
 )
 
 
@@ -75,21 +83,41 @@ class PublishedPoint:
         )
 
 
-def _trt(model: str, tensor: int, isl: int, osl: int, tokens_per_s: float) -> PublishedPoint:
+def _trt(
+    model: str,
+    tensor: int,
+    isl: int,
+    osl: int,
+    tokens_per_s: float,
+    *,
+    gpu: GpuType = GpuType.H100_80GB,
+    source: str = TRTLLM_PERF_OVERVIEW,
+) -> PublishedPoint:
     return PublishedPoint(
-        model, GpuType.H100_80GB, tensor, isl, osl, Metric.OUTPUT_TOKENS_PER_S, tokens_per_s,
-        TRTLLM_PERF_OVERVIEW,
-    )  # fmt: skip
+        model, gpu, tensor, isl, osl, Metric.OUTPUT_TOKENS_PER_S, tokens_per_s, source
+    )
 
 
-def _nim(concurrency: int, metric: Metric, value: float) -> PublishedPoint:
+def _trt1(
+    model: str, tensor: int, isl: int, osl: int, tokens_per_s: float, *, gpu: GpuType
+) -> PublishedPoint:
+    return _trt(model, tensor, isl, osl, tokens_per_s, gpu=gpu, source=TRTLLM_PERF_OVERVIEW_1_0)
+
+
+def _nim(
+    concurrency: int, metric: Metric, value: float, isl: int = 5000, osl: int = 500
+) -> PublishedPoint:
     return PublishedPoint(
-        "llama-3.3-70b", GpuType.H100_80GB, 2, 5000, 500, metric, value, NIM_BENCHMARKS,
+        "llama-3.3-70b", GpuType.H100_80GB, 2, isl, osl, metric, value, NIM_BENCHMARKS,
         concurrency,
     )  # fmt: skip
 
 
+_H100 = GpuType.H100_80GB
+_H200 = GpuType.H200_141GB
+
 PUBLISHED_POINTS: tuple[PublishedPoint, ...] = (
+    # The first seven are saturated H100 points, quick to predict (the fit's test uses them).
     _trt("llama-3.1-8b", 1, 128, 128, 28_312),
     _trt("llama-3.1-8b", 1, 1000, 1000, 15_220),
     _trt("llama-3.1-8b", 1, 2048, 128, 3_450),
@@ -101,7 +129,47 @@ PUBLISHED_POINTS: tuple[PublishedPoint, ...] = (
     _nim(1, Metric.ITL_MS, 18.6),
     _nim(50, Metric.TTFT_MS, 835),
     _nim(50, Metric.ITL_MS, 59.7),
+    # Other lengths on the H100: long outputs, long prompts (20k), prefill-heavy 70B.
+    _trt1("llama-3.1-8b", 1, 128, 2048, 22_714, gpu=_H100),
+    _trt1("llama-3.1-8b", 1, 500, 2000, 17_660, gpu=_H100),
+    _trt1("llama-3.1-8b", 1, 20000, 2000, 1_351, gpu=_H100),
+    _trt1("llama-3.3-70b", 2, 2048, 128, 762, gpu=_H100),
+    _trt1("llama-3.3-70b", 2, 5000, 500, 898, gpu=_H100),
+    _trt1("llama-3.3-70b", 2, 20000, 2000, 437, gpu=_H100),
+    # Other concurrencies: below the KV limit, and above it (clients queue for admission).
+    _nim(5, Metric.TTFT_MS, 546.7),
+    _nim(5, Metric.ITL_MS, 21.83),
+    _nim(25, Metric.TTFT_MS, 688.69),
+    _nim(25, Metric.ITL_MS, 38.75),
+    _nim(50, Metric.OUTPUT_TOKENS_PER_S, 814.37),
+    _nim(100, Metric.TTFT_MS, 7_996.25),
+    _nim(100, Metric.ITL_MS, 92.91),
+    _nim(100, Metric.OUTPUT_TOKENS_PER_S, 917.26),
+    _nim(150, Metric.TTFT_MS, 34_794.22),
+    _nim(1, Metric.TTFT_MS, 47.77, isl=500, osl=2000),
+    _nim(1, Metric.ITL_MS, 18.91, isl=500, osl=2000),
+    # Another GPU: the H200 (Hopper, 4.8 TB/s, 141 GB).
+    _trt1("llama-3.1-8b", 1, 128, 128, 27_911, gpu=_H200),
+    _trt1("llama-3.1-8b", 1, 1000, 1000, 17_744, gpu=_H200),
+    _trt1("llama-3.1-8b", 1, 2048, 128, 3_538, gpu=_H200),
+    _trt1("llama-3.1-8b", 1, 5000, 500, 3_902, gpu=_H200),
+    _trt1("llama-3.1-8b", 1, 20000, 2000, 1_804, gpu=_H200),
+    _trt1("llama-3.3-70b", 1, 128, 128, 3_803, gpu=_H200),
+    _trt1("llama-3.3-70b", 1, 1000, 1000, 2_909, gpu=_H200),
+    _trt1("llama-3.3-70b", 1, 5000, 500, 566, gpu=_H200),
+    _trt1("llama-3.3-70b", 1, 20000, 2000, 283, gpu=_H200),
 )
+
+
+@functools.lru_cache(maxsize=4096)
+def _closed_loop(
+    config: ReplicaConfig,
+    concurrency: int,
+    input_tokens: int,
+    output_tokens: int,
+    efficiency: EfficiencyTerms,
+) -> OperatingPoint:
+    return closed_loop_point(config, concurrency, input_tokens, output_tokens, efficiency)
 
 
 def predict(
@@ -113,12 +181,14 @@ def predict(
         return max_throughput(
             config, point.input_tokens, point.output_tokens, capacity, efficiency
         ).output_tokens_per_s
-    state = closed_loop_point(
+    state = _closed_loop(
         config, point.concurrency, point.input_tokens, point.output_tokens, efficiency
     )
     # Benchmark tools report the mean over requests.
     if point.metric == Metric.TTFT_MS:
         return state.ttft_mean_s * 1000
+    if point.metric == Metric.OUTPUT_TOKENS_PER_S:
+        return state.output_tokens_per_s
     return state.tpot_s * 1000
 
 
@@ -152,6 +222,41 @@ _SEARCH_GRID: dict[str, tuple[float, ...]] = {
     "step_overhead_s": tuple(round(0.00025 * i, 5) for i in range(1, 17)),
     "allreduce_latency_s": (5e-6, 10e-6, 15e-6, 20e-6, 30e-6),
 }
+# Another GPU type differs in how close its kernels come to its peaks; the fixed costs (the
+# scheduler's step overhead, the all-reduce latency) are the engine's and stay shared.
+_PER_GPU_TERMS = ("compute", "bandwidth")
+REFERENCE_GPU = GpuType.H100_80GB
+"""The GPU whose points fit the shared terms; every type without terms of its own uses them."""
+MIN_POINTS_FOR_OWN_TERMS = 4
+OWN_TERMS_GAIN = 0.02
+"""A type gets its own terms only when they cut the RMS log error of its points by this much:
+where its data do not differ from the reference GPU's, the reference terms stand."""
+
+
+def _descend(
+    start: EfficiencyTerms,
+    points: Sequence[PublishedPoint],
+    names: Sequence[str],
+    *,
+    rounds: int,
+    wrap: Callable[[EfficiencyTerms], EfficiencyTerms] = lambda terms: terms,
+    progress: Callable[[str], None] | None = None,
+) -> EfficiencyTerms:
+    """Coordinate descent on the grid over the terms `names`: each round tries every value of
+    each in turn. `wrap` turns a candidate into the terms that predict (a per-GPU entry)."""
+    best = start
+    best_loss = _loss(wrap(best), points)
+    for round_index in range(rounds):
+        for name in names:
+            for value in _SEARCH_GRID[name]:
+                change: dict[str, Any] = {name: value}
+                candidate = replace(best, **change)
+                loss = _loss(wrap(candidate), points)
+                if loss < best_loss:
+                    best, best_loss = candidate, loss
+        if progress:
+            progress(f"round {round_index + 1}: RMS log error {best_loss:.4f} with {best}")
+    return best
 
 
 def fit(
@@ -160,19 +265,35 @@ def fit(
     rounds: int = 3,
     progress: Callable[[str], None] | None = None,
 ) -> EfficiencyTerms:
-    """Coordinate descent on the grid: each round tries every value of each term in turn."""
-    best = start
-    best_loss = _loss(best, points)
-    for round_index in range(rounds):
-        for name, values in _SEARCH_GRID.items():
-            for value in values:
-                candidate = replace(best, **{name: value})
-                loss = _loss(candidate, points)
-                if loss < best_loss:
-                    best, best_loss = candidate, loss
+    """The shared terms fitted to the reference GPU's points (to all points when it has none),
+    then, for each other GPU type with enough points, its own compute and bandwidth
+    efficiencies where they fit its points clearly better than the shared ones."""
+    reference = [p for p in points if p.gpu_type is REFERENCE_GPU] or list(points)
+    shared = replace(start, per_gpu=())
+    shared = _descend(shared, reference, tuple(_SEARCH_GRID), rounds=rounds, progress=progress)
+    terms = shared
+    for gpu_type in sorted({p.gpu_type for p in points} - {REFERENCE_GPU}, key=str):
+        own_points = [p for p in points if p.gpu_type is gpu_type]
+        if len(own_points) < MIN_POINTS_FOR_OWN_TERMS:
+            continue
+
+        def as_entry(candidate: EfficiencyTerms, gpu_type: GpuType = gpu_type) -> EfficiencyTerms:
+            return shared.with_gpu(gpu_type, candidate)
+
+        own = _descend(
+            start.for_gpu(gpu_type), own_points, _PER_GPU_TERMS, rounds=rounds, wrap=as_entry
+        )
+        own = replace(
+            own,
+            step_overhead_s=shared.step_overhead_s,
+            allreduce_latency_s=shared.allreduce_latency_s,
+        )
+        gain = _loss(shared, own_points) - _loss(as_entry(own), own_points)
         if progress:
-            progress(f"round {round_index + 1}: RMS log error {best_loss:.4f} with {best}")
-    return best
+            progress(f"{gpu_type.value}: own terms cut the RMS log error by {gain:.4f}")
+        if gain >= OWN_TERMS_GAIN:
+            terms = terms.with_gpu(gpu_type, own)
+    return terms
 
 
 def leave_one_out(
@@ -188,6 +309,41 @@ def leave_one_out(
     return rows
 
 
+TARGET_BAND: dict[Metric, float] = {
+    Metric.OUTPUT_TOKENS_PER_S: 0.10,
+    Metric.TTFT_MS: 0.15,
+    Metric.ITL_MS: 0.15,
+}
+"""The planner's target: within 10% of every published throughput, 15% of every latency."""
+
+
+def out_of_band(rows: Sequence[Row]) -> list[Row]:
+    return [row for row in rows if abs(row.error) > TARGET_BAND[row.point.metric]]
+
+
+def worst_by_metric(rows: Sequence[Row]) -> dict[Metric, Row]:
+    """The row with the largest absolute error of each metric."""
+    worst: dict[Metric, Row] = {}
+    for row in rows:
+        metric = row.point.metric
+        if metric not in worst or abs(row.error) > abs(worst[metric].error):
+            worst[metric] = row
+    return worst
+
+
+def _figure(value: float) -> str:
+    """A published figure as printed at its source: up to two decimals, none trailing."""
+    return f"{value:,.2f}".rstrip("0").rstrip(".")
+
+
+def _terms_text(terms: EfficiencyTerms) -> str:
+    return (
+        f"compute {terms.compute}, bandwidth {terms.bandwidth}, "
+        f"step overhead {terms.step_overhead_s * 1e3:g} ms, "
+        f"all-reduce latency {terms.allreduce_latency_s * 1e6:g} us"
+    )
+
+
 def render_markdown(
     efficiency: EfficiencyTerms, rows: Sequence[Row], held_out: Sequence[Row] | None = None
 ) -> str:
@@ -197,20 +353,47 @@ def render_markdown(
         "|---|---|---|---:|---:|---:|" + ("---:|" if held_out else ""),
     ]
     for index, row in enumerate(rows, start=1):
+        band = "" if abs(row.error) <= TARGET_BAND[row.point.metric] else " (out of band)"
         line = (
             f"| {index} | {row.point.label} | {row.point.metric.value} | "
-            f"{row.point.published:,.1f} | {row.predicted:,.1f} | {row.error:+.1%} |"
+            f"{_figure(row.point.published)} | {row.predicted:,.1f} | {row.error:+.1%} |"
         )
         if held_out:
-            line += f" {held_out[index - 1].error:+.1%} |"
+            line += f" {held_out[index - 1].error:+.1%}{band} |"
+        elif band:
+            line = line[:-2] + f"{band} |"
         lines.append(line)
-    worst = max(abs(row.error) for row in rows)
+    in_sample = worst_by_metric(rows)
+    outside = worst_by_metric(held_out) if held_out else {}
     lines += [
         "",
-        f"Worst error: {worst:.1%}. Efficiency terms: compute {efficiency.compute}, "
-        f"bandwidth {efficiency.bandwidth}, step overhead {efficiency.step_overhead_s * 1e3:g} ms, "
-        f"all-reduce latency {efficiency.allreduce_latency_s * 1e6:g} us.",
+        "| metric | target | worst error | worst held-out error | points out of band |",
+        "|---|---:|---:|---:|---:|",
     ]
+    for metric, worst in in_sample.items():
+        held = f"{outside[metric].error:+.1%}" if metric in outside else "n/a"
+        count = sum(1 for row in rows if row.point.metric == metric and row in out_of_band(rows))
+        lines.append(
+            f"| {metric.value} | {TARGET_BAND[metric]:.0%} | {worst.error:+.1%} | {held} "
+            f"| {count} |"
+        )
+    gpu_types = sorted({row.point.gpu_type for row in rows} | set(GpuType), key=str)
+    lines += ["", f"Efficiency terms ({REFERENCE_GPU.value}, fitted): {_terms_text(efficiency)}."]
+    for gpu_type in gpu_types:
+        if gpu_type is REFERENCE_GPU:
+            continue
+        points = sum(1 for row in rows if row.point.gpu_type is gpu_type)
+        own = efficiency.for_gpu(gpu_type)
+        if own is not efficiency:
+            choice = f"its own terms, fitted to its {points} points: {_terms_text(own)}"
+        elif points:
+            choice = (
+                f"the {REFERENCE_GPU.value} terms: its {points} points fit them as well as "
+                "terms of its own"
+            )
+        else:
+            choice = f"the {REFERENCE_GPU.value} terms (no published point checks it here)"
+        lines.append(f"- {gpu_type.value}: {choice}.")
     sources = sorted({row.point.source for row in rows})
     lines += ["", "Sources:", *[f"- {source}" for source in sources]]
     return "\n".join(lines) + "\n"

@@ -22,7 +22,7 @@ mean TTFT within 14% up to 80% of saturation for 1000/200 and 200/500 requests; 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from inferfleet.planning.memory import plan_memory
 from inferfleet.planning.performance import (
@@ -38,6 +38,10 @@ from inferfleet.planning.replica import ReplicaConfig
 
 _MAX_ITERATIONS = 200
 _TOLERANCE = 1e-9
+_BISECTIONS = 60
+_RATE_TOLERANCE = 1e-5
+# Below this share of the clients, a shortfall of the bisection is not a queue.
+_QUEUE_TOLERANCE = 1e-3
 
 
 @dataclass(frozen=True)
@@ -123,12 +127,39 @@ def operating_point(
     decode: bool = True,
 ) -> OperatingPoint:
     """Steady state at `rate` req/s. `prefill`/`decode` False model a disaggregated pool that
-    does only the other half of the work."""
+    does only the other half of the work. The KV cache must hold every decoding sequence's whole
+    context (input + output): the margin a planner keeps, as an engine whose paged cache fills
+    up preempts and recomputes."""
+    return _steady_state(
+        config,
+        rate,
+        input_tokens,
+        output_tokens,
+        efficiency=efficiency,
+        prefill=prefill,
+        decode=decode,
+        held_whole=True,
+    )
+
+
+def _steady_state(
+    config: ReplicaConfig,
+    rate: float,
+    input_tokens: int,
+    output_tokens: int,
+    *,
+    efficiency: EfficiencyTerms,
+    prefill: bool,
+    decode: bool,
+    held_whole: bool,
+) -> OperatingPoint:
+    """`held_whole` False: a sequence holds only its mean context in a paged KV cache
+    (input + output / 2), as engines that allocate blocks as tokens come do on average."""
     if rate < 0 or input_tokens < 1 or output_tokens < 1:
         raise ValueError("rate must be >= 0 and token counts >= 1")
     capacity = plan_memory(config).kv_capacity_tokens
-    context = input_tokens + output_tokens
     mean_context = input_tokens + output_tokens / 2
+    context = input_tokens + output_tokens if held_whole else mean_context
     budget = config.max_batched_tokens
 
     def steps_at(mean_step_s: float) -> _StepMix:
@@ -230,27 +261,63 @@ def closed_loop_point(
 ) -> OperatingPoint:
     """Steady state with `concurrency` clients each sending the next request when the last one
     ends (how benchmark tools sweep concurrency): the rate where rate x latency = concurrency.
-    When the replica cannot hold that many (KV cache, batch limit), the rest would queue: the
-    highest stable rate is returned."""
+
+    The replica admits at most `admitted_sequences` requests at once (its paged KV cache full
+    of sequences at their mean context, or `max_sequences`); clients beyond
+    the requests it holds wait in its admission queue. Little's law gives that wait: the queue
+    holds the clients not in service, and drains at the request rate, so each queued request
+    waits queued / rate before its prefill starts. It adds to TTFT, mean and p95 alike: with a
+    fixed number of clients the queue stays about as long, so its wait barely varies."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1 (got {concurrency})")
+
+    def point_at(rate: float) -> OperatingPoint:
+        return _steady_state(
+            config,
+            rate,
+            input_tokens,
+            output_tokens,
+            efficiency=efficiency,
+            prefill=True,
+            decode=True,
+            held_whole=False,
+        )
 
     def in_flight(point: OperatingPoint) -> float:
         return point.rate * (point.ttft_mean_s + output_tokens * point.tpot_s)
 
+    served = min(concurrency, admitted_sequences(config, input_tokens, output_tokens))
     low, high = 0.0, 1.0
-    while operating_point(
-        config, high, input_tokens, output_tokens, efficiency=efficiency
-    ).stable and (
-        in_flight(operating_point(config, high, input_tokens, output_tokens, efficiency=efficiency))
-        < concurrency
-    ):
+    point = point_at(high)
+    while point.stable and in_flight(point) < served:
         low, high = high, high * 2
-    for _ in range(60):
+        point = point_at(high)
+    for _ in range(_BISECTIONS):
         middle = (low + high) / 2
-        point = operating_point(config, middle, input_tokens, output_tokens, efficiency=efficiency)
-        if point.stable and in_flight(point) < concurrency:
+        point = point_at(middle)
+        if point.stable and in_flight(point) < served:
             low = middle
         else:
             high = middle
-    return operating_point(config, low, input_tokens, output_tokens, efficiency=efficiency)
+        if high - low <= _RATE_TOLERANCE * high:
+            break
+    point = point_at(low)
+    queued = concurrency - in_flight(point)
+    if point.rate <= 0 or queued <= _QUEUE_TOLERANCE * concurrency:
+        return point
+    wait = queued / point.rate
+    return replace(
+        point,
+        limit=f"{queued:.0f} of {concurrency} clients queue for admission",
+        ttft_mean_s=point.ttft_mean_s + wait,
+        ttft_p95_s=point.ttft_p95_s + wait,
+    )
+
+
+def admitted_sequences(config: ReplicaConfig, input_tokens: int, output_tokens: int) -> int:
+    """Requests the replica holds at once in steady state, whichever bound is lower: its paged
+    KV cache, which engines fill block by block as tokens come (a sequence half way through
+    its output on average: input + output / 2 tokens), or `max_sequences`."""
+    capacity = plan_memory(config).kv_capacity_tokens
+    mean_context = input_tokens + output_tokens / 2
+    return max(1, min(config.max_sequences, math.floor(capacity / mean_context)))

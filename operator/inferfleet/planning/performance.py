@@ -6,21 +6,28 @@ run one after another on the GPU:
 * linear layers (GEMMs): max(FLOPs / (peak x compute efficiency),
   weight bytes / (bandwidth x bandwidth efficiency)). Prefill tokens make them compute-bound;
   a decode-only batch is bound by reading the weights once per step;
-* attention: decode reads every cached K/V byte of its sequences (bandwidth-bound); prefill
-  attention is compute-bound;
+* attention, a roofline of its own: the slower of the K/V bytes read and the attention FLOPs
+  at the bf16 tensor-core peak, taken separately for the decodes (each sequence reads its
+  whole cache: bandwidth-bound) and for the prompt chunks (each query attends to every earlier
+  position: compute-bound for long prompts). Both the bytes and the FLOPs of a decode grow in
+  proportion to its context, so the roofline of the batch's summed context is the sum of each
+  sequence's roofline: no mean context enters;
 * tensor-parallel all-reduces (two per layer) and pipeline hops;
 * a fixed per-step overhead (scheduling, sampling, kernel launches).
 
 Pipeline stages are taken as sequential for one step (latency of the whole model); the
 throughput gain of filling the pipeline with micro-batches is not modelled, so PP plans are
-conservative. The efficiency terms are fitted to published measurements (see `calibration`).
+conservative. The efficiency terms are fitted to published measurements (see `calibration`);
+a GPU type whose published points call for other kernel efficiencies has its own terms
+(`EfficiencyTerms.per_gpu`), every other type uses the fitted H100 terms.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from inferfleet.api.catalog import GpuType
 from inferfleet.planning.memory import (
     attention_parameters,
     kv_bytes_per_token,
@@ -34,13 +41,30 @@ from inferfleet.planning.replica import ACTIVATION_BYTES, ReplicaConfig
 class EfficiencyTerms:
     """Fractions of datasheet peaks that real kernels reach, and fixed costs.
 
-    Defaults are fitted to the published points in `calibration.PUBLISHED_POINTS`.
+    Defaults are fitted to the published points in `calibration.PUBLISHED_POINTS`. The four
+    terms apply to every GPU type not listed in `per_gpu`; a listed type uses its own terms
+    (its kernels reach another share of its peaks), fitted to its own published points.
     """
 
-    compute: float = 0.53
+    compute: float = 0.51
     bandwidth: float = 0.90
-    step_overhead_s: float = 0.0025
+    step_overhead_s: float = 0.0015
     allreduce_latency_s: float = 30e-6
+    per_gpu: tuple[tuple[GpuType, EfficiencyTerms], ...] = ()
+
+    def for_gpu(self, gpu_type: GpuType) -> EfficiencyTerms:
+        """The terms that time a step on `gpu_type`."""
+        for listed, terms in self.per_gpu:
+            if listed is gpu_type:
+                return terms
+        return self
+
+    def with_gpu(self, gpu_type: GpuType, terms: EfficiencyTerms) -> EfficiencyTerms:
+        """These terms with `gpu_type` timed by `terms` (whose own `per_gpu` is dropped)."""
+        own = replace(terms, per_gpu=())
+        others = tuple((listed, t) for listed, t in self.per_gpu if listed is not gpu_type)
+        listed_types = sorted((*others, (gpu_type, own)), key=lambda pair: pair[0].value)
+        return replace(self, per_gpu=tuple(listed_types))
 
 
 DEFAULT_EFFICIENCY = EfficiencyTerms()
@@ -106,6 +130,7 @@ def step_time(
     m = config.model
     gpu = config.gpu
     tokens = load.tokens
+    efficiency = efficiency.for_gpu(config.gpu_type)
 
     # Linear layers: active parameters per token; the output head only for decode tokens.
     active_linear = m.active_parameters - m.embedding_parameters
@@ -121,20 +146,29 @@ def step_time(
         weight_bytes / (gpu.memory_bandwidth * efficiency.bandwidth),
     )
 
-    # Attention: decode reads the cache; prefill computes QK^T and PV (2 x 2 FLOPs per pair).
-    heads_per_gpu = m.attention_heads / config.tensor
-    attention_flops = (
-        4
-        * m.layers
-        * heads_per_gpu
-        * m.head_dim
-        * (load.decode_context_tokens + load.prefill_attention_pairs)
-        / config.pipeline
+    # Attention: QK^T and PV are 2 x 2 FLOPs per (query, key) pair; a decode's query meets every
+    # cached position, a prompt chunk's queries the causal pairs. Each part is a roofline.
+    bandwidth = gpu.memory_bandwidth * efficiency.bandwidth
+    attention_rate = gpu.bf16_flops * efficiency.compute
+    flops_per_pair = (
+        4 * m.layers * (m.attention_heads / config.tensor) * m.head_dim / config.pipeline
     )
-    kv_read = load.decode_context_tokens * kv_bytes_per_token(config)
-    attention_s = kv_read / (gpu.memory_bandwidth * efficiency.bandwidth) + attention_flops / (
-        gpu.bf16_flops * efficiency.compute
+    kv_per_token = kv_bytes_per_token(config)
+    decode_read = load.decode_context_tokens * kv_per_token
+    decode_flops = flops_per_pair * load.decode_context_tokens
+    prefill_flops = flops_per_pair * load.prefill_attention_pairs
+    # A chunk reads the K/V of its prompt up to its end once: the start plus the chunk itself.
+    prefill_read = 0.0
+    if load.prefill_tokens:
+        prefill_context = (
+            load.prefill_attention_pairs / load.prefill_tokens + load.prefill_tokens / 2
+        )
+        prefill_read = prefill_context * kv_per_token
+    attention_s = max(decode_read / bandwidth, decode_flops / attention_rate) + max(
+        prefill_read / bandwidth, prefill_flops / attention_rate
     )
+    attention_flops = decode_flops + prefill_flops
+    kv_read = decode_read + prefill_read
 
     # Two ring all-reduces per layer over the activations; one hop per pipeline boundary.
     communication_s = 0.0

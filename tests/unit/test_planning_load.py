@@ -1,0 +1,102 @@
+"""Latency under load: the closed loop's admission queue, and open-loop TTFT against the
+engine emulator's scheduler under Poisson arrivals."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from inferfleet.planning.load import admitted_sequences, closed_loop_point, operating_point
+from inferfleet.planning.memory import plan_memory
+from inferfleet.sim.scheduler import EngineCore, EngineRequest
+from tests.unit.planning_fixtures import fp8, replica
+
+LLAMA_70B_TP2 = fp8(replica("llama-3.3-70b", tensor=2, max_sequences=256))
+LLAMA_8B = fp8(replica("llama-3.1-8b", max_sequences=256))
+
+
+def test_the_paged_kv_cache_admits_sequences_at_their_mean_context() -> None:
+    capacity = plan_memory(LLAMA_70B_TP2).kv_capacity_tokens
+    assert admitted_sequences(LLAMA_70B_TP2, 5000, 500) == capacity // 5250
+    capped = fp8(replica("llama-3.1-8b", max_sequences=16))
+    assert admitted_sequences(capped, 200, 200) == 16
+
+
+def test_clients_the_replica_holds_see_no_admission_queue() -> None:
+    point = closed_loop_point(LLAMA_70B_TP2, 50, 5000, 500)
+    assert point.limit == ""
+    in_flight = point.rate * (point.ttft_mean_s + 500 * point.tpot_s)
+    assert in_flight == pytest.approx(50, rel=1e-3)
+
+
+def test_clients_beyond_the_kv_cache_wait_their_turn_by_littles_law() -> None:
+    admitted = admitted_sequences(LLAMA_70B_TP2, 5000, 500)
+    full = closed_loop_point(LLAMA_70B_TP2, admitted + 1, 5000, 500)
+    over = closed_loop_point(LLAMA_70B_TP2, admitted + 41, 5000, 500)
+    # The replica runs as full as it can either way: same rate, same decode steps.
+    assert over.rate == pytest.approx(full.rate, rel=1e-6)
+    assert over.tpot_s == pytest.approx(full.tpot_s, rel=1e-6)
+    # 40 more clients queue; they drain at the request rate, so each waits 40 / rate longer.
+    assert over.ttft_mean_s - full.ttft_mean_s == pytest.approx(40 / over.rate, rel=1e-3)
+    assert over.ttft_p95_s - full.ttft_p95_s == pytest.approx(40 / over.rate, rel=1e-3)
+    assert "queue for admission" in over.limit
+    # Little's law over the whole loop: every client is queued, prefilling or decoding.
+    assert over.rate * (over.ttft_mean_s + 500 * over.tpot_s) == pytest.approx(
+        admitted + 41, rel=1e-3
+    )
+
+
+def test_the_max_sequences_limit_queues_clients_too() -> None:
+    capped = fp8(replica("llama-3.1-8b", max_sequences=8))
+    point = closed_loop_point(capped, 24, 1000, 200)
+    assert point.batch <= 8
+    assert point.ttft_mean_s > 16 / point.rate
+
+
+def _emulated_ttft(rate: float, input_tokens: int, output_tokens: int) -> tuple[float, float]:
+    """Mean and p95 TTFT of the scheduler core under Poisson arrivals (middle 80% of 1500)."""
+    rng = random.Random(7)
+    core = EngineCore(LLAMA_8B, prefix_caching=False)
+    count = 1500
+    arrivals: list[float] = []
+    clock = 0.0
+    for _ in range(count):
+        clock += rng.expovariate(rate)
+        arrivals.append(clock)
+    first_token: dict[int, float] = {}
+    now, added = 0.0, 0
+    while added < count or core.has_work:
+        while added < count and arrivals[added] <= now:
+            core.add_request(EngineRequest(str(added), input_tokens, output_tokens))
+            added += 1
+        result = core.step(now) if core.has_work else None
+        if result is None or result.idle:
+            now = arrivals[added]
+            continue
+        for request_id in result.first_tokens:
+            first_token[int(request_id)] = result.end_s
+        now = result.end_s
+    ttfts = sorted(first_token[k] - arrivals[k] for k in range(count // 10, count - count // 10))
+    return sum(ttfts) / len(ttfts), ttfts[int(0.95 * len(ttfts))]
+
+
+@pytest.mark.parametrize(
+    ("input_tokens", "output_tokens", "load"), [(1000, 200, 0.7), (8000, 200, 0.5)]
+)
+def test_open_loop_ttft_mean_and_p95_agree_with_the_scheduler_under_poisson_arrivals(
+    input_tokens: int, output_tokens: int, load: float
+) -> None:
+    low, high = 0.0, 1000.0
+    for _ in range(40):
+        middle = (low + high) / 2
+        if operating_point(LLAMA_8B, middle, input_tokens, output_tokens).stable:
+            low = middle
+        else:
+            high = middle
+    rate = load * low
+    point = operating_point(LLAMA_8B, rate, input_tokens, output_tokens)
+    mean, p95 = _emulated_ttft(rate, input_tokens, output_tokens)
+    assert point.ttft_mean_s == pytest.approx(mean, rel=0.15)
+    assert point.ttft_p95_s == pytest.approx(p95, rel=0.15)
+    assert point.ttft_p95_s > point.ttft_mean_s
