@@ -309,10 +309,10 @@ def _rounded(tokens: float) -> int:
 
 @dataclass
 class ClairvoyantScaler:
-    """Replays the oracle's per-window replicas: `needs[i]` holds over
-    [i * window_s, (i + 1) * window_s). A window's replicas are asked for a cold start (and one
-    tick) ahead, so they serve from its first second; replicas leave when no window within a
-    cold start needs them."""
+    """Replays a per-window schedule (the clairvoyant schedule, or the per-window oracle it is
+    searched from): `needs[i]` holds over [i * window_s, (i + 1) * window_s). A window's
+    replicas are asked for a cold start (and one tick) ahead, so they serve from its first
+    second; replicas leave when no window within a cold start needs them."""
 
     needs: Sequence[Mapping[Role, int]]
     window_s: float

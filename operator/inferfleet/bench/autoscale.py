@@ -756,9 +756,9 @@ def plot_scenario(result: ScenarioResult, out_dir: Path) -> list[Path]:
             style = "--" if policy == "clairvoyant" else "-"
             axis.step(times, held, where="post", linestyle=style, label=policy,
                       color=f"C{index}", linewidth=1.2)  # fmt: skip
-        axis.step([i * window_s for i in range(windows)],
-                  [w[role] / result.gpus_per_replica for w in fluid], where="post",
-                  linestyle=":", color="black", label="fluid bound")  # fmt: skip
+        bound = [w[role] / result.gpus_per_replica for w in fluid]
+        axis.step([i * window_s for i in range(windows)] + [result.horizon_s], bound + bound[-1:],
+                  where="post", linestyle=":", color="black", label="fluid bound")  # fmt: skip
         axis.set_ylabel(f"{role.value} replicas held")
         axis.grid(alpha=0.3)
         axis.legend(loc="upper left", fontsize="small", ncol=4)
