@@ -412,9 +412,6 @@ def per_window_oracle(
     return Oracle(needs, planned, run, simulations)
 
 
-clairvoyant_oracle = per_window_oracle
-
-
 def _responsible(service: Service, score: WindowScore) -> list[Role]:
     if not service.disaggregated:
         return [Role.AGGREGATED]
