@@ -23,6 +23,10 @@ KNOWN_OUT_OF_BAND: dict[tuple[str, calibration.Metric], float] = {
     ("llama-3.1-8b FP8 TP1 H200-141GB, 128/128, max throughput",
      calibration.Metric.OUTPUT_TOKENS_PER_S): 0.12,
     ("llama-3.3-70b FP8 TP2 H100-80GB, 5000/500, concurrency 5", calibration.Metric.TTFT_MS): 0.17,
+    ("llama-3.1-8b FP8 TP1 L40S-48GB over H100-80GB, 20000/2000, max throughput",
+     calibration.Metric.THROUGHPUT_RATIO): 0.17,
+    ("llama-3.3-70b FP8 TP4 L40S-48GB over H100-80GB, 128/128, max throughput",
+     calibration.Metric.THROUGHPUT_RATIO): 0.13,
 }  # fmt: skip
 
 
@@ -83,10 +87,18 @@ def test_committed_table_matches_the_model() -> None:
     expected = calibration.table()
     assert len(rows) == len(expected)
     for (_, published, predicted, _), row in zip(rows, expected, strict=True):
-        assert float(published.replace(",", "")) == pytest.approx(row.point.published)
-        assert float(predicted.replace(",", "")) == pytest.approx(row.predicted, abs=0.06), (
-            "docs/calibration.md is stale: run `inferfleet calibrate`"
+        assert float(published.replace(",", "")) == pytest.approx(
+            row.point.published, abs=_last_digit(published)
         )
+        assert float(predicted.replace(",", "")) == pytest.approx(
+            row.predicted, abs=_last_digit(predicted)
+        ), "docs/calibration.md is stale: run `inferfleet calibrate`"
+
+
+def _last_digit(printed: str) -> float:
+    """Half a unit of the last printed decimal, and a little more for rounding."""
+    decimals = len(printed.partition(".")[2])
+    return 0.51 * 10.0**-decimals
 
 
 def test_the_fit_improves_on_a_poor_start_and_recovers_sensible_terms() -> None:

@@ -132,18 +132,30 @@ def test_decode_attention_depends_on_the_summed_context_only() -> None:
 
 
 def test_a_gpu_type_with_its_own_terms_is_timed_by_them_and_no_other() -> None:
+    shared = EfficiencyTerms()
     slower = EfficiencyTerms(compute=0.4, bandwidth=0.7)
-    terms = DEFAULT_EFFICIENCY.with_gpu(GpuType.A100_80GB, slower)
+    terms = shared.with_gpu(GpuType.A100_80GB, slower)
     assert terms.for_gpu(GpuType.A100_80GB) == slower
     assert terms.for_gpu(GpuType.H100_80GB) is terms
-    assert hash(terms) == hash(DEFAULT_EFFICIENCY.with_gpu(GpuType.A100_80GB, slower))
+    assert hash(terms) == hash(shared.with_gpu(GpuType.A100_80GB, slower))
     a100, h100 = replica(gpu=GpuType.A100_80GB), replica()
     assert decode_step_seconds(a100, 8, 2000, terms) == pytest.approx(
         decode_step_seconds(a100, 8, 2000, slower)
     )
-    assert decode_step_seconds(a100, 8, 2000, terms) > decode_step_seconds(a100, 8, 2000)
-    assert decode_step_seconds(h100, 8, 2000, terms) == decode_step_seconds(h100, 8, 2000)
+    assert decode_step_seconds(a100, 8, 2000, terms) > decode_step_seconds(a100, 8, 2000, shared)
+    assert decode_step_seconds(h100, 8, 2000, terms) == decode_step_seconds(h100, 8, 2000, shared)
     # Replacing an entry keeps one per type.
-    again = terms.with_gpu(GpuType.A100_80GB, DEFAULT_EFFICIENCY)
+    again = terms.with_gpu(GpuType.A100_80GB, shared)
     assert len(again.per_gpu) == 1
-    assert again.for_gpu(GpuType.A100_80GB) == DEFAULT_EFFICIENCY
+    assert again.for_gpu(GpuType.A100_80GB) == shared
+
+
+def test_the_default_terms_time_the_a100_and_l40s_by_their_own_fitted_terms() -> None:
+    for gpu_type in (GpuType.A100_80GB, GpuType.L40S_48GB):
+        own = DEFAULT_EFFICIENCY.for_gpu(gpu_type)
+        assert own is not DEFAULT_EFFICIENCY
+        assert own.step_overhead_s == DEFAULT_EFFICIENCY.step_overhead_s
+    assert DEFAULT_EFFICIENCY.for_gpu(GpuType.H200_141GB) is DEFAULT_EFFICIENCY
+    # The A100 reaches more of its peak compute than the H100 terms grant it.
+    a100 = replica(gpu=GpuType.A100_80GB)
+    assert prefill_seconds(a100, 8000) < prefill_seconds(a100, 8000, EfficiencyTerms())

@@ -34,6 +34,11 @@ TRTLLM_PERF_OVERVIEW_1_0 = (
     "https://github.com/NVIDIA/TensorRT-LLM/blob/00f37686aa854010d68bcbd0f4ab000221541ca6/"
     "docs/source/performance/perf-overview.md"
 )
+TRTLLM_PERF_OVERVIEW_0_13 = (
+    "TensorRT-LLM 0.13 performance overview (trtllm-bench max throughput, one table for "
+    "H100 SXM FP8 and FP16, A100-SXM4-80GB FP16 and L40S FP8): "
+    "https://github.com/NVIDIA/TensorRT-LLM/blob/v0.13.0/docs/source/performance/perf-overview.md"
+)
 NIM_BENCHMARKS = (
     "NVIDIA NIM for LLMs benchmarks (NIM 1.8.0), Llama-3.3-70B-Instruct FP8 TP2 on 2xH100 SXM, "
     "closed-loop concurrency sweeps: https://docs.nvidia.com/nim/benchmarking/llm/1.0.0/performance"
@@ -44,6 +49,7 @@ class Metric(StrEnum):
     OUTPUT_TOKENS_PER_S = "output tokens/s"
     TTFT_MS = "TTFT ms"
     ITL_MS = "ITL ms"
+    THROUGHPUT_RATIO = "throughput over the H100's"
 
 
 @dataclass(frozen=True)
@@ -58,16 +64,21 @@ class PublishedPoint:
     source: str
     concurrency: int | None = None
     """None: saturated (max throughput); else that many closed-loop clients."""
+    fp8: bool = True
+    """FP8 checkpoint with an FP8 KV cache; False: FP16 weights and KV cache."""
+    reference_gpu: GpuType | None = None
+    """Set for a ratio: `published` is this GPU's throughput over `reference_gpu`'s, both
+    measured in one table (same release, settings and precision)."""
 
     def config(self, gpus: GpuCatalog) -> ReplicaConfig:
-        # FP8 checkpoints with FP8 KV cache; trtllm-bench lets batches grow to 2048 sequences.
+        # trtllm-bench lets batches grow to 2048 sequences.
         return ReplicaConfig(
             model=catalog_models()[self.model],
             gpu_type=self.gpu_type,
             gpu=gpus[self.gpu_type],
-            weights=WeightPrecision.FP8,
-            method=QuantizationMethod.FP8,
-            kv_cache=KvCacheDtype.FP8,
+            weights=WeightPrecision.FP8 if self.fp8 else WeightPrecision.FP16,
+            method=QuantizationMethod.FP8 if self.fp8 else None,
+            kv_cache=KvCacheDtype.FP8 if self.fp8 else KvCacheDtype.FP16,
             tensor=self.tensor,
             max_sequences=2048 if self.concurrency is None else 256,
             max_batched_tokens=8192,
@@ -77,8 +88,11 @@ class PublishedPoint:
     @property
     def label(self) -> str:
         load = "max throughput" if self.concurrency is None else f"concurrency {self.concurrency}"
+        gpu = self.gpu_type.value
+        if self.reference_gpu is not None:
+            gpu = f"{gpu} over {self.reference_gpu.value}"
         return (
-            f"{self.model} FP8 TP{self.tensor} {self.gpu_type.value}, "
+            f"{self.model} {'FP8' if self.fp8 else 'FP16'} TP{self.tensor} {gpu}, "
             f"{self.input_tokens}/{self.output_tokens}, {load}"
         )
 
@@ -113,8 +127,24 @@ def _nim(
     )  # fmt: skip
 
 
+def _beside_h100(
+    model: str, tensor: int, lengths: tuple[int, int], gpu: GpuType, figures: tuple[float, float]
+) -> PublishedPoint:
+    """A GPU's throughput over the H100's measured in the same table: the 0.13 release's
+    kernels are slower than 1.0's on every GPU, and the ratio cancels the release. A100 points
+    pair FP16 with FP16, L40S points FP8 with FP8; `figures` are (this GPU, H100) tokens/s."""
+    own, h100 = figures
+    return PublishedPoint(
+        model, gpu, tensor, lengths[0], lengths[1], Metric.THROUGHPUT_RATIO, own / h100,
+        TRTLLM_PERF_OVERVIEW_0_13, fp8=gpu is not GpuType.A100_80GB,
+        reference_gpu=GpuType.H100_80GB,
+    )  # fmt: skip
+
+
 _H100 = GpuType.H100_80GB
 _H200 = GpuType.H200_141GB
+_A100 = GpuType.A100_80GB
+_L40S = GpuType.L40S_48GB
 
 PUBLISHED_POINTS: tuple[PublishedPoint, ...] = (
     # The first seven are saturated H100 points, quick to predict (the fit's test uses them).
@@ -158,6 +188,31 @@ PUBLISHED_POINTS: tuple[PublishedPoint, ...] = (
     _trt1("llama-3.3-70b", 1, 1000, 1000, 2_909, gpu=_H200),
     _trt1("llama-3.3-70b", 1, 5000, 500, 566, gpu=_H200),
     _trt1("llama-3.3-70b", 1, 20000, 2000, 283, gpu=_H200),
+    # The A100 (Ampere, FP16) and the L40S (Ada, FP8), each beside the H100 of the same table.
+    _beside_h100("llama-3.1-8b", 1, (128, 128), _A100, (6_687.04, 15_647.83)),
+    _beside_h100("llama-3.1-8b", 1, (128, 2048), _A100, (4_918.53, 8_882.95)),
+    _beside_h100("llama-3.1-8b", 1, (2048, 128), _A100, (796.17, 1_859.37)),
+    _beside_h100("llama-3.1-8b", 1, (5000, 500), _A100, (788.66, 1_687.74)),
+    _beside_h100("llama-3.1-8b", 1, (1000, 1000), _A100, (3_592.16, 7_160.92)),
+    _beside_h100("llama-3.1-8b", 1, (2048, 2048), _A100, (2_269.78, 4_152.21)),
+    _beside_h100("llama-3.1-8b", 1, (20000, 2000), _A100, (316.43, 595.89)),
+    _beside_h100("llama-3.3-70b", 4, (128, 128), _A100, (2_426.46, 5_845.53)),
+    _beside_h100("llama-3.3-70b", 4, (2048, 128), _A100, (278.87, 672.37)),
+    _beside_h100("llama-3.3-70b", 4, (5000, 500), _A100, (361.39, 851.12)),
+    _beside_h100("llama-3.3-70b", 4, (1000, 1000), _A100, (1_731.86, 3_655.64)),
+    _beside_h100("llama-3.3-70b", 4, (20000, 2000), _A100, (187.42, 375.85)),
+    _beside_h100("llama-3.1-8b", 1, (128, 128), _L40S, (8_548.90, 27_147.22)),
+    _beside_h100("llama-3.1-8b", 1, (128, 2048), _L40S, (4_988.61, 19_221.02)),
+    _beside_h100("llama-3.1-8b", 1, (2048, 128), _L40S, (1_000.90, 3_497.30)),
+    _beside_h100("llama-3.1-8b", 1, (5000, 500), _L40S, (872.14, 3_276.69)),
+    _beside_h100("llama-3.1-8b", 1, (1000, 1000), _L40S, (3_648.21, 13_411.43)),
+    _beside_h100("llama-3.1-8b", 1, (2048, 2048), _L40S, (2_055.78, 8_851.23)),
+    _beside_h100("llama-3.1-8b", 1, (20000, 2000), _L40S, (263.75, 1_278.04)),
+    _beside_h100("llama-3.3-70b", 4, (128, 128), _L40S, (1_434.63, 8_677.59)),
+    _beside_h100("llama-3.3-70b", 4, (2048, 128), _L40S, (167.87, 1_016.24)),
+    _beside_h100("llama-3.3-70b", 4, (5000, 500), _L40S, (235.90, 1_329.82)),
+    _beside_h100("llama-3.3-70b", 4, (1000, 1000), _L40S, (1_113.18, 6_553.00)),
+    _beside_h100("llama-3.3-70b", 4, (20000, 2000), _L40S, (140.73, 856.31)),
 )
 
 
@@ -172,15 +227,25 @@ def _closed_loop(
     return closed_loop_point(config, concurrency, input_tokens, output_tokens, efficiency)
 
 
+def _saturated(config: ReplicaConfig, point: PublishedPoint, efficiency: EfficiencyTerms) -> float:
+    capacity = plan_memory(config).kv_capacity_tokens
+    return max_throughput(
+        config, point.input_tokens, point.output_tokens, capacity, efficiency
+    ).output_tokens_per_s
+
+
 def predict(
     point: PublishedPoint, efficiency: EfficiencyTerms, gpus: GpuCatalog | None = None
 ) -> float:
-    config = point.config(gpus or GpuCatalog.builtin())
+    gpus = gpus or GpuCatalog.builtin()
+    if point.reference_gpu is not None:
+        reference = replace(point, gpu_type=point.reference_gpu, reference_gpu=None)
+        return _saturated(point.config(gpus), point, efficiency) / _saturated(
+            reference.config(gpus), point, efficiency
+        )
+    config = point.config(gpus)
     if point.concurrency is None:
-        capacity = plan_memory(config).kv_capacity_tokens
-        return max_throughput(
-            config, point.input_tokens, point.output_tokens, capacity, efficiency
-        ).output_tokens_per_s
+        return _saturated(config, point, efficiency)
     state = _closed_loop(
         config, point.concurrency, point.input_tokens, point.output_tokens, efficiency
     )
@@ -216,15 +281,30 @@ def _loss(efficiency: EfficiencyTerms, points: Sequence[PublishedPoint]) -> floa
 
 
 _SEARCH_GRID: dict[str, tuple[float, ...]] = {
-    "compute": tuple(round(0.40 + 0.01 * i, 2) for i in range(36)),
+    # Down to a quarter of the datasheet: power-capped cards (the L40S) sustain far less.
+    "compute": tuple(round(0.25 + 0.01 * i, 2) for i in range(51)),
     # Bounded to what real kernels reach on these GPUs, so the fit cannot trade physics for fit.
     "bandwidth": tuple(round(0.60 + 0.01 * i, 2) for i in range(31)),
     "step_overhead_s": tuple(round(0.00025 * i, 5) for i in range(1, 17)),
-    "allreduce_latency_s": (5e-6, 10e-6, 15e-6, 20e-6, 30e-6),
+    # NVLink all-reduces start in microseconds; PCIe ones (the L40S) take longer.
+    "allreduce_latency_s": (
+        5e-6,
+        10e-6,
+        15e-6,
+        20e-6,
+        30e-6,
+        50e-6,
+        75e-6,
+        100e-6,
+        150e-6,
+        200e-6,
+        300e-6,
+        400e-6,
+    ),
 }
-# Another GPU type differs in how close its kernels come to its peaks; the fixed costs (the
-# scheduler's step overhead, the all-reduce latency) are the engine's and stay shared.
-_PER_GPU_TERMS = ("compute", "bandwidth")
+# Another GPU type differs in how close its kernels come to its peaks and in its links'
+# latency; the step overhead (the engine's scheduler and sampler, on the host) stays shared.
+_PER_GPU_TERMS = ("compute", "bandwidth", "allreduce_latency_s")
 REFERENCE_GPU = GpuType.H100_80GB
 """The GPU whose points fit the shared terms; every type without terms of its own uses them."""
 MIN_POINTS_FOR_OWN_TERMS = 4
@@ -283,11 +363,7 @@ def fit(
         own = _descend(
             start.for_gpu(gpu_type), own_points, _PER_GPU_TERMS, rounds=rounds, wrap=as_entry
         )
-        own = replace(
-            own,
-            step_overhead_s=shared.step_overhead_s,
-            allreduce_latency_s=shared.allreduce_latency_s,
-        )
+        own = replace(own, step_overhead_s=shared.step_overhead_s)
         gain = _loss(shared, own_points) - _loss(as_entry(own), own_points)
         if progress:
             progress(f"{gpu_type.value}: own terms cut the RMS log error by {gain:.4f}")
@@ -313,6 +389,7 @@ TARGET_BAND: dict[Metric, float] = {
     Metric.OUTPUT_TOKENS_PER_S: 0.10,
     Metric.TTFT_MS: 0.15,
     Metric.ITL_MS: 0.15,
+    Metric.THROUGHPUT_RATIO: 0.10,
 }
 """The planner's target: within 10% of every published throughput, 15% of every latency."""
 
@@ -332,8 +409,9 @@ def worst_by_metric(rows: Sequence[Row]) -> dict[Metric, Row]:
 
 
 def _figure(value: float) -> str:
-    """A published figure as printed at its source: up to two decimals, none trailing."""
-    return f"{value:,.2f}".rstrip("0").rstrip(".")
+    """A figure with up to two decimals (four for a ratio below 10), none trailing."""
+    decimals = 4 if abs(value) < 10 else 2
+    return f"{value:,.{decimals}f}".rstrip("0").rstrip(".")
 
 
 def _terms_text(terms: EfficiencyTerms) -> str:
@@ -356,7 +434,7 @@ def render_markdown(
         band = "" if abs(row.error) <= TARGET_BAND[row.point.metric] else " (out of band)"
         line = (
             f"| {index} | {row.point.label} | {row.point.metric.value} | "
-            f"{_figure(row.point.published)} | {row.predicted:,.1f} | {row.error:+.1%} |"
+            f"{_figure(row.point.published)} | {_figure(row.predicted)} | {row.error:+.1%} |"
         )
         if held_out:
             line += f" {held_out[index - 1].error:+.1%}{band} |"
