@@ -54,8 +54,9 @@ def test_the_max_sequences_limit_queues_clients_too() -> None:
     assert point.ttft_mean_s > 16 / point.rate
 
 
-def _emulated_ttft(rate: float, input_tokens: int, output_tokens: int) -> tuple[float, float]:
-    """Mean and p95 TTFT of the scheduler core under Poisson arrivals (middle 80% of 1500)."""
+def _emulated(rate: float, input_tokens: int, output_tokens: int) -> tuple[float, float, float]:
+    """Mean and p95 TTFT and mean TPOT of the scheduler core under Poisson arrivals (the
+    middle 80% of 1500 requests)."""
     rng = random.Random(7)
     core = EngineCore(LLAMA_8B, prefix_caching=False)
     count = 1500
@@ -65,6 +66,7 @@ def _emulated_ttft(rate: float, input_tokens: int, output_tokens: int) -> tuple[
         clock += rng.expovariate(rate)
         arrivals.append(clock)
     first_token: dict[int, float] = {}
+    finished: dict[int, float] = {}
     now, added = 0.0, 0
     while added < count or core.has_work:
         while added < count and arrivals[added] <= now:
@@ -76,15 +78,20 @@ def _emulated_ttft(rate: float, input_tokens: int, output_tokens: int) -> tuple[
             continue
         for request_id in result.first_tokens:
             first_token[int(request_id)] = result.end_s
+        for request_id in result.finished:
+            finished[int(request_id)] = result.end_s
         now = result.end_s
-    ttfts = sorted(first_token[k] - arrivals[k] for k in range(count // 10, count - count // 10))
-    return sum(ttfts) / len(ttfts), ttfts[int(0.95 * len(ttfts))]
+    middle = range(count // 10, count - count // 10)
+    ttfts = sorted(first_token[k] - arrivals[k] for k in middle)
+    tpots = [(finished[k] - first_token[k]) / (output_tokens - 1) for k in middle]
+    return sum(ttfts) / len(ttfts), ttfts[int(0.95 * len(ttfts))], sum(tpots) / len(tpots)
 
 
 @pytest.mark.parametrize(
-    ("input_tokens", "output_tokens", "load"), [(1000, 200, 0.7), (8000, 200, 0.5)]
+    ("input_tokens", "output_tokens", "load"),
+    [(1000, 200, 0.7), (8000, 200, 0.5), (8000, 200, 0.7)],
 )
-def test_open_loop_ttft_mean_and_p95_agree_with_the_scheduler_under_poisson_arrivals(
+def test_open_loop_latency_agrees_with_the_scheduler_under_poisson_arrivals(
     input_tokens: int, output_tokens: int, load: float
 ) -> None:
     low, high = 0.0, 1000.0
@@ -96,7 +103,19 @@ def test_open_loop_ttft_mean_and_p95_agree_with_the_scheduler_under_poisson_arri
             high = middle
     rate = load * low
     point = operating_point(LLAMA_8B, rate, input_tokens, output_tokens)
-    mean, p95 = _emulated_ttft(rate, input_tokens, output_tokens)
+    mean, p95, tpot = _emulated(rate, input_tokens, output_tokens)
     assert point.ttft_mean_s == pytest.approx(mean, rel=0.15)
     assert point.ttft_p95_s == pytest.approx(p95, rel=0.15)
     assert point.ttft_p95_s > point.ttft_mean_s
+    assert point.tpot_s == pytest.approx(tpot, rel=0.15)
+
+
+def test_requests_live_longer_steps_than_the_mean_under_poisson_arrivals() -> None:
+    """Prompts bunch, and the batch grows while they are prefilled back to back: a decoding
+    request spends more of its steps in the long ones. Closed-loop clients do not bunch."""
+    point = operating_point(LLAMA_8B, 3.5, 8000, 200)
+    assert point.tpot_s > 1.05 * point.step_s
+    quiet = operating_point(LLAMA_8B, 0.2, 8000, 200)
+    assert quiet.tpot_s == pytest.approx(quiet.step_s, rel=0.01)
+    closed = closed_loop_point(LLAMA_8B, 16, 8000, 200)
+    assert closed.tpot_s == closed.step_s
