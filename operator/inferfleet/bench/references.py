@@ -512,10 +512,12 @@ def clairvoyant_schedule(
     window whose lowering saves nothing once the others are lower (a later window within a cold
     start holds the replicas anyway) is dropped when it costs misses. The chosen set is
     confirmed by simulation; when the confirmed run misses the target or saves nothing, the
-    later half of the set is dropped and the rest confirmed again. The search stops when no
-    role gives anything or after `max_simulations` (default: `SEARCH_COST_FACTOR` times the
-    oracle's). When the oracle itself misses the overall target, windows that miss are raised
-    first. Deterministic."""
+    later half of the set is dropped and the rest confirmed again. A window whose extra misses
+    alone overran the budget is left out of the role's later trials (its spill into the next
+    windows would hide what they can give). The search stops when the budget less its margin is
+    spent, when no role gives anything, or after `max_simulations` (default:
+    `SEARCH_COST_FACTOR` times the oracle's). When the oracle itself misses the overall
+    target, windows that miss are raised first. Deterministic."""
     horizon = config.horizon_s or max((r.arrival_s for r in requests), default=0.0)
     count = len(oracle.needs)
     target = service.slo.attainment_target
@@ -555,15 +557,22 @@ def clairvoyant_schedule(
         run = simulate_needs(needs)
 
     exhausted: set[Role] = set()
+    # Windows whose lowering alone overran the whole budget: left out of later trials, where
+    # the misses they spill into their neighbours would hide what the neighbours can give.
+    frozen: dict[Role, set[int]] = {role: set() for role in service.roles}
     turn = 0
-    while simulations < budget and misses(run) <= allowed and len(exhausted) < len(service.roles):
+    while simulations < budget and misses(run) <= aimed and len(exhausted) < len(service.roles):
         role = service.roles[turn % len(service.roles)]
         turn += 1
         if role in exhausted:
             continue
         floor_ = service.bounds[role].min_replicas
         trial = [dict(need) for need in needs]
-        lowered = [index for index in range(count) if needs[index][role] > max(1, floor_)]
+        lowered = [
+            index
+            for index in range(count)
+            if needs[index][role] > max(1, floor_) and index not in frozen[role]
+        ]
         for index in lowered:
             step = max(1, needs[index][role] // LOWER_STEP_SHARE)
             trial[index][role] = max(1, floor_, needs[index][role] - step)
@@ -576,6 +585,8 @@ def clairvoyant_schedule(
         extra = {i: max(0, after[i].missed - before[i].missed) for i in lowered}
         saved = {i: (needs[i][role] - trial[i][role]) * gpus * window_s for i in lowered}
         room = aimed - misses(run)
+        overran = {i for i in lowered if extra[i] > room}
+        frozen[role] |= overran
         accepted: list[int] = []
         predicted = 0
         for index in sorted(lowered, key=lambda i: (-saved[i] / max(extra[i], 0.5), i)):
@@ -606,7 +617,8 @@ def clairvoyant_schedule(
             if accepted and simulations < budget:
                 candidate_run = simulate_needs(applied(accepted))
         if candidate_run is None:
-            exhausted.add(role)
+            if not overran:
+                exhausted.add(role)
             passes.append(SearchPass(role, len(lowered), 0, predicted, misses(run),
                                      run.gpu_seconds() / 3600))  # fmt: skip
             continue
