@@ -124,7 +124,7 @@ def _decide_fresh(
     calibration = calibrate(spec, snapshot, current_counts, history, demand)
     tightening = feedback.tightening
 
-    def size(role: Role, extra_margin: float = 0.0) -> Sizing:
+    def size(role: Role, extra_margin: float = 0.0, *, transient: bool = True) -> Sizing:
         return size_role(
             spec,
             spec.role(role),
@@ -132,6 +132,7 @@ def _decide_fresh(
             metrics=role_metrics(snapshot, role),
             slo=planning_slo(spec, calibration, tightening),
             margin=spec.load_margin + extra_margin,
+            transient=transient,
         )
 
     sizings = {role: size(role) for role in roles}
@@ -157,13 +158,35 @@ def _decide_fresh(
             held = Sizing(current_counts[role], shrunk.feasible, shrunk.why)
             sizings[role] = shrunk if shrunk.needed < current_counts[role] else held
 
-    # A count that answered a miss holds while the load that missed does.
+    # What a queue or a rising trend asks for is not remembered by stabilisation: once the
+    # queue has drained and the rise has stopped, the fleet goes back to what arrivals need.
+    steady = sizings
+    if demand.drain_requests_per_s > 0 or demand.growth > 1:
+        steady = {role: size(role, transient=False) for role in roles}
+        for role in roles:
+            if steady[role].needed < current_counts[role]:
+                shrunk = size(role, spec.scale_down_margin, transient=False)
+                if shrunk.needed >= current_counts[role]:
+                    steady[role] = Sizing(current_counts[role], shrunk.feasible, shrunk.why)
+                else:
+                    steady[role] = shrunk
+
+    # A lesson adds replicas in proportion to the shortfall (the share of requests that would
+    # have to meet the target and did not), at least one; the count that answered a miss holds
+    # while the load that missed does.
+    attainment = snapshot.service.attainment
+    shortfall = 0.0 if attainment is None else max(0.0, spec.attainment_target - attainment)
+    answer = {
+        role: current_counts[role]
+        + max(1, round(current_counts[role] * min(1.0, spec.lesson_gain * shortfall)))
+        for role in learned
+    }
     floors = {
         role: floor
         for role, floor in history.miss_floors.items()
         if floor.until_s > now and role in roles
     } | {
-        role: MissFloor(current_counts[role] + 1, demand.requests_per_s, now + spec.miss_memory_s)
+        role: MissFloor(answer[role], demand.requests_per_s, now + spec.miss_memory_s)
         for role in learned
     }
     holding = {
@@ -179,16 +202,15 @@ def _decide_fresh(
     past = [r for r in seeded if window_start < r.at_s <= now]
 
     raw: dict[Role, int] = {}
+    remembered: dict[Role, int] = {}
     recommended: dict[Role, int] = {}
     for role in roles:
-        want = sizings[role].needed
-        if role in learned:
-            want = max(want, current_counts[role] + 1)
+        floor = max(holding.get(role, 0), answer.get(role, 0))
         if role in feedback.missed:
-            want = max(want, current_counts[role])
-        want = max(want, holding.get(role, 0))
-        raw[role] = want
-        recommended[role] = stabilised(spec, role, want, current_counts[role], past)
+            floor = max(floor, current_counts[role])
+        raw[role] = max(sizings[role].needed, floor)
+        remembered[role] = max(steady[role].needed, floor)
+        recommended[role] = stabilised(spec, role, raw[role], current_counts[role], past)
 
     constrained = constrain(spec, recommended, pins, feedback.missed)
     replicas = constrained.replicas
@@ -235,7 +257,7 @@ def _decide_fresh(
     new_history = PolicyHistory(
         recommendations=(
             *past,
-            Recommendation(now, raw),
+            Recommendation(now, remembered),
         ),
         demand=(
             *(d for d in history.demand if keep_after <= d.at_s < now),
@@ -248,5 +270,6 @@ def _decide_fresh(
         attainment_when_tightened=taught,
         miss_floors=floors,
         last_decision=LastDecision(now, dict(replicas), reason),
+        mix=demand.mix,
     )
     return Decision(dict(replicas), reason, message, new_history, estimates)

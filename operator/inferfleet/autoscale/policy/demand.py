@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from inferfleet.api.model_deployment import Role
-from inferfleet.autoscale.policy.history import DemandSample, PolicyHistory
+from inferfleet.autoscale.policy.history import DemandSample, MixMemory, PolicyHistory
 from inferfleet.autoscale.policy.spec import PolicySpec
 from inferfleet.autoscale.snapshot import MetricsSnapshot, RoleMetrics
 from inferfleet.planning.capacity import REFERENCE_REQUEST
@@ -22,8 +23,14 @@ class Demand:
     input_tokens: int
     output_tokens: int
     backlog_requests: float
+    drain_requests_per_s: float
+    """What the queued requests add while they drain: the backlog expected when replicas
+    ordered now are ready, over `PolicySpec.backlog_drain_s`. Sized for but never remembered by
+    scale-down stabilisation: once the queue is gone, so is the capacity it asked for."""
     growth: float
     """How much the trend alone grows the load within a cold start (1: no trend)."""
+    mix: MixMemory | None = None
+    """The prompt/output lengths remembered for the next tick."""
 
 
 def role_metrics(snapshot: MetricsSnapshot, role: Role) -> RoleMetrics:
@@ -31,13 +38,63 @@ def role_metrics(snapshot: MetricsSnapshot, role: Role) -> RoleMetrics:
 
 
 def _mean_tokens(
-    router_mean: float | None, engine_tokens_per_s: float, requests_per_s: float, fallback: int
-) -> int:
+    router_mean: float | None, engine_tokens_per_s: float, requests_per_s: float
+) -> float | None:
     if router_mean is not None and router_mean >= 1:
-        return round(router_mean)
+        return router_mean
     if requests_per_s > 0 and engine_tokens_per_s > 0:
-        return max(1, round(engine_tokens_per_s / requests_per_s))
-    return fallback
+        return max(1.0, engine_tokens_per_s / requests_per_s)
+    return None
+
+
+def _remembered(window: float | None, memory: float | None) -> float | None:
+    """The length to plan for: the window's mean when it is longer than what was remembered (a
+    shift to longer requests is acted on at once), else halfway between the two: the requests
+    that complete first in a window are the short ones, so a window's mean reads low whenever
+    the load rises, and longer ones follow."""
+    if window is None:
+        return memory
+    if memory is None or window >= memory:
+        return window
+    return (window + memory) / 2
+
+
+def _mix(
+    spec: PolicySpec,
+    snapshot: MetricsSnapshot,
+    history: PolicyHistory,
+    *,
+    completed: float,
+    prefill: RoleMetrics,
+    decode: RoleMetrics,
+) -> tuple[int, int, MixMemory | None]:
+    service = snapshot.service
+    fallback = spec.expected_load or REFERENCE_REQUEST
+    window_input = _mean_tokens(service.mean_prompt_tokens, prefill.prompt_tokens_per_s, completed)
+    window_output = _mean_tokens(
+        service.mean_output_tokens, decode.generation_tokens_per_s, completed
+    )
+    memory = history.mix
+    input_tokens = _remembered(window_input, memory.input_tokens if memory else None)
+    output_tokens = _remembered(window_output, memory.output_tokens if memory else None)
+    remembered = memory
+    if window_input is not None and window_output is not None:
+        # An exponential moving average over `mix_memory_s`, weighted by elapsed time.
+        if memory is None:
+            remembered = MixMemory(snapshot.taken_at_s, window_input, window_output)
+        else:
+            elapsed = max(0.0, snapshot.taken_at_s - memory.at_s)
+            keep = math.exp(-elapsed / spec.mix_memory_s)
+            remembered = MixMemory(
+                snapshot.taken_at_s,
+                keep * memory.input_tokens + (1 - keep) * window_input,
+                keep * memory.output_tokens + (1 - keep) * window_output,
+            )
+    return (
+        fallback.input_tokens if input_tokens is None else max(1, round(input_tokens)),
+        fallback.output_tokens if output_tokens is None else max(1, round(output_tokens)),
+        remembered,
+    )
 
 
 def _trend_slope(samples: Iterable[DemandSample]) -> float:
@@ -60,8 +117,9 @@ _RISING_INCREMENTS = 3
 def _sustained_rise(samples: list[DemandSample]) -> float:
     """Requests/s gained per second by a load that keeps rising: the least-squares slope over
     the samples, when the last `_RISING_INCREMENTS` increments are all rises, and never more per
-    second than the rise seen across the samples (a step is not a ramp, a plateau not a
-    trend)."""
+    second than the rise seen across the samples (a plateau is not a trend). A step looks like
+    a ramp for one rate window; what the forecast adds is not remembered by scale-down
+    stabilisation, so the overshoot ends with the rise."""
     if len(samples) <= _RISING_INCREMENTS:
         return 0.0
     tail = [s.requests_per_s for s in samples[-_RISING_INCREMENTS - 1 :]]
@@ -81,16 +139,9 @@ def estimate_demand(spec: PolicySpec, snapshot: MetricsSnapshot, history: Policy
     decode_role = Role.DECODE if spec.disaggregated else Role.AGGREGATED
     prefill = role_metrics(snapshot, prefill_role)
     decode = role_metrics(snapshot, decode_role)
-    fallback = spec.expected_load or REFERENCE_REQUEST
     completed = service.requests_per_s * share
-    input_tokens = _mean_tokens(
-        service.mean_prompt_tokens, prefill.prompt_tokens_per_s, completed, fallback.input_tokens
-    )
-    output_tokens = _mean_tokens(
-        service.mean_output_tokens,
-        decode.generation_tokens_per_s,
-        completed,
-        fallback.output_tokens,
+    input_tokens, output_tokens, mix = _mix(
+        spec, snapshot, history, completed=completed, prefill=prefill, decode=decode
     )
     # Completions lag arrivals when the fleet falls behind: what piles up in flight also arrived.
     # Measured against a sample at least a rate window old, as noisy as the rates themselves.
@@ -105,10 +156,12 @@ def estimate_demand(spec: PolicySpec, snapshot: MetricsSnapshot, history: Policy
             0.0, (in_flight - baseline.in_flight_requests) / (snapshot.taken_at_s - baseline.at_s)
         )
     arriving = max(completed + growing, prefill.prompt_tokens_per_s / input_tokens)
-    # Queued requests are drained by the replicas that start within a cold start.
+    # Queued requests are drained within `backlog_drain_s`: everyone queued behind them waits
+    # until then. (The growth of the requests in flight is not a queue: more arrive per second,
+    # so more are in flight at once.)
     backlog = prefill.waiting_requests + (decode.waiting_requests if spec.disaggregated else 0.0)
-    drain_s = max(spec.cold_start_s, snapshot.window_s)
-    current = arriving + backlog / drain_s
+    drain = backlog / spec.backlog_drain_s
+    current = arriving
 
     window_start = snapshot.taken_at_s - trend_window_s(spec, snapshot)
     recent = [
@@ -127,7 +180,9 @@ def estimate_demand(spec: PolicySpec, snapshot: MetricsSnapshot, history: Policy
         input_tokens=input_tokens,
         output_tokens=output_tokens,
         backlog_requests=backlog,
+        drain_requests_per_s=drain,
         growth=growth,
+        mix=mix,
     )
 
 

@@ -45,6 +45,15 @@ class LastDecision:
 
 
 @dataclass(frozen=True)
+class MixMemory:
+    """Mean prompt and output lengths, averaged over `PolicySpec.mix_memory_s`."""
+
+    at_s: float
+    input_tokens: float
+    output_tokens: float
+
+
+@dataclass(frozen=True)
 class LatencyFactors:
     """One factor per latency target; the planner plans against target / factor."""
 
@@ -94,6 +103,7 @@ class PolicyHistory:
     """The attainment that taught the last lesson: the next one needs it to have improved."""
     miss_floors: Mapping[Role, MissFloor] = field(default_factory=dict)
     last_decision: LastDecision | None = None
+    mix: MixMemory | None = None
 
     def to_wire(self) -> dict[str, Any]:
         """Plain JSON-able data (camelCase), for an annotation."""
@@ -102,6 +112,7 @@ class PolicyHistory:
             return {role.value: n for role, n in sorted(replicas.items())}
 
         last = self.last_decision
+        mix = self.mix
         return {
             "recommendations": [
                 {"atS": r.at_s, "replicas": counts(r.replicas)} for r in self.recommendations
@@ -126,6 +137,13 @@ class PolicyHistory:
             "lastDecision": None
             if last is None
             else {"atS": last.at_s, "replicas": counts(last.replicas), "reason": last.reason.value},
+            "mix": None
+            if mix is None
+            else {
+                "atS": mix.at_s,
+                "inputTokens": mix.input_tokens,
+                "outputTokens": mix.output_tokens,
+            },
         }
 
     @classmethod
@@ -136,6 +154,7 @@ class PolicyHistory:
             return {Role(role): int(n) for role, n in raw.items()}
 
         last = data.get("lastDecision")
+        mix = data.get("mix")
         tightened = data.get("tightenedAtS")
         taught = data.get("attainmentWhenTightened")
         return cls(
@@ -161,4 +180,9 @@ class PolicyHistory:
             last_decision=None
             if last is None
             else LastDecision(float(last["atS"]), counts(last["replicas"]), Reason(last["reason"])),
+            mix=None
+            if mix is None
+            else MixMemory(
+                float(mix["atS"]), float(mix["inputTokens"]), float(mix["outputTokens"])
+            ),
         )

@@ -185,10 +185,15 @@ def size_role(
     metrics: RoleMetrics,
     slo: Slo,
     margin: float,
+    transient: bool = True,
 ) -> Sizing:
     """Replicas the forecast load needs: the planner's count for the SLO it is planned against
-    (the targets over the calibration), and floors from the sequences and KV cache in use."""
-    rate = demand.forecast_requests_per_s * (1 + margin)
+    (the targets over the calibration), and floors from the sequences and KV cache in use.
+    `transient`: for the forecast (the trend a cold start ahead) and with the rate that drains
+    the queued requests (`Demand.drain_requests_per_s`); else for the demand arriving now."""
+    rate = (demand.forecast_requests_per_s if transient else demand.requests_per_s) * (1 + margin)
+    draining = demand.drain_requests_per_s if transient else 0.0
+    rate += draining
     hint = max(1, metrics.ready_replicas)
     by_model = fewest_meeting(spec, policy, rate=rate, demand=demand, slo=slo, hint=hint)
     if slo != spec.slo:
@@ -197,13 +202,24 @@ def size_role(
         )
         by_model = min(by_model, math.ceil(planner_own * spec.max_calibrated_growth))
     why = f"{rate:.3g} req/s of {demand.input_tokens}/{demand.output_tokens} tokens"
+    if draining >= 0.01 * rate:
+        why += f" ({draining:.3g} of them draining {demand.backlog_requests:.0f} queued)"
     needed = by_model
     if policy.role in DECODING_ROLES:
         # The sequences running and queued now, grown as the load is, must fit somewhere.
         sequences = (metrics.running_requests + metrics.waiting_requests) * demand.growth
-        by_concurrency = math.ceil(
-            sequences / sequences_per_replica(spec, policy, demand, slo) - 1e-9
-        )
+        slots = sequences_per_replica(spec, policy, demand, slo)
+        if (
+            metrics.ready_replicas > 0
+            and metrics.waiting_requests > 0
+            and metrics.kv_cache_usage >= spec.kv_target_usage
+        ):
+            # A full KV cache with a queue behind it shows what a replica really holds, whatever
+            # the lengths of the requests still running (the mean of those completed so far
+            # reads short while the load rises): size so the cache is back at its target.
+            held = metrics.running_requests / metrics.ready_replicas
+            slots = max(1, min(slots, math.floor(held * spec.kv_target_usage)))
+        by_concurrency = math.ceil(sequences / slots - 1e-9)
         if by_concurrency > needed:
             needed = by_concurrency
             why = f"{sequences:.0f} sequences running or queued"

@@ -93,6 +93,11 @@ class PolicySpec:
     """Pools are sized for this fraction more than the forecast load (burstiness above Poisson)."""
     scale_down_margin: float = 0.1
     """A pool shrinks only to a count that holds this fraction more load again (hysteresis)."""
+    backlog_drain_s: float = 30.0
+    """Requests queued in the engines are sized to drain within this long: every arrival waits
+    behind them meanwhile."""
+    mix_memory_s: float = 300.0
+    """How long the prompt/output lengths are remembered (an exponential average)."""
     trend_tolerance: float = 0.15
     """A rising trend is acted on when it adds more than this fraction within a cold start."""
     max_trend_growth: float = 1.5
@@ -101,6 +106,9 @@ class PolicySpec:
     """Measured KV-cache usage above this asks for more replicas of the role."""
     feedback_gain: float = 1.15
     """Each attainment miss tightens the latency that missed by this factor."""
+    lesson_gain: float = 2.0
+    """A lesson adds this multiple of the attainment shortfall, as a share of the replicas
+    running (at least one replica): 0.5 below target on 10 replicas adds 10."""
     max_tightening: float = 3.0
     tightening_half_life_s: float = 1800.0
     """How fast a tightening relaxes towards 1 while the attainment target is met."""
