@@ -19,6 +19,7 @@ from inferfleet.bench.autoscale import (
     service_of,
 )
 from inferfleet.bench.references import (
+    Oracle,
     allowed_misses,
     attainment,
     clairvoyant_schedule,
@@ -26,6 +27,7 @@ from inferfleet.bench.references import (
     misses,
     per_window_oracle,
     schedule_gpu_seconds,
+    simulated_schedule,
     static_best,
     static_counts,
 )
@@ -197,3 +199,20 @@ def test_the_clairvoyant_schedule_meets_the_overall_target_with_less_than_the_or
     assert tried[count] >= target
     assert count == 1 or tried[count - 1] < target
     assert best.simulations == len(best.tried) <= 1 + math.ceil(math.log2(peak[AGG])) + 1
+
+
+def test_a_schedule_that_misses_the_overall_target_is_raised_until_it_meets_it() -> None:
+    body = SCENARIO.replace("type: GPU", "type: L40S-48GB")
+    scenario = parse_scenario(body)
+    requests = scenario_requests(scenario, ".")
+    horizon = horizon_s(scenario, requests, scenario.rate)
+    service = service_of(scenario)
+    config = fleet_config(scenario, service, horizon, {})
+    # A start that holds one replica through the step, as an oracle that missed would.
+    short = [{AGG: 1}] * 4
+    start = Oracle(short, short, simulated_schedule(requests, config, short, 60.0), 1)
+    assert attainment(start.run) < service.slo.attainment_target
+    clairvoyant = clairvoyant_schedule(requests, service, config, start, 60.0, max_simulations=6)
+    assert attainment(clairvoyant.run) >= service.slo.attainment_target
+    assert clairvoyant.simulations <= 6
+    assert max(need[AGG] for need in clairvoyant.needs) > 1

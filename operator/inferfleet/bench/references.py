@@ -316,12 +316,13 @@ def fleetper_window(run: FleetRun, window_s: float, windows: int) -> list[dict[R
     return served
 
 
-def _oracle_run(
+def simulated_schedule(
     requests: Sequence[traces.TraceRequest],
     config: FleetConfig,
     needs: Sequence[Mapping[Role, int]],
     window_s: float,
 ) -> FleetRun:
+    """The run of a per-window schedule, its first window's fleet warm at time 0."""
     scaler = ClairvoyantScaler(needs, window_s, config.cold_start_s)
     first = scaler.desired(0.0, None, {})
     return simulate(requests, replace(config, initial_replicas=dict(first)), scaler)
@@ -367,12 +368,12 @@ def per_window_oracle(
                     raised = True
         return raised
 
-    run = _oracle_run(requests, config, needs, window_s)
+    run = simulated_schedule(requests, config, needs, window_s)
     simulations += 1
     for _ in range(max_raise_passes):
         if not raise_missing(run):
             break
-        run = _oracle_run(requests, config, needs, window_s)
+        run = simulated_schedule(requests, config, needs, window_s)
         simulations += 1
 
     # Passes down: every window that met the target tries one replica less of one role (the
@@ -391,7 +392,7 @@ def per_window_oracle(
             trial[index][role] -= 1
         if not lowered:
             continue
-        trial_run = _oracle_run(requests, config, trial, window_s)
+        trial_run = simulated_schedule(requests, config, trial, window_s)
         simulations += 1
         trial_scores = window_scores(trial_run, window_s, len(windows))
         missed = [index for index in lowered if not trial_scores[index].meets(target)]
@@ -400,7 +401,7 @@ def per_window_oracle(
         if missed:
             if len(missed) == len(lowered):
                 continue
-            trial_run = _oracle_run(requests, config, trial, window_s)
+            trial_run = simulated_schedule(requests, config, trial, window_s)
             simulations += 1
             trial_scores = window_scores(trial_run, window_s, len(windows))
         newly_missed = any(
@@ -535,7 +536,7 @@ def clairvoyant_schedule(
     def simulate_needs(schedule: Sequence[Mapping[Role, int]]) -> FleetRun:
         nonlocal simulations
         simulations += 1
-        return _oracle_run(requests, config, schedule, window_s)
+        return simulated_schedule(requests, config, schedule, window_s)
 
     def cost(schedule: Sequence[Mapping[Role, int]]) -> float:
         return schedule_gpu_seconds(schedule, window_s, config.cold_start_s, gpus, horizon)
