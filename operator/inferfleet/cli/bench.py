@@ -93,7 +93,8 @@ def bench_autoscale(
     plots: Annotated[bool, typer.Option(help="Write PNG plots (needs matplotlib).")] = True,
 ) -> None:
     """Compare scaling policies on a scenario in the fleet simulator: attainment, goodput per
-    GPU-hour, GPU-hours against a clairvoyant oracle, reaction time, oscillation."""
+    GPU-hour, GPU-hours against a clairvoyant schedule and a fluid lower bound, reaction time,
+    oscillation."""
     try:
         scenario = bench_autoscale_lib.load_scenario(spec)
         if trace is not None:
