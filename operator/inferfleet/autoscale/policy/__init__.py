@@ -4,10 +4,12 @@ snapshot, so the live controller and the fleet simulator drive the same function
 
 One tick, in order:
 
-1. Demand. Requests/s arriving (router completions, plus the growth of the requests in flight,
-   plus the engines' queues drained over a cold start), and the prompt/output mix (router means,
-   else engine token rates, else the expected load). A least-squares trend over recent ticks
-   projects the demand to now + cold start, since a replica ordered now serves only then.
+1. Demand (`demand`). Requests/s arriving (router completions, plus the growth of the requests
+   in flight), the rate that drains the engines' queues within `backlog_drain_s`, and the
+   prompt/output mix (router means, else engine token rates, else the expected load),
+   remembered over `mix_memory_s` because a window's mean reads short while the load rises. A
+   least-squares trend over recent ticks projects the demand to now + cold start, since a
+   replica ordered now serves only then.
 2. Feed-forward. Each pool is sized with the planner (`inferfleet.planning.load`) for that
    demand: the prefill pool on TTFT (prefill service, queueing, KV transfer), the decode pool on
    TPOT, its batch limit and its KV cache, an aggregated pool on both. Measured concurrency and
@@ -18,13 +20,16 @@ One tick, in order:
    served it (what the model misses for this workload; additive, so a fixed overhead the
    planner leaves out does not make more replicas look useful). The tightening is learned from
    attainment: a miss tightens the latency that missed (TTFT -> prefill or aggregated, TPOT ->
-   decode or aggregated), with at least one replica more for the roles it concerns, once per
+   decode or aggregated), with replicas added in proportion to the attainment shortfall
+   (`lesson_gain`, at least one) for the roles it concerns, once per
    cold start and only while the last lesson helped; it relaxes slowly while the target is met,
    and the count that answered the miss holds while the load that missed does
    (`miss_memory_s`), so attainment at the edge of its target does not cycle.
 4. Scale-down stabilisation, as the HPA does: a role shrinks only to the highest recommendation
    of the last `scale_down_stabilization_s`, and only to a count that holds `scale_down_margin`
-   more load (hysteresis), so steady load never oscillates. Calibration and tightening together
+   more load (hysteresis), so steady load never oscillates. What a queue or a rising trend asks
+   for is not remembered: once it has drained or stopped, the fleet goes back to what arrivals
+   need. Calibration and tightening together
    never ask for more than `max_calibrated_growth` times the planner's own count.
 5. Constraints, in one place: bounds, pins (the pinned count wins), GPU budget (given first to
    roles whose SLO is missed), never below one replica.
