@@ -261,6 +261,8 @@ def test_snapshots_report_what_the_fleet_did_over_the_window() -> None:
         assert snapshot.service.requests_per_s == pytest.approx(10.0, rel=0.25)
         assert snapshot.service.mean_prompt_tokens == pytest.approx(800)
         assert snapshot.service.mean_output_tokens == pytest.approx(100)
+        assert snapshot.service.arrivals_per_s == pytest.approx(10.0, rel=0.25)
+        assert snapshot.service.mean_arrival_prompt_tokens == pytest.approx(800)
         assert metrics.prompt_tokens_per_s == pytest.approx(8000, rel=0.25)
         assert metrics.generation_tokens_per_s == pytest.approx(1000, rel=0.25)
         assert snapshot.service.attainment == pytest.approx(1.0)
@@ -268,6 +270,17 @@ def test_snapshots_report_what_the_fleet_did_over_the_window() -> None:
         assert ttft is not None
         assert 0 < ttft <= TTFT_BUCKETS_S[-1]
         assert snapshot.newest_sample_age_s < config.scrape_interval_s
+
+
+def test_arrivals_show_a_load_before_it_completes() -> None:
+    """One replica for a load it cannot hold: completions lag, arrivals do not."""
+    requests = traces.poisson(10.0, 120.0, input_tokens=4000, output_tokens=300, seed=3)
+    scaler = Schedule([], interval_s=60.0)
+    config = FleetConfig(replica(max_model_length=8192), SLO, initial_replicas={Role.AGGREGATED: 1})
+    simulate(requests, config, scaler)
+    [snapshot] = [s for s in scaler.snapshots if s is not None and s.taken_at_s == 120.0]
+    assert snapshot.service.arrivals_per_s == pytest.approx(10.0, rel=0.25)
+    assert snapshot.service.requests_per_s < 0.8 * snapshot.service.arrivals_per_s
 
 
 def test_a_scrape_delay_ages_the_snapshot() -> None:

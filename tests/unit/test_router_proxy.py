@@ -292,3 +292,23 @@ async def test_drain_says_503_and_lets_streams_finish(servers: dict[str, Any]) -
     await stopping
     with pytest.raises(httpx.ConnectError):
         await client.get("/health")
+
+
+async def test_arrivals_are_counted_as_they_arrive_not_when_they_end(
+    servers: dict[str, Any],
+) -> None:
+    """The autoscaler's fast path: a request is an arrival (with its estimated prompt) while
+    its answer is still streaming; only then is it a finished request."""
+    engine = await start_engine(servers)
+    client = await start_router(servers, config(aggregated(engine)))
+    prompt = "w" * 399  # 400 characters or so: 100 tokens at 4 characters a token
+    async with client.stream(
+        "POST", "/v1/completions", json={"prompt": prompt, "max_tokens": 400, "stream": True}
+    ) as response:
+        async for _ in response.aiter_lines():
+            break
+        text = await metrics(client)
+        assert series(text, "inferfleet_router_arrivals_total", deployment="d") == 1
+        assert series(text, "inferfleet_router_arrival_prompt_tokens_total") == 100
+        assert series(text, "inferfleet_router_requests_total") == 0
+        assert series(text, "inferfleet_router_in_flight_requests") == 1

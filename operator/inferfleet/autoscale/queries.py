@@ -107,6 +107,7 @@ MAY_BE_UNDEFINED: frozenset[str] = frozenset(
         "tpot_p99_s",
         "mean_prompt_tokens",
         "mean_output_tokens",
+        "mean_arrival_prompt_tokens",
     }
 )
 
@@ -188,6 +189,8 @@ def snapshot_from_answers(
         tpot_p99_s=answer("tpot_p99_s"),
         mean_prompt_tokens=answer("mean_prompt_tokens"),
         mean_output_tokens=answer("mean_output_tokens"),
+        arrivals_per_s=answer("arrivals_per_s"),
+        mean_arrival_prompt_tokens=answer("mean_arrival_prompt_tokens"),
     )
     roles = {}
     for role, answers in role_answers.items():

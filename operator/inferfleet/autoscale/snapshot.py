@@ -68,6 +68,11 @@ SERVICE_QUERIES: Mapping[str, str] = {
         f"sum(rate(inferfleet_router_output_tokens_total{{{ROUTER_SELECTOR}}}[$w]))"
         f" / sum(rate(inferfleet_router_requests_total{{{ROUTER_SELECTOR}}}[$w]))"
     ),
+    "arrivals_per_s": f"sum(rate(inferfleet_router_arrivals_total{{{ROUTER_SELECTOR}}}[$w]))",
+    "mean_arrival_prompt_tokens": (
+        f"sum(rate(inferfleet_router_arrival_prompt_tokens_total{{{ROUTER_SELECTOR}}}[$w]))"
+        f" / sum(rate(inferfleet_router_arrivals_total{{{ROUTER_SELECTOR}}}[$w]))"
+    ),
 }
 # Staleness: the newest sample behind the snapshot, in seconds before the query time.
 STALENESS_QUERY = (
@@ -158,6 +163,14 @@ class ServiceMetrics:
     """Mean output length of completed requests:
     `sum(rate(inferfleet_router_output_tokens_total{service="$S"}[$w]))
     / sum(rate(inferfleet_router_requests_total{service="$S"}[$w]))`."""
+    arrivals_per_s: float | None = None
+    """Requests arriving per second (counted at arrival, not at the end: the fast path):
+    `sum(rate(inferfleet_router_arrivals_total{service="$S"}[$w]))`; None from a router
+    without the counter."""
+    mean_arrival_prompt_tokens: float | None = None
+    """Mean prompt length of arriving requests, as the router estimates it:
+    `sum(rate(inferfleet_router_arrival_prompt_tokens_total{service="$S"}[$w]))
+    / sum(rate(inferfleet_router_arrivals_total{service="$S"}[$w]))`."""
 
     def __post_init__(self) -> None:
         _check_non_negative(
@@ -171,6 +184,8 @@ class ServiceMetrics:
             tpot_p99_s=self.tpot_p99_s,
             mean_prompt_tokens=self.mean_prompt_tokens,
             mean_output_tokens=self.mean_output_tokens,
+            arrivals_per_s=self.arrivals_per_s,
+            mean_arrival_prompt_tokens=self.mean_arrival_prompt_tokens,
         )
         if self.attainment is not None and self.attainment > 1:
             raise ValueError(f"attainment is a fraction, 0..1 (got {self.attainment})")

@@ -71,6 +71,20 @@ class RouterMetrics:
             buckets=E2E_BUCKETS,
             registry=self.registry,
         )
+        self.arrivals = Counter(
+            "inferfleet_router_arrivals",
+            "Requests accepted and routed to a deployment, counted as they arrive (the load now, "
+            "where finished requests show it only once they end).",
+            labels,
+            registry=self.registry,
+        )
+        self.arrival_prompt_tokens = Counter(
+            "inferfleet_router_arrival_prompt_tokens",
+            "Prompt tokens of arriving requests as the router estimates them (characters / 4; "
+            "token ids exactly): the prompt mix now, before any of it finishes.",
+            labels,
+            registry=self.registry,
+        )
         self.prompt_tokens = Counter(
             "inferfleet_router_prompt_tokens",
             "Prompt tokens of finished requests, as the engine reported them.",
@@ -123,7 +137,12 @@ class RouterMetrics:
             self.requests.labels(self.service, deployment, outcome.value)
         for series in (self.cancelled, self.ttft, self.tpot, self.e2e):
             series.labels(self.service, deployment)
-        for series in (self.prompt_tokens, self.output_tokens):
+        for series in (
+            self.prompt_tokens,
+            self.output_tokens,
+            self.arrivals,
+            self.arrival_prompt_tokens,
+        ):
             series.labels(self.service, deployment)
 
     def outcome(self, deployment: str, outcome: Outcome) -> None:

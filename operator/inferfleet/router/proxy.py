@@ -262,6 +262,10 @@ class Router:
             return self._unavailable("no replica of any deployment is healthy")
 
         self.metrics.in_flight.labels(service).inc()
+        self.metrics.arrivals.labels(service, deployment).inc()
+        self.metrics.arrival_prompt_tokens.labels(service, deployment).inc(
+            routed.prompt_tokens_estimate
+        )
         judged: Outcome | None = None
         try:
             response, judged = await self._serve(request, routed, deployment, timing)

@@ -281,6 +281,8 @@ class _Sample:
     router_prompt_tokens: int
     router_output_tokens: int
     in_flight: int
+    arrivals: int
+    arrival_prompt_tokens: int
 
 
 def histogram_quantile(
@@ -355,6 +357,8 @@ class FleetSimulator:
         self._ttft_counts = [0] * (len(TTFT_BUCKETS_S) + 1)
         self._tpot_counts = [0] * (len(TPOT_BUCKETS_S) + 1)
         self._router_prompt_tokens = 0
+        self._arrivals = 0
+        self._arrival_prompt_tokens = 0
         self._router_output_tokens = 0
         self._prefix_keys: dict[int, list[int]] = {}
 
@@ -477,6 +481,8 @@ class FleetSimulator:
     def _arrive(self, index: int, now: float) -> None:
         self._open += 1
         request = self._requests[index]
+        self._arrivals += 1
+        self._arrival_prompt_tokens += request.input_tokens
         if self.config.prefix_affinity and request.prefix_hashes:
             self._prefix_keys[index] = _prefix_keys(request)
         self._dispatch(index, self.config.entry_role, now)
@@ -618,6 +624,8 @@ class FleetSimulator:
                 self._router_prompt_tokens,
                 self._router_output_tokens,
                 self._open,
+                self._arrivals,
+                self._arrival_prompt_tokens,
             )
         )
 
@@ -662,6 +670,7 @@ class FleetSimulator:
             met = newest.outcomes[Outcome.MET] - oldest.outcomes[Outcome.MET]
             ttft = [n - o for n, o in zip(newest.ttft_buckets, oldest.ttft_buckets, strict=True)]
             tpot = [n - o for n, o in zip(newest.tpot_buckets, oldest.tpot_buckets, strict=True)]
+            arrived = newest.arrivals - oldest.arrivals
             prompt_delta = newest.router_prompt_tokens - oldest.router_prompt_tokens
             output_delta = newest.router_output_tokens - oldest.router_output_tokens
             service = ServiceMetrics(
@@ -674,6 +683,12 @@ class FleetSimulator:
                 tpot_p99_s=histogram_quantile(0.99, TPOT_BUCKETS_S, tpot),
                 mean_prompt_tokens=prompt_delta / completed if completed else None,
                 mean_output_tokens=output_delta / completed if completed else None,
+                arrivals_per_s=arrived / span,
+                mean_arrival_prompt_tokens=(
+                    (newest.arrival_prompt_tokens - oldest.arrival_prompt_tokens) / arrived
+                    if arrived
+                    else None
+                ),
             )
         self._snapshots += 1
         return MetricsSnapshot(

@@ -71,6 +71,10 @@ def _mix(
     service = snapshot.service
     fallback = spec.expected_load or REFERENCE_REQUEST
     window_input = _mean_tokens(service.mean_prompt_tokens, prefill.prompt_tokens_per_s, completed)
+    arriving_input = service.mean_arrival_prompt_tokens
+    if arriving_input is not None and arriving_input >= 1:
+        # Prompts are known as they arrive: a shift to longer ones shows before they finish.
+        window_input = max(window_input or 0.0, arriving_input)
     window_output = _mean_tokens(
         service.mean_output_tokens, decode.generation_tokens_per_s, completed
     )
@@ -156,6 +160,9 @@ def estimate_demand(spec: PolicySpec, snapshot: MetricsSnapshot, history: Policy
             0.0, (in_flight - baseline.in_flight_requests) / (snapshot.taken_at_s - baseline.at_s)
         )
     arriving = max(completed + growing, prefill.prompt_tokens_per_s / input_tokens)
+    if service.arrivals_per_s is not None:
+        # Counted as they arrive, by a router that has the counter.
+        arriving = max(arriving, service.arrivals_per_s * share)
     # Queued requests are drained within `backlog_drain_s`: everyone queued behind them waits
     # until then. (The growth of the requests in flight is not a queue: more arrive per second,
     # so more are in flight at once.)
