@@ -82,7 +82,8 @@ def test_stop_ends_the_whole_process_group(tmp_path: Path) -> None:
     assert processes.alive(pid)
     assert processes.stop([pid], grace_s=5) == []
     assert not processes.alive(pid)
-    assert _group_size(pid) == 0
+    # The grandchild got the same SIGTERM; on a busy machine it may take a moment to exit.
+    assert processes.wait_until(lambda: _group_size(pid) == 0, 5)
 
 
 def test_stop_kills_what_ignores_sigterm(tmp_path: Path) -> None:
