@@ -206,14 +206,17 @@ def replay(
     return results, timeline
 
 
+def met(result: RequestResult) -> bool:
+    return SLO.outcome(ok=result.ok, ttft_s=result.ttft_s, tpot_s=result.tpot_s) is Outcome.MET
+
+
 def windows(results: list[RequestResult], origin_s: float) -> list[tuple[float, float, int]]:
     """(window start, attainment, requests) per WINDOW_S of arrivals, on a grid with a boundary
     at `origin_s`, so that no window mixes the load before a change with the load after it."""
     by_window: dict[int, list[bool]] = {}
     for result in results:
-        met = SLO.outcome(ok=result.ok, ttft_s=result.ttft_s, tpot_s=result.tpot_s) is Outcome.MET
         index = math.floor((result.scheduled_s - origin_s) / WINDOW_S)
-        by_window.setdefault(index, []).append(met)
+        by_window.setdefault(index, []).append(met(result))
     return [
         (origin_s + index * WINDOW_S, sum(found) / len(found), len(found))
         for index, found in sorted(by_window.items())
@@ -238,10 +241,12 @@ def test_a_load_step_scales_the_pool_and_attainment_recovers(fleet: Fleet) -> No
     failed = [r.error for r in results if not r.ok]
     assert len(failed) <= 0.05 * len(requests), failed[:10]
 
-    # Before the step one replica holds the SLO; the step breaks it, then the loop scales.
-    before = [a for t, a, _ in attainment if t + WINDOW_S <= step_at]
+    # Before the step one replica holds the SLO (judged over every arrival before it: a
+    # window holds only a few at this rate, and one slow prompt is not a broken SLO); the step
+    # breaks it, then the loop scales.
+    before = [r for r in results if r.scheduled_s < step_at]
     assert before, attainment
-    assert min(before) >= SLO.attainment_target, attainment
+    assert sum(map(met, before)) >= SLO.attainment_target * len(before), attainment
     after = [(t, a) for t, a, _ in attainment if t >= step_at]
     dropped = [t for t, a in after if a < SLO.attainment_target]
     assert dropped, f"the step never broke the SLO: {attainment}"
