@@ -26,6 +26,7 @@ from inferfleet.bench.references import Service, per_window_oracle, window_score
 from inferfleet.planning.load import OperatingPoint, operating_point
 from inferfleet.sim.fleet import FleetConfig, FleetRun, ScaleDecision
 from inferfleet.slo import Slo
+from tests.unit.bench_fixtures import tiny_scenario
 from tests.unit.planning_fixtures import replica
 
 AGG = Role.AGGREGATED
@@ -163,29 +164,7 @@ def test_the_oracle_asks_for_a_window_a_cold_start_ahead() -> None:
     assert oracle.desired(240.0, None, {})[AGG] == 2
 
 
-SCENARIO = """
-apiVersion: inferfleet.io/v1alpha1
-kind: AutoscaleScenario
-spec: {name: tiny, pattern: step, rate: 1, durationS: 240, inputTokens: "1000", outputTokens: "100",
-       patternOptions: {rate_after: 16, switch_s: 100}, coldStartS: 30}
----
-apiVersion: inferfleet.io/v1alpha1
-kind: ModelDeployment
-metadata: {name: tiny}
-spec:
-  model: {name: llama-3.1-8b, source: "hf://meta-llama/Llama-3.1-8B-Instruct"}
-  engine: {name: sim}
-  batching: {maxModelLength: 8192}
-  gpu: {type: L40S-48GB}
----
-apiVersion: inferfleet.io/v1alpha1
-kind: InferenceService
-metadata: {name: tiny}
-spec:
-  deployments: [{name: tiny}]
-  slo: {ttftP95Ms: 1000, tpotP95Ms: 50, attainmentTarget: 0.95}
-  autoscaling: {policy: goodput, aggregated: {minReplicas: 1, maxReplicas: 8}}
-"""
+SCENARIO = tiny_scenario()
 
 
 def test_the_oracle_meets_the_slo_in_every_window_with_few_replicas() -> None:

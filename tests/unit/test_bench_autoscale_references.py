@@ -34,36 +34,13 @@ from inferfleet.bench.references import (
 from inferfleet.planning.memory import kv_bytes_per_token, plan_memory, weight_bytes_per_gpu
 from inferfleet.planning.performance import DEFAULT_EFFICIENCY
 from inferfleet.planning.replica import ACTIVATION_BYTES
+from tests.unit.bench_fixtures import tiny_scenario
 
 AGG = Role.AGGREGATED
 
-SCENARIO = """
-apiVersion: inferfleet.io/v1alpha1
-kind: AutoscaleScenario
-spec: {name: tiny, pattern: step, rate: 1, durationS: 240, inputTokens: "1000", outputTokens: "100",
-       patternOptions: {rate_after: 16, switch_s: 100}, coldStartS: 30}
----
-apiVersion: inferfleet.io/v1alpha1
-kind: ModelDeployment
-metadata: {name: tiny}
-spec:
-  model: {name: llama-3.1-8b, source: "hf://meta-llama/Llama-3.1-8B-Instruct"}
-  engine: {name: sim}
-  batching: {maxModelLength: 8192}
-  gpu: {type: GPU}
----
-apiVersion: inferfleet.io/v1alpha1
-kind: InferenceService
-metadata: {name: tiny}
-spec:
-  deployments: [{name: tiny}]
-  slo: {ttftP95Ms: 1000, tpotP95Ms: 50, attainmentTarget: 0.95}
-  autoscaling: {policy: goodput, aggregated: {minReplicas: 1, maxReplicas: 8}}
-"""
-
 
 def test_the_fluid_bound_is_the_work_at_full_efficiency_by_hand() -> None:
-    scenario = parse_scenario(SCENARIO.replace("type: GPU", "type: H100-80GB"))
+    scenario = parse_scenario(tiny_scenario("H100-80GB"))
     service = service_of(scenario)
     config = replace(service.replica, max_sequences=4)
     service = replace(service, replica=config)
@@ -159,9 +136,7 @@ def test_oracle_is_taken_for_the_clairvoyant_schedule() -> None:
 
 def test_the_clairvoyant_schedule_meets_the_overall_target_with_less_than_the_oracle() -> None:
     # A step to 20 req/s: the per-window oracle, lowered once, holds more than the target needs.
-    body = SCENARIO.replace("type: GPU", "type: L40S-48GB").replace(
-        "rate_after: 16", "rate_after: 20"
-    )
+    body = tiny_scenario().replace("rate_after: 16", "rate_after: 20")
     scenario = parse_scenario(body)
     requests = scenario_requests(scenario, ".")
     horizon = horizon_s(scenario, requests, scenario.rate)
@@ -202,7 +177,7 @@ def test_the_clairvoyant_schedule_meets_the_overall_target_with_less_than_the_or
 
 
 def test_a_schedule_that_misses_the_overall_target_is_raised_until_it_meets_it() -> None:
-    body = SCENARIO.replace("type: GPU", "type: L40S-48GB")
+    body = tiny_scenario()
     scenario = parse_scenario(body)
     requests = scenario_requests(scenario, ".")
     horizon = horizon_s(scenario, requests, scenario.rate)
