@@ -150,26 +150,26 @@ def _decide_fresh(
     elif not feedback.missed and snapshot.service.attainment is not None:
         # The target is met: the lessons so far worked, the next miss may teach again.
         taught = None
-    # Hysteresis: a pool shrinks only to a count that would hold a little more load than it is
-    # sized for, so a load at the edge between two counts does not flip between them.
-    for role in roles:
-        if sizings[role].needed < current_counts[role]:
-            shrunk = size(role, spec.scale_down_margin)
-            held = Sizing(current_counts[role], shrunk.feasible, shrunk.why)
-            sizings[role] = shrunk if shrunk.needed < current_counts[role] else held
 
+    def with_hysteresis(role: Role, sizing: Sizing, *, transient: bool) -> Sizing:
+        """A pool shrinks only to a count that would hold a little more load than it is sized
+        for, so a load at the edge between two counts does not flip between them."""
+        if sizing.needed >= current_counts[role]:
+            return sizing
+        shrunk = size(role, spec.scale_down_margin, transient=transient)
+        if shrunk.needed < current_counts[role]:
+            return shrunk
+        return Sizing(current_counts[role], shrunk.feasible, shrunk.why)
+
+    sizings = {role: with_hysteresis(role, sizings[role], transient=True) for role in roles}
     # What a queue or a rising trend asks for is not remembered by stabilisation: once the
     # queue has drained and the rise has stopped, the fleet goes back to what arrivals need.
     steady = sizings
     if demand.drain_requests_per_s > 0 or demand.growth > 1:
-        steady = {role: size(role, transient=False) for role in roles}
-        for role in roles:
-            if steady[role].needed < current_counts[role]:
-                shrunk = size(role, spec.scale_down_margin, transient=False)
-                if shrunk.needed >= current_counts[role]:
-                    steady[role] = Sizing(current_counts[role], shrunk.feasible, shrunk.why)
-                else:
-                    steady[role] = shrunk
+        steady = {
+            role: with_hysteresis(role, size(role, transient=False), transient=False)
+            for role in roles
+        }
 
     # A lesson adds replicas in proportion to the shortfall (the share of requests that would
     # have to meet the target and did not), at least one; the count that answered a miss holds
