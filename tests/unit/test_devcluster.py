@@ -12,6 +12,7 @@ from inferfleet.api.catalog import GpuCatalog, GpuType
 from inferfleet.devcluster import pki, processes
 from inferfleet.devcluster.cluster import (
     POD_CIDR,
+    ClientRateLimit,
     Ports,
     State,
     component_specs,
@@ -64,6 +65,26 @@ def test_components_bind_loopback_and_admit_quota_and_policies(tmp_path: Path) -
     for needed in ("garbage-collector", "deployment", "replicaset", "endpointslice"):
         assert f"{needed}-controller" in controllers
     assert f"--cidr={POD_CIDR}" in specs["kwok"]
+
+
+def test_a_client_rate_limit_raises_the_controller_manager_and_scheduler_only(
+    tmp_path: Path,
+) -> None:
+    certs = pki.generate(tmp_path / "pki")
+    ports = Ports(2379, 2380, 6443, 10257, 10259, 10247)
+    by_default = {s.name: s.argv for s in component_specs(Path("/bin"), tmp_path, ports, certs)}
+    raised = {
+        s.name: s.argv
+        for s in component_specs(
+            Path("/bin"), tmp_path, ports, certs, ClientRateLimit(qps=100, burst=200)
+        )
+    }
+    for argv in by_default.values():
+        assert not any(a.startswith("--kube-api-") for a in argv)
+    for name in ("kube-controller-manager", "kube-scheduler"):
+        assert raised[name] == (*by_default[name], "--kube-api-qps=100", "--kube-api-burst=200")
+    for name in ("etcd", "kube-apiserver", "kwok"):
+        assert raised[name] == by_default[name]
 
 
 def test_pki_files_are_private(tmp_path: Path) -> None:

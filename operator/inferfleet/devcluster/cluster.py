@@ -122,6 +122,19 @@ class Runtime(StrEnum):
     OCI = "oci"
 
 
+@dataclass(frozen=True)
+class ClientRateLimit:
+    """The client-side limit of the controller manager's and the scheduler's API requests
+    (`--kube-api-qps`, `--kube-api-burst`). Unset, they keep their defaults (20/30 and 50/100),
+    which at hundreds of Deployments make them, not what they serve, the bottleneck."""
+
+    qps: float
+    burst: int
+
+    def flags(self) -> tuple[str, ...]:
+        return (f"--kube-api-qps={self.qps:g}", f"--kube-api-burst={self.burst}")
+
+
 class DevClusterError(RuntimeError):
     """The cluster could not be brought up or reached; the message says which component."""
 
@@ -205,10 +218,15 @@ def kubeconfig(
 
 
 def component_specs(
-    bin_dir: Path, state_dir: Path, ports: Ports, certs: pki.ClusterPki
+    bin_dir: Path,
+    state_dir: Path,
+    ports: Ports,
+    certs: pki.ClusterPki,
+    client_rate: ClientRateLimit | None = None,
 ) -> list[ProcessSpec]:
     """The command line of every component (pure: what `up` starts)."""
     kube = str(bin_dir / "kube")
+    rate_flags = client_rate.flags() if client_rate else ()
     kubeconfigs = state_dir / "kubeconfigs"
     serving = [
         f"--tls-cert-file={certs.apiserver.cert}",
@@ -282,6 +300,7 @@ def component_specs(
                 f"--flex-volume-plugin-dir={state_dir / 'flexvolume'}",
                 # Fake nodes never die; evict quickly when a test stops kwok on purpose.
                 "--node-monitor-grace-period=20s",
+                *rate_flags,
             ),
         ),
         ProcessSpec(
@@ -296,6 +315,7 @@ def component_specs(
                 f"--secure-port={ports.scheduler}",
                 *serving,
                 "--leader-elect=false",
+                *rate_flags,
             ),
         ),
         ProcessSpec(
@@ -408,8 +428,10 @@ class DevCluster:
         cpu_nodes: int = 1,
         bound_to_parent: bool = False,
         timeout_s: float = 120.0,
+        client_rate: ClientRateLimit | None = None,
     ) -> State:
-        """Start every component, wait until each is healthy and every node Ready."""
+        """Start every component, wait until each is healthy and every node Ready;
+        `client_rate` raises the controller manager's and the scheduler's request limits."""
         existing = self.state()
         if existing and any(processes.alive(pid) for pid in existing.pids.values()):
             raise DevClusterError(
@@ -439,7 +461,7 @@ class DevCluster:
             started_at=time.time(),
         )
         try:
-            for spec in component_specs(bin_dir, self.state_dir, ports, certs):
+            for spec in component_specs(bin_dir, self.state_dir, ports, certs, client_rate):
                 state.pids[spec.name] = processes.start(
                     spec, self.log_dir, bound_to_parent=bound_to_parent
                 )
@@ -740,12 +762,20 @@ def running(
     runtime: Runtime = Runtime.VENV,
     images: Path | None = None,
     operator: bool = True,
+    client_rate: ClientRateLimit | None = None,
 ) -> Iterator[DevCluster]:
     """A cluster for the duration of a block, stopped however the block ends; with the
     fleet (agent, operator, Prometheus) when asked: see `DevCluster.start_fleet` for
-    `runtime`, `images` and `operator`."""
+    `runtime`, `images` and `operator`, and `DevCluster.up` for `client_rate`."""
     cluster = DevCluster(state_dir)
-    cluster.up(bin_dir, pools, cpu_nodes=cpu_nodes, bound_to_parent=True, timeout_s=timeout_s)
+    cluster.up(
+        bin_dir,
+        pools,
+        cpu_nodes=cpu_nodes,
+        bound_to_parent=True,
+        timeout_s=timeout_s,
+        client_rate=client_rate,
+    )
     try:
         if with_fleet:
             cluster.start_fleet(
