@@ -18,6 +18,7 @@ from inferfleet.engines.common import DEFAULT_SIM_ENGINE_IMAGE
 from inferfleet.kube import Kube, NoConfigurationError
 from inferfleet.planning.replica import ReplicaConfig
 from inferfleet.reconcile import operator
+from inferfleet.reconcile.leadership import DEFAULT_ELECTION_ID, LeaderElection, default_namespace
 from inferfleet.render import (
     DEFAULT_ROUTER_IMAGE,
     EngineOptions,
@@ -210,6 +211,22 @@ def run_command(
             help="Image of `sim` engines whose spec names none (engine.version picks its tag).",
         ),
     ] = DEFAULT_SIM_ENGINE_IMAGE,
+    leader_elect: Annotated[
+        bool,
+        typer.Option(
+            help="Reconcile only while holding a coordination.k8s.io Lease, so that replicas "
+            "can run side by side with one acting (the chart turns it on)."
+        ),
+    ] = False,
+    leader_election_namespace: Annotated[
+        str | None,
+        typer.Option(
+            help="Namespace of the Lease (default: the pod's own, else `default`).",
+        ),
+    ] = None,
+    leader_election_id: Annotated[
+        str, typer.Option(help="Name of the Lease; replicas with the same one take turns.")
+    ] = DEFAULT_ELECTION_ID,
 ) -> None:
     """Run the operator: reconcile ModelDeployments and InferenceServices into workloads, and
     autoscale the services with `autoscaling.policy: goodput` from Prometheus."""
@@ -227,4 +244,11 @@ def run_command(
         router_discovery=router_discovery,
         engines=EngineOptions(sim_engine_image=sim_engine_image),
     )
-    operator.run(namespace or (), liveness, install, autoscaler)
+    election = (
+        LeaderElection(
+            namespace=leader_election_namespace or default_namespace(), name=leader_election_id
+        )
+        if leader_elect
+        else None
+    )
+    operator.run(namespace or (), liveness, install, autoscaler, election)
