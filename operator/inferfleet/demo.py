@@ -23,6 +23,7 @@ from inferfleet.devcluster.cluster import DevCluster, running
 from inferfleet.devcluster.nodes import NodePool
 from inferfleet.devcluster.processes import wait_until
 from inferfleet.kube import Kube
+from inferfleet.sim.workload import TraceRequest
 from inferfleet.slo import Slo
 
 ROUTER_PORT = 8000
@@ -126,7 +127,7 @@ def _drive(
     settings: DemoSettings,
     *,
     documents: list[dict[str, Any]],
-    requests: list[traces.TraceRequest],
+    requests: list[TraceRequest],
     slo: Slo,
     echo: Callable[[str], None],
     service: str,

@@ -57,6 +57,7 @@ from inferfleet.bench.references import (
 from inferfleet.bench.report import percentile
 from inferfleet.planning.replica import ReplicaConfig
 from inferfleet.sim.fleet import FleetConfig, FleetRun, Scaler, simulate
+from inferfleet.sim.workload import TraceRequest
 from inferfleet.slo import Outcome, Slo
 
 BASELINES = ("static-best", "static-peak", "static-mean", "hpa", "keda", "planner")
@@ -167,7 +168,7 @@ def load_scenario(path: Path | str) -> Scenario:
 
 def scenario_requests(
     scenario: Scenario, traces_dir: Path | str, *, rate: float | None = None
-) -> list[traces.TraceRequest]:
+) -> list[TraceRequest]:
     """The scenario's schedule; `rate` overrides its rate (multiplier or requests/s)."""
     rate = scenario.rate if rate is None else rate
     if scenario.trace is not None:
@@ -196,7 +197,7 @@ def _pattern_options(options: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def horizon_s(scenario: Scenario, requests: Sequence[traces.TraceRequest], rate: float) -> float:
+def horizon_s(scenario: Scenario, requests: Sequence[TraceRequest], rate: float) -> float:
     """How long the load lasts, in simulated seconds."""
     if scenario.trace is not None and scenario.duration_s is not None:
         return scenario.duration_s / rate

@@ -62,7 +62,7 @@ from inferfleet.bench.report import (
     RequestResult,
     summarize,
 )
-from inferfleet.bench.traces import TraceRequest
+from inferfleet.sim.workload import TraceRequest
 from inferfleet.slo import Slo
 from inferfleet.streaming import TokenStream
 

@@ -27,12 +27,12 @@ from typing import Any
 from inferfleet.api.model_deployment import Role
 from inferfleet.autoscale.baselines import Bounds, ClairvoyantScaler, StaticScaler
 from inferfleet.autoscale.policy import PolicySpec
-from inferfleet.bench import traces
 from inferfleet.planning import capacity
 from inferfleet.planning.memory import plan_memory
 from inferfleet.planning.performance import StepLoad, step_time
 from inferfleet.planning.replica import ReplicaConfig
 from inferfleet.sim.fleet import FleetConfig, FleetRun, simulate
+from inferfleet.sim.workload import TraceRequest
 from inferfleet.slo import Outcome, Slo
 
 DEFAULT_ORACLE_WINDOW_S = 60.0
@@ -63,11 +63,11 @@ class Service:
 
 
 def windows_of(
-    requests: Sequence[traces.TraceRequest], horizon: float, window_s: float
-) -> list[list[traces.TraceRequest]]:
+    requests: Sequence[TraceRequest], horizon: float, window_s: float
+) -> list[list[TraceRequest]]:
     """The requests by the window they arrive in."""
     count = max(1, math.ceil(horizon / window_s))
-    windows: list[list[traces.TraceRequest]] = [[] for _ in range(count)]
+    windows: list[list[TraceRequest]] = [[] for _ in range(count)]
     for request in requests:
         windows[min(count - 1, int(request.arrival_s // window_s))].append(request)
     return windows
@@ -139,7 +139,7 @@ def fluid_rates(replica: ReplicaConfig) -> FluidRates:
 
 
 def fluid_bound(
-    requests: Sequence[traces.TraceRequest],
+    requests: Sequence[TraceRequest],
     service: Service,
     horizon: float,
     window_s: float = DEFAULT_ORACLE_WINDOW_S,
@@ -194,7 +194,7 @@ def fluid_bound(
     return FluidBound(window_s, bound)
 
 
-def _cached_tokens(request: traces.TraceRequest, seen: set[int]) -> int:
+def _cached_tokens(request: TraceRequest, seen: set[int]) -> int:
     """Leading prompt tokens whose blocks some earlier prompt had (chained block keys); adds
     this prompt's blocks to `seen`."""
     key = 0
@@ -214,7 +214,7 @@ def _cached_tokens(request: traces.TraceRequest, seen: set[int]) -> int:
 
 
 def planner_needs(
-    service: Service, windows: Sequence[Sequence[traces.TraceRequest]], window_s: float
+    service: Service, windows: Sequence[Sequence[TraceRequest]], window_s: float
 ) -> list[dict[Role, int]]:
     """Per window, the planner's replicas per role for its rate and mean lengths."""
     slo = capacity.Slo(
@@ -317,7 +317,7 @@ def fleetper_window(run: FleetRun, window_s: float, windows: int) -> list[dict[R
 
 
 def simulated_schedule(
-    requests: Sequence[traces.TraceRequest],
+    requests: Sequence[TraceRequest],
     config: FleetConfig,
     needs: Sequence[Mapping[Role, int]],
     window_s: float,
@@ -329,7 +329,7 @@ def simulated_schedule(
 
 
 def per_window_oracle(
-    requests: Sequence[traces.TraceRequest],
+    requests: Sequence[TraceRequest],
     service: Service,
     config: FleetConfig,
     window_s: float = DEFAULT_ORACLE_WINDOW_S,
@@ -494,7 +494,7 @@ class Clairvoyant:
 
 
 def clairvoyant_schedule(
-    requests: Sequence[traces.TraceRequest],
+    requests: Sequence[TraceRequest],
     service: Service,
     config: FleetConfig,
     oracle: Oracle,
@@ -658,7 +658,7 @@ class StaticBest:
 
 
 def static_best(
-    requests: Sequence[traces.TraceRequest],
+    requests: Sequence[TraceRequest],
     service: Service,
     config: FleetConfig,
     start: Mapping[Role, int],

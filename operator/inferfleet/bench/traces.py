@@ -27,27 +27,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Protocol
 
-DEFAULT_HASH_BLOCK_TOKENS = 512
-"""Tokens per prefix-hash block in the Mooncake traces."""
+from inferfleet.sim.workload import DEFAULT_HASH_BLOCK_TOKENS, TraceRequest
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 
 _EPOCH = datetime(1970, 1, 1)
 _MICROSECOND = timedelta(microseconds=1)
-
-
-@dataclass(frozen=True, slots=True)
-class TraceRequest:
-    """One request of a schedule: when it is sent and how long it is."""
-
-    arrival_s: float
-    """Seconds from the start of the schedule."""
-    input_tokens: int
-    output_tokens: int
-    prefix_hashes: tuple[int, ...] = ()
-    """Ids of the prompt's consecutive blocks of `hash_block_tokens` tokens (empty: unknown,
-    taken as unique to the request)."""
-    hash_block_tokens: int = DEFAULT_HASH_BLOCK_TOKENS
 
 
 class TraceFormatError(ValueError):

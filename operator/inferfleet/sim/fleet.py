@@ -40,11 +40,11 @@ from typing import Protocol
 
 from inferfleet.api.model_deployment import Role
 from inferfleet.autoscale.snapshot import MetricsSnapshot, RoleMetrics, ServiceMetrics
-from inferfleet.bench.traces import DEFAULT_HASH_BLOCK_TOKENS, TraceRequest
 from inferfleet.planning.memory import KV_BLOCK_TOKENS
 from inferfleet.planning.performance import DEFAULT_EFFICIENCY, EfficiencyTerms
 from inferfleet.planning.replica import ReplicaConfig
 from inferfleet.sim.scheduler import EngineCore, EngineRequest, RequestRejectedError, StepResult
+from inferfleet.sim.workload import DEFAULT_HASH_BLOCK_TOKENS, TraceRequest
 from inferfleet.slo import TPOT_BUCKETS_S, TTFT_BUCKETS_S, Outcome, Slo
 
 DEFAULT_COLD_START_S = 120.0
