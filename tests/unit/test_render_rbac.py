@@ -15,6 +15,7 @@ from inferfleet.render.common import KIND_ORDER
 from inferfleet.render.rbac import (
     CRD_READER_NAME,
     DEFAULT_NAMESPACE,
+    LEADER_ELECTION_NAME,
     OPERATOR_NAME,
     cluster_wide,
     rbac_files,
@@ -37,8 +38,8 @@ def grants(rules: list[dict[str, Any]]) -> Grants:
     return result
 
 
-def kind(objects: list[dict[str, Any]], name: str) -> dict[str, Any]:
-    (found,) = [o for o in objects if o["kind"] == name]
+def kind(objects: list[dict[str, Any]], name: str, named: str | None = None) -> dict[str, Any]:
+    (found,) = [o for o in objects if o["kind"] == name and named in (None, o["metadata"]["name"])]
     return found
 
 
@@ -92,7 +93,7 @@ def test_cluster_role_grants_exactly_what_the_operator_uses() -> None:
 
 def test_single_namespace_install_keeps_namespaced_grants_in_a_role() -> None:
     objects = single_namespace("team-a")
-    role = kind(objects, "Role")
+    role = kind(objects, "Role", OPERATOR_NAME)
     assert role["metadata"]["namespace"] == "team-a"
     assert grants(role["rules"]) == EXPECTED
     cluster_role = kind(objects, "ClusterRole")
@@ -122,6 +123,7 @@ def test_nothing_beyond_least_privilege() -> None:
     assert all("*" not in verbs for verbs in granted.values())
     assert all("*" not in key for key in granted)
     assert ("", "secrets") not in granted
+    # Leases only in the operator's own namespace (a Role there), never cluster-wide.
     assert ("coordination.k8s.io", "leases") not in granted
     # RBAC only for routers' Roles: no cluster roles, no bind or escalate (so the operator can
     # grant only what it holds itself).
@@ -161,3 +163,30 @@ def test_headers_explain_every_rule() -> None:
         objects = list(yaml.safe_load_all(text))
         rules = [r for o in objects if o["kind"] in ("Role", "ClusterRole") for r in o["rules"]]
         assert len(header) >= len(rules), name
+
+
+@pytest.mark.parametrize(
+    "objects",
+    [cluster_wide("inferfleet-system"), single_namespace("inferfleet-system", watched="team-a")],
+    ids=["cluster-wide", "single-namespace"],
+)
+def test_leader_election_reads_and_writes_leases_only_in_the_operators_namespace(
+    objects: list[dict[str, Any]],
+) -> None:
+    role = kind(objects, "Role", LEADER_ELECTION_NAME)
+    assert role["metadata"]["namespace"] == "inferfleet-system"
+    # Read, create, renew by replace at a resourceVersion: no patch, list, watch or delete.
+    assert grants(role["rules"]) == {("coordination.k8s.io", "leases"): {"create", "get", "update"}}
+    binding = kind(objects, "RoleBinding", LEADER_ELECTION_NAME)
+    assert binding["metadata"]["namespace"] == "inferfleet-system"
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": LEADER_ELECTION_NAME,
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": OPERATOR_NAME, "namespace": "inferfleet-system"}
+    ]
+    # Nothing else grants Leases.
+    others = [o for o in objects if o["kind"].endswith("Role") and o is not role]
+    assert all(("coordination.k8s.io", "leases") not in grants(o["rules"]) for o in others)

@@ -5,15 +5,19 @@ Two complete installs, each a ServiceAccount and its grants:
   namespace;
 * `single-namespace.yaml`: a Role and RoleBinding in the watched namespace, plus a ClusterRole
   that only reads CustomResourceDefinitions (which are cluster-scoped).
+Both add a Role and RoleBinding for leader election in the operator's own namespace: its Lease
+lives there, and no other namespace's Leases are touched.
 
 Every rule carries its reason, printed in the files' headers. Not granted, on purpose: the
 spec of a user's resource is never written (only `patch` for kopf's finalizer and progress
 annotations, and the status subresource); no Secrets (engines read the Hugging Face token by
-reference, the kubelet resolves it); no leases (kopf peering is off: one operator replica,
-`settings.peering.standalone`); RBAC objects only to give each router a ServiceAccount that
-reads EndpointSlices, or pods and Services with `--router-discovery pods` (which the operator
-must then read itself: RBAC lets one grant only what one holds); no `update` (everything is
-server-side apply, which is `patch`; `create` is kept for clients that create first).
+reference, the kubelet resolves it); Leases only in the operator's own namespace, without
+`patch`, `list` or `delete` (leader election reads, creates and replaces its one Lease; kopf
+peering is off, `settings.peering.standalone`); RBAC objects only to give each router a
+ServiceAccount that reads EndpointSlices, or pods and Services with `--router-discovery pods`
+(which the operator must then read itself: RBAC lets one grant only what one holds); no
+`update` but of the Lease (everything else is server-side apply, which is `patch`; `create` is
+kept for clients that create first).
 
 `rbac_files` is pure; a unit test compares the committed files with it.
 """
@@ -31,6 +35,7 @@ from inferfleet.api.model_deployment import PLURAL as MODEL_DEPLOYMENTS
 
 OPERATOR_NAME: Final = "inferfleet-operator"
 CRD_READER_NAME: Final = "inferfleet-operator-crd-reader"
+LEADER_ELECTION_NAME: Final = "inferfleet-operator-leader-election"
 DEFAULT_NAMESPACE: Final = "inferfleet-system"
 LABELS: Final = {
     "app.kubernetes.io/name": OPERATOR_NAME,
@@ -144,6 +149,14 @@ NAMESPACES_RULE: Final = Rule(
     "cluster-wide mode: kopf follows namespaces as they come and go",
 )
 
+LEASE_RULE: Final = Rule(
+    ("coordination.k8s.io",),
+    ("leases",),
+    ("create", "get", "update"),
+    "leader election, in the operator's own namespace: read its Lease, create it, renew and "
+    "release it by replace at the resourceVersion read",
+)
+
 
 def _meta(name: str, namespace: str | None = None) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": name}
@@ -193,6 +206,15 @@ def cluster_wide(namespace: str = DEFAULT_NAMESPACE) -> list[dict[str, Any]]:
         service_account(namespace),
         role("ClusterRole", OPERATOR_NAME, rules),
         binding("ClusterRoleBinding", OPERATOR_NAME, "ClusterRole", namespace),
+        *leader_election(namespace),
+    ]
+
+
+def leader_election(namespace: str = DEFAULT_NAMESPACE) -> list[dict[str, Any]]:
+    """The Lease grant, in the operator's own namespace, whatever it watches."""
+    return [
+        role("Role", LEADER_ELECTION_NAME, (LEASE_RULE,), namespace),
+        binding("RoleBinding", LEADER_ELECTION_NAME, "Role", namespace, namespace),
     ]
 
 
@@ -207,6 +229,7 @@ def single_namespace(
         binding("RoleBinding", OPERATOR_NAME, "Role", namespace, watched),
         role("ClusterRole", CRD_READER_NAME, (CRD_RULE,)),
         binding("ClusterRoleBinding", CRD_READER_NAME, "ClusterRole", namespace),
+        *leader_election(namespace),
     ]
 
 
@@ -231,13 +254,13 @@ def rbac_files(namespace: str = DEFAULT_NAMESPACE) -> dict[str, str]:
     return {
         "cluster-wide.yaml": _header(
             f"The operator watching every namespace (ServiceAccount in {namespace}).",
-            (*NAMESPACED_RULES, CRD_RULE, NAMESPACES_RULE),
+            (*NAMESPACED_RULES, CRD_RULE, NAMESPACES_RULE, LEASE_RULE),
         )
         + _documents(cluster_wide(namespace)),
         "single-namespace.yaml": _header(
             f"The operator watching only {namespace}; the Role and RoleBinding go where it "
             "watches.",
-            (*NAMESPACED_RULES, CRD_RULE),
+            (*NAMESPACED_RULES, CRD_RULE, LEASE_RULE),
         )
         + _documents(single_namespace(namespace)),
     }
