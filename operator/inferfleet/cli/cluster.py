@@ -1,22 +1,21 @@
 """`inferfleet dev-cluster` and `inferfleet demo`: the local control plane and the live fleet
-on it."""
+on it. The commands import the dev cluster when they run, not when the command line is
+built (`inferfleet run` must not load it)."""
+
+# ruff: noqa: PLC0415
 
 from __future__ import annotations
 
 import os
 import tempfile
 import time
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from inferfleet.cli.common import EXIT_INVALID, app
-from inferfleet.demo import DemoSettings, run_demo
-from inferfleet.devcluster.binaries import ensure_binaries
-from inferfleet.devcluster.cluster import DevCluster, DevClusterError, Runtime
-from inferfleet.devcluster.nodes import NodePool
-from inferfleet.devcluster.tools import ToolUnavailableError
 
 dev_cluster = typer.Typer(
     help="A real Kubernetes control plane on loopback with fake GPU nodes (kwok).",
@@ -30,6 +29,16 @@ DEFAULT_DEV_CLUSTER_DIR = (
     / "dev-cluster"
 )
 DEFAULT_NODE_POOLS = "H100-80GB=2,H200-141GB=1,L40S-48GB=1"
+
+
+class FleetRuntime(StrEnum):
+    """`devcluster.cluster.Runtime` as the command line offers it, without loading the dev
+    cluster to build the command line (tests/unit/test_cli_imports.py holds the two equal)."""
+
+    VENV = "venv"
+    OCI = "oci"
+
+
 StateDir = Annotated[Path, typer.Option("--dir", help="State directory of the cluster.")]
 
 
@@ -51,12 +60,12 @@ def dev_cluster_up(
         ),
     ] = False,
     runtime: Annotated[
-        Runtime,
+        FleetRuntime,
         typer.Option(
             help="How the fleet runs pods: venv (host processes of this install's inferfleet, "
             "quick) or oci (each pod from its image through crun, the operator as a pod too)."
         ),
-    ] = Runtime.VENV,
+    ] = FleetRuntime.VENV,
     images: Annotated[
         Path | None,
         typer.Option(
@@ -74,6 +83,11 @@ def dev_cluster_up(
     timeout: Annotated[float, typer.Option(help="Seconds each component may take.")] = 120.0,
 ) -> None:
     """Build (first time only) and start the control plane; print how to reach it."""
+    from inferfleet.devcluster.binaries import ensure_binaries
+    from inferfleet.devcluster.cluster import DevCluster, DevClusterError, Runtime
+    from inferfleet.devcluster.nodes import NodePool
+    from inferfleet.devcluster.tools import ToolUnavailableError
+
     try:
         pools = NodePool.parse(nodes)
     except ValueError as error:
@@ -88,7 +102,10 @@ def dev_cluster_up(
             cluster.install_crds()
         if with_fleet:
             cluster.start_fleet(
-                timeout_s=timeout, runtime=runtime, images=images, operator=with_operator
+                timeout_s=timeout,
+                runtime=Runtime(runtime.value),
+                images=images,
+                operator=with_operator,
             )
     except (DevClusterError, ToolUnavailableError) as error:
         typer.echo(f"error: {error}", err=True)
@@ -105,6 +122,8 @@ def dev_cluster_up(
 @dev_cluster.command("down")
 def dev_cluster_down(directory: StateDir = DEFAULT_DEV_CLUSTER_DIR) -> None:
     """Stop every component of the cluster (its state directory stays for inspection)."""
+    from inferfleet.devcluster.cluster import DevCluster
+
     killed = DevCluster(directory).down()
     typer.echo("stopped" + (f" ({', '.join(killed)} needed SIGKILL)" if killed else ""))
 
@@ -112,6 +131,8 @@ def dev_cluster_down(directory: StateDir = DEFAULT_DEV_CLUSTER_DIR) -> None:
 @dev_cluster.command("status")
 def dev_cluster_status(directory: StateDir = DEFAULT_DEV_CLUSTER_DIR) -> None:
     """Each component: running or stopped, healthy or not."""
+    from inferfleet.devcluster.cluster import DevCluster
+
     cluster = DevCluster(directory)
     report = cluster.status()
     for component, state in report.items():
@@ -126,6 +147,8 @@ def dev_cluster_status(directory: StateDir = DEFAULT_DEV_CLUSTER_DIR) -> None:
 def dev_cluster_kubeconfig(directory: StateDir = DEFAULT_DEV_CLUSTER_DIR) -> None:
     """Print the admin kubeconfig's path: export KUBECONFIG=$(inferfleet dev-cluster kubeconfig).
     Fails (exit 1) when no cluster runs there: a path to nothing would only fail later."""
+    from inferfleet.devcluster.cluster import DevCluster
+
     cluster = DevCluster(directory)
     apiserver = cluster.status().get("kube-apiserver", "never started")
     if not apiserver.startswith("running") or not cluster.kubeconfig_path.is_file():
@@ -143,6 +166,10 @@ def dev_cluster_kubeconfig(directory: StateDir = DEFAULT_DEV_CLUSTER_DIR) -> Non
 )
 def dev_cluster_kubectl(ctx: typer.Context, directory: StateDir = DEFAULT_DEV_CLUSTER_DIR) -> None:
     """Run the bundled kubectl against the cluster: inferfleet dev-cluster kubectl get nodes."""
+    from inferfleet.devcluster.binaries import ensure_binaries
+    from inferfleet.devcluster.cluster import DevCluster
+    from inferfleet.devcluster.tools import ToolUnavailableError
+
     try:
         bin_dir = ensure_binaries()
     except ToolUnavailableError as error:
@@ -176,6 +203,10 @@ def demo_command(
     """Start a local fleet (dev cluster, fleet agent, operator, Prometheus), apply an
     autoscaled example, send a load through its router (a built-in chat load, or a trace) and
     watch the fleet scale; then stop everything."""
+    from inferfleet.demo import DemoSettings, run_demo
+    from inferfleet.devcluster.cluster import DevClusterError
+    from inferfleet.devcluster.tools import ToolUnavailableError
+
     for path in (example, trace):
         if path is not None and not path.is_file():
             typer.echo(f"error: {path} is not a file", err=True)

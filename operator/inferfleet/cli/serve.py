@@ -1,5 +1,8 @@
 """`inferfleet run`, `router` and `sim-engine`: the processes a cluster runs (the operator, a
-service's router, the engine emulator)."""
+service's router, the engine emulator). Each command imports what it runs when it runs:
+`inferfleet run` loads no simulator, `--help` no Kubernetes client."""
+
+# ruff: noqa: PLC0415
 
 from __future__ import annotations
 
@@ -8,27 +11,16 @@ import logging
 from typing import Annotated, Any
 
 import typer
-from pydantic import ValidationError
 
-from inferfleet.api.catalog import GpuCatalog
-from inferfleet.api.model_deployment import ModelDeploymentSpec, Role
-from inferfleet.autoscale.controller import AutoscalerSettings
 from inferfleet.cli.common import EXIT_INVALID, app
 from inferfleet.engines.common import DEFAULT_SIM_ENGINE_IMAGE
-from inferfleet.kube import Kube, NoConfigurationError
-from inferfleet.planning.replica import ReplicaConfig
-from inferfleet.reconcile import operator
-from inferfleet.reconcile.leadership import DEFAULT_ELECTION_ID, LeaderElection, default_namespace
-from inferfleet.render import (
-    DEFAULT_ROUTER_IMAGE,
-    EngineOptions,
-    InstallSettings,
-)
-from inferfleet.router import proxy as router_proxy
+from inferfleet.render import DEFAULT_ROUTER_IMAGE
 from inferfleet.router.config import DiscoveryMode, RouterConfig, parse_backends
-from inferfleet.router.discovery import discovery_for
-from inferfleet.sim import openai_api as sim_server
 from inferfleet.slo import Slo as RequestSlo
+
+# `reconcile.leadership.DEFAULT_ELECTION_ID`, written here so that `--help` does not load the
+# Kubernetes client to show it (tests/unit/test_cli_imports.py holds the two equal).
+DEFAULT_ELECTION_ID = "inferfleet-operator"
 
 
 @app.command("sim-engine")
@@ -58,6 +50,13 @@ def sim_engine_command(
 ) -> None:
     """Serve a CPU emulation of a vLLM engine: the OpenAI API and vLLM's metrics, with timing
     from the performance model (the `sim` engine of a ModelDeployment)."""
+    from pydantic import ValidationError
+
+    from inferfleet.api.catalog import GpuCatalog
+    from inferfleet.api.model_deployment import ModelDeploymentSpec, Role
+    from inferfleet.planning.replica import ReplicaConfig
+    from inferfleet.sim import openai_api as sim_server
+
     try:
         shape = json.loads(architecture) if architecture else None
     except json.JSONDecodeError as error:
@@ -134,6 +133,9 @@ def router_command(
     """Serve an InferenceService's router: an OpenAI-compatible streaming proxy that picks
     replicas by outstanding tokens and prefix, hands prefill over to decode, and counts each
     request's SLO outcome for Prometheus."""
+    from inferfleet.router import proxy as router_proxy
+    from inferfleet.router.discovery import discovery_for
+
     try:
         config = RouterConfig(
             service=service,
@@ -230,6 +232,12 @@ def run_command(
 ) -> None:
     """Run the operator: reconcile ModelDeployments and InferenceServices into workloads, and
     autoscale the services with `autoscaling.policy: goodput` from Prometheus."""
+    from inferfleet.autoscale.controller import AutoscalerSettings
+    from inferfleet.kube import Kube, NoConfigurationError
+    from inferfleet.reconcile import operator
+    from inferfleet.reconcile.leadership import LeaderElection, default_namespace
+    from inferfleet.render import EngineOptions, InstallSettings
+
     try:
         Kube.from_environment()
     except NoConfigurationError as error:
