@@ -1,4 +1,5 @@
-"""The one module that talks to the Kubernetes API (through the official client)."""
+"""The one module of the operator that talks to the Kubernetes API (through the official
+client). What only the dev cluster's kubelets ask of it is in `devcluster.kubelet_api`."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 
 FIELD_MANAGER = "inferfleet"
-_LIFECYCLE_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
 
 
 class StaleObjectError(Exception):
@@ -66,29 +66,16 @@ class Kube:
                 self._dynamic = DynamicClient(self.api_client)  # type: ignore[no-untyped-call]
             return self._dynamic
 
-    def _resource(self, api_version: str, kind: str) -> Any:
+    def resource(self, api_version: str, kind: str) -> Any:
+        """The dynamic client's resource of a kind, for calls the methods here do not make."""
         dynamic = self.dynamic
         with self._discovery:
             return dynamic.resources.get(api_version=api_version, kind=kind)
 
-    def create_node(self, node: dict[str, Any]) -> None:
-        """Register a node as a kubelet does: the object, then its status (capacity)."""
-        nodes = self._resource("v1", "Node")
-        try:
-            nodes.create(body=node)
-        except ApiException as error:
-            if error.status != 409:
-                raise
-        nodes.status.patch(
-            body={"status": node["status"]},
-            name=node["metadata"]["name"],
-            content_type="application/merge-patch+json",
-        )
-
     def list(
         self, api_version: str, kind: str, namespace: str | None = None, **selectors: str
     ) -> list[dict[str, Any]]:
-        found = self._resource(api_version, kind).get(namespace=namespace, **selectors)
+        found = self.resource(api_version, kind).get(namespace=namespace, **selectors)
         items: list[dict[str, Any]] = found.to_dict()["items"]
         return items
 
@@ -102,7 +89,7 @@ class Kube:
     ) -> Iterator[tuple[str, dict[str, Any]]]:
         """What matches now (`("LISTED", object)` each, then `("SYNCED", {})`), then its
         changes (`ADDED`, `MODIFIED`, `DELETED`) until the watch's timeout ends it."""
-        resource = self._resource(api_version, kind)
+        resource = self.resource(api_version, kind)
         listed = resource.get(namespace=namespace, label_selector=label_selector).to_dict()
         for item in listed["items"]:
             yield "LISTED", item
@@ -121,7 +108,7 @@ class Kube:
         self, api_version: str, kind: str, name: str, namespace: str | None = None
     ) -> dict[str, Any] | None:
         try:
-            found = self._resource(api_version, kind).get(name=name, namespace=namespace)
+            found = self.resource(api_version, kind).get(name=name, namespace=namespace)
         except ApiException as error:
             if error.status == 404:
                 return None
@@ -132,24 +119,10 @@ class Kube:
     def delete(self, api_version: str, kind: str, name: str, namespace: str | None) -> None:
         """Delete one object; already gone is fine."""
         try:
-            self._resource(api_version, kind).delete(name=name, namespace=namespace)
+            self.resource(api_version, kind).delete(name=name, namespace=namespace)
         except ApiException as error:
             if error.status != 404:
                 raise
-
-    def ready_node_names(self) -> set[str]:
-        """Nodes that are Ready and no longer carry the lifecycle controller's not-ready or
-        unreachable taints: the ones pods can be scheduled onto now."""
-        ready = set()
-        for node in self.list("v1", "Node"):
-            conditions = node.get("status", {}).get("conditions") or []
-            taints = node.get("spec", {}).get("taints") or []
-            lifecycle = any(t["key"] in _LIFECYCLE_TAINTS for t in taints)
-            if not lifecycle and any(
-                c["type"] == "Ready" and c["status"] == "True" for c in conditions
-            ):
-                ready.add(str(node["metadata"]["name"]))
-        return ready
 
     def patch_status(
         self, obj: dict[str, Any], status: dict[str, Any], *, if_unchanged: bool = False
@@ -164,7 +137,7 @@ class Kube:
         body: dict[str, Any] = {"status": status}
         if if_unchanged:
             body["metadata"] = {"resourceVersion": obj["metadata"]["resourceVersion"]}
-        resource = self._resource(obj["apiVersion"], obj["kind"])
+        resource = self.resource(obj["apiVersion"], obj["kind"])
         try:
             stored = resource.status.patch(
                 body=body,
@@ -179,42 +152,9 @@ class Kube:
         patched: dict[str, Any] = stored.to_dict()
         return patched
 
-    def patch_pod_status(self, name: str, namespace: str, status: dict[str, Any]) -> None:
-        """Strategic merge into a pod's status: conditions merge by type, as a kubelet
-        writes them."""
-        self._resource("v1", "Pod").status.patch(
-            body={"status": status},
-            name=name,
-            namespace=namespace,
-            content_type="application/strategic-merge-patch+json",
-        )
-
-    def request_token(
-        self,
-        service_account: str,
-        namespace: str,
-        *,
-        expiration_s: int,
-        bound_pod: tuple[str, str] | None = None,
-    ) -> str:
-        """A token of a ServiceAccount from the TokenRequest API (`create` on
-        `serviceaccounts/token`), bound to a pod (name, uid) when given: it stops working
-        once that pod is gone, as the tokens kubelets mount do."""
-        spec = client.V1TokenRequestSpec(audiences=[], expiration_seconds=expiration_s)
-        if bound_pod is not None:
-            spec.bound_object_ref = client.V1BoundObjectReference(
-                api_version="v1", kind="Pod", name=bound_pod[0], uid=bound_pod[1]
-            )
-        answer = client.CoreV1Api(self.api_client).create_namespaced_service_account_token(
-            service_account, namespace, client.AuthenticationV1TokenRequest(spec=spec)
-        )
-        if answer.status is None or not answer.status.token:
-            raise ApiException(reason=f"no token for {namespace}/{service_account}")
-        return str(answer.status.token)
-
     def apply(self, obj: dict[str, Any], field_manager: str = FIELD_MANAGER) -> dict[str, Any]:
         """Server-side apply of one object; returns what the API server stored."""
-        resource = self._resource(obj["apiVersion"], obj["kind"])
+        resource = self.resource(obj["apiVersion"], obj["kind"])
         namespace = obj["metadata"].get("namespace") if resource.namespaced else None
         # force: the operator owns what it renders, even fields another manager once set.
         applied = resource.server_side_apply(

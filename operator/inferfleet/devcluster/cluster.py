@@ -37,7 +37,7 @@ import yaml
 from inferfleet import __version__
 from inferfleet.api.catalog import GpuCatalog
 from inferfleet.api.crd import custom_resource_definitions
-from inferfleet.devcluster import pki, processes
+from inferfleet.devcluster import kubelet_api, pki, processes
 from inferfleet.devcluster.images import ensure_images
 from inferfleet.devcluster.nodes import NodePool, fleet_nodes
 from inferfleet.devcluster.processes import ProcessSpec
@@ -595,7 +595,7 @@ class DevCluster:
 
     def _token_file(self, kube: Kube, account: str, namespace: str, file_name: str) -> Path:
         """A token of a ServiceAccount (TokenRequest API) in a private file."""
-        token = kube.request_token(account, namespace, expiration_s=TOKEN_LIFETIME_S)
+        token = kubelet_api.request_token(kube, account, namespace, expiration_s=TOKEN_LIFETIME_S)
         path = self.state_dir / "kubeconfigs" / file_name
         path.touch(mode=0o600)
         path.write_text(token)
@@ -738,12 +738,14 @@ class DevCluster:
         kube = Kube.from_kubeconfig(self.kubeconfig_path)
         nodes = fleet_nodes(pools, cpu_nodes, GpuCatalog.builtin())
         for node in nodes:
-            kube.create_node(node)
+            kubelet_api.create_node(kube, node)
         names = {n["metadata"]["name"] for n in nodes}
-        if not processes.wait_until(lambda: names <= kube.ready_node_names(), timeout_s, 0.5):
+        if not processes.wait_until(
+            lambda: names <= kubelet_api.ready_node_names(kube), timeout_s, 0.5
+        ):
             raise DevClusterError(
                 f"fake nodes not Ready after {timeout_s:.0f} s (missing: "
-                f"{sorted(names - kube.ready_node_names())}); kwok's log ends:\n"
+                f"{sorted(names - kubelet_api.ready_node_names(kube))}); kwok's log ends:\n"
                 + processes.log_tail(self.log_dir, "kwok")
             )
 

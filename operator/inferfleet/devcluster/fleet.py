@@ -77,7 +77,7 @@ from tenacity import (
     wait_exponential,
 )
 
-from inferfleet.devcluster import oci, processes
+from inferfleet.devcluster import kubelet_api, oci, processes
 from inferfleet.devcluster.podspec import container_env, expand_references
 from inferfleet.devcluster.processes import ProcessSpec
 from inferfleet.kube import Kube
@@ -417,7 +417,8 @@ class PodSupervisor:
         if self.pod.kind == Kind.ROUTER and self.pod.service_account is not None:
             directory = self.context.state_dir / "pods" / self.pod.files
             directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-            token = self.context.kube.request_token(
+            token = kubelet_api.request_token(
+                self.context.kube,
                 self.pod.service_account,
                 self.pod.namespace,
                 expiration_s=TOKEN_LIFETIME_S,
@@ -484,7 +485,8 @@ class PodSupervisor:
         directory.chmod(0o755)
         for item in volume.files:
             if isinstance(item, oci.Token):
-                content = self.context.kube.request_token(
+                content = kubelet_api.request_token(
+                    self.context.kube,
                     self.pod.service_account or "default",
                     self.pod.namespace,
                     expiration_s=item.expiration_s,
@@ -634,7 +636,8 @@ class FleetAgent:
 
     def _report_ready(self, pod: PodProcess, ready: bool, reason: str, restarts: int) -> None:
         try:
-            self.context.kube.patch_pod_status(
+            kubelet_api.patch_pod_status(
+                self.context.kube,
                 pod.name,
                 pod.namespace,
                 readiness_status(pod.container, ready, reason, restarts, datetime.now(UTC)),
@@ -644,7 +647,8 @@ class FleetAgent:
 
     def _report_terminated(self, pod: PodProcess, exit_code: int, restarts: int) -> None:
         try:
-            self.context.kube.patch_pod_status(
+            kubelet_api.patch_pod_status(
+                self.context.kube,
                 pod.name,
                 pod.namespace,
                 terminated_status(pod.container, exit_code, restarts, datetime.now(UTC)),
