@@ -25,6 +25,7 @@ from inferfleet.api.crd import crd_files
 from inferfleet.devcluster.tools import TOOLS_DIR, cached_tool
 from inferfleet.render.rbac import (
     CRD_RULE,
+    LEASE_RULE,
     NAMESPACED_RULES,
     NAMESPACES_RULE,
     Rule,
@@ -124,13 +125,14 @@ def rules_file_text() -> str:
         "namespaced": NAMESPACED_RULES,
         "crdReader": (CRD_RULE,),
         "clusterScopeOnly": (NAMESPACES_RULE,),
+        "leaderElection": (LEASE_RULE,),
     }
     header = [
         "# Generated from operator/inferfleet/render/rbac.py. Do not edit; regenerate with",
         "#   INFERFLEET_UPDATE_GOLDEN=1 pytest tests/unit/test_chart.py",
         "# The operator's grants, as deploy/rbac/ has them: `namespaced` in the watched namespace",
         "# (or cluster-wide), `crdReader` always cluster-wide, `clusterScopeOnly` only when it",
-        "# watches every namespace.",
+        "# watches every namespace, `leaderElection` in the operator's own namespace.",
         "#",
         "# Why each rule:",
     ]
@@ -183,6 +185,9 @@ def test_default_install_is_the_operator_its_identity_and_the_crds() -> None:
         "CustomResourceDefinition",
         "Deployment",
         "Pod",  # the chart test, created only by `helm test`
+        "PodDisruptionBudget",
+        "Role",  # leader election's Lease, in the release namespace
+        "RoleBinding",
         "Service",
         "ServiceAccount",
     ]
@@ -205,13 +210,87 @@ def test_nothing_namespaced_lands_outside_the_release_namespace() -> None:
         assert "inferfleet-system" not in json.dumps(objects)
 
 
+def test_two_leader_elected_replicas_on_different_nodes_by_default() -> None:
+    objects = template()
+    spec = find(objects, "Deployment", OPERATOR)["spec"]
+    assert spec["replicas"] == 2
+    # A new pod starts as a follower; the old leader releases the Lease as it stops.
+    assert spec["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    container = operator_container(objects)
+    assert "--leader-elect" in container["args"]
+    assert flag(container, "--leader-election-namespace") == "$(POD_NAMESPACE)"
+    assert flag(container, "--leader-election-id") == OPERATOR
+    downward = {
+        e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"]
+        for e in container["env"]
+        if "valueFrom" in e
+    }
+    assert downward["POD_NAME"] == "metadata.name"
+    assert downward["POD_NAMESPACE"] == "metadata.namespace"
+    # The probes hit the endpoint a follower serves too while it waits.
+    assert container["livenessProbe"]["httpGet"]["path"] == urlsplit_path(
+        flag(container, "--liveness")
+    )
+    selector = spec["selector"]["matchLabels"]
+    (term,) = spec["template"]["spec"]["affinity"]["podAntiAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert term["podAffinityTerm"] == {
+        "topologyKey": "kubernetes.io/hostname",
+        "labelSelector": {"matchLabels": selector},
+    }
+    budget = find(objects, "PodDisruptionBudget", OPERATOR)
+    assert budget["metadata"]["namespace"] == NAMESPACE
+    assert budget["spec"] == {"minAvailable": 1, "selector": {"matchLabels": selector}}
+    role = find(objects, "Role", f"{OPERATOR}-leader-election")
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert role["rules"] == [LEASE_RULE.to_wire()]
+    binding = find(objects, "RoleBinding", f"{OPERATOR}-leader-election")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": OPERATOR, "namespace": NAMESPACE}
+    ]
+
+
+def urlsplit_path(url: str | None) -> str:
+    assert url is not None
+    return "/" + url.split("://", 1)[1].split("/", 1)[1]
+
+
+def test_without_leader_election_one_replica_is_replaced_whole() -> None:
+    objects = template({"leaderElection.enabled": "false", "replicaCount": "1"})
+    spec = find(objects, "Deployment", OPERATOR)["spec"]
+    # Never two operators at once, not even during a rollout.
+    assert spec["strategy"] == {"type": "Recreate"}
+    container = operator_container(objects)
+    assert "--leader-elect" not in container["args"]
+    assert flag(container, "--leader-election-id") is None
+    assert "PodDisruptionBudget" not in kinds(objects)
+    assert "Role" not in kinds(objects)
+    # One leader-elected replica: nothing to keep through a drain.
+    assert "PodDisruptionBudget" not in kinds(template({"replicaCount": "1"}))
+
+
+def test_affinity_from_the_values_replaces_the_default() -> None:
+    objects = template(
+        {
+            "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+            ".nodeSelectorTerms[0].matchExpressions[0].key": "pool",
+            "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+            ".nodeSelectorTerms[0].matchExpressions[0].operator": "Exists",
+        }
+    )
+    affinity = find(objects, "Deployment", OPERATOR)["spec"]["template"]["spec"]["affinity"]
+    assert list(affinity) == ["nodeAffinity"]
+
+
 def test_operator_runs_locked_down_with_its_probe_and_limits() -> None:
     objects = template()
     deployment = find(objects, "Deployment", OPERATOR)
     spec = deployment["spec"]
-    assert spec["replicas"] == 1
-    # No two operators at once while there is no leader election, not even during a rollout.
-    assert spec["strategy"] == {"type": "Recreate"}
     pod = spec["template"]["spec"]
     assert pod["serviceAccountName"] == OPERATOR
     assert pod["securityContext"]["runAsNonRoot"] is True
@@ -305,7 +384,7 @@ def test_cluster_wide_rbac_is_the_generated_one() -> None:
     rendered = rbac_objects(template())
     generated = cluster_wide(NAMESPACE)
     assert kinds(rendered) == kinds(generated)
-    for kind in ("ClusterRole", "ClusterRoleBinding"):
+    for kind in ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"):
         assert wire(rendered, kind) == wire(generated, kind)
 
 
@@ -318,9 +397,13 @@ def test_single_namespace_rbac_is_the_generated_one() -> None:
         assert wire(rendered, kind) == wire(generated, kind)
     # The names of the CRD reader differ (one per release namespace, so installs coexist);
     # what each binding grants, to whom, does not.
-    for kind, role_kind in (("RoleBinding", "Role"), ("ClusterRoleBinding", "ClusterRole")):
-        (binding,) = [o for o in rendered if o["kind"] == kind]
-        role = find(rendered, role_kind)
+    for kind, role_kind, name in (
+        ("RoleBinding", "Role", OPERATOR),
+        ("RoleBinding", "Role", f"{OPERATOR}-leader-election"),
+        ("ClusterRoleBinding", "ClusterRole", None),
+    ):
+        binding = find(rendered, kind, name)
+        role = find(rendered, role_kind, name)
         assert binding["roleRef"] == {
             "apiGroup": "rbac.authorization.k8s.io",
             "kind": role_kind,
@@ -329,7 +412,7 @@ def test_single_namespace_rbac_is_the_generated_one() -> None:
         assert binding["subjects"] == [
             {"kind": "ServiceAccount", "name": OPERATOR, "namespace": NAMESPACE}
         ]
-    assert find(rendered, "Role")["metadata"]["namespace"] == NAMESPACE
+    assert find(rendered, "Role", OPERATOR)["metadata"]["namespace"] == NAMESPACE
     assert flag(operator_container(objects), "--namespace") == NAMESPACE
 
 
@@ -454,8 +537,10 @@ def test_packaged_chart_holds_what_the_templates_read(tmp_path: Path) -> None:
     ("values", "complaint"),
     [
         ({"replicaCount": "two"}, "replicaCount"),
-        # Two operators would both reconcile until there is leader election.
-        ({"replicaCount": "2"}, "replicaCount"),
+        # Without leader election two operators would both reconcile.
+        ({"replicaCount": "2", "leaderElection.enabled": "false"}, "replicaCount"),
+        ({"leaderElection.enabled": "yes"}, "enabled"),
+        ({"podDisruptionBudget.minAvailable": "1"}, "minAvailable"),
         ({"rbac.scope": "everything"}, "scope"),
         ({"image.registry": "https://registry.example.com"}, "registry"),
         ({"image.operator.repository": "Inferfleet/Operator"}, "repository"),
