@@ -267,6 +267,11 @@ def test_one_leader_acts_and_a_follower_takes_over_within_15_s(
         assert wait_until(lambda: _converged(kubectl, namespace, 2), 60, 0.5), standby.tail()
         print(f"converged when the leader was killed: {converged_at_kill}")
         assert _writes_by(audit_log, STANDBY_ACCOUNT, namespace)
+        # The liveness endpoint is kopf's now, on the same address the follower served.
+        answer = standby.health()
+        assert answer is not None
+        assert answer.status_code == 200
+        assert "leading" not in answer.json()
         time.sleep(3)  # Events are posted in the background
         events = _events(kubectl, namespace)
         print(f"events: {dict(events)}")
