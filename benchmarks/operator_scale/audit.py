@@ -325,6 +325,69 @@ def _by_service(requests: Iterable[ApiRequest], namespace: str) -> dict[str, lis
     return per_service
 
 
+def _first(found: Iterable[ApiRequest], after: float = 0.0) -> float | None:
+    return next((r.at for r in found if r.at >= after), None)
+
+
+def _last(found: Iterable[ApiRequest], before: float) -> float | None:
+    return max((r.at for r in found if r.at <= before), default=None)
+
+
+def _readiness_times(
+    found: Sequence[ApiRequest], service: str, objects: FleetObjects, isvc_ready: float | None
+) -> tuple[float | None, float | None, float | None]:
+    """(engine Deployment rolled out, ModelDeployment Ready, InferenceService Ready) of one
+    service. Where the log holds the bodies of status writes: the writes that left each so.
+    Otherwise the last Deployment status write before the operator saw the rollout complete
+    (the one that said so), and the Ready conditions' lastTransitionTime (the operator's
+    clock, which moves if a condition is rewritten later)."""
+    engine = f"{service}-aggregated"
+    statuses = [
+        r for r in found if r.target == DEPLOYMENT_STATUS and r.name == engine and r.succeeded
+    ]
+    if not any(r.ready is not None for r in statuses):
+        md_ready = objects.model_deployment_ready.get(service)
+        return _last(statuses, before=md_ready or math.inf), md_ready, isvc_ready
+    mine = [r for r in found if r.user == OPERATOR_USER and r.name == service and r.ready]
+    return (
+        _first(r for r in statuses if r.ready),
+        _first(r for r in mine if r.target == MODEL_DEPLOYMENT_STATUS),
+        _first(r for r in mine if r.target == INFERENCE_SERVICE_STATUS),
+    )
+
+
+def _service_times(
+    found: Sequence[ApiRequest],
+    service: str,
+    objects: FleetObjects,
+    isvc_ready: float | None,
+    isvc_seen: float | None,
+) -> list[float | None]:
+    """When each of `STEPS` happened for one service (None: not seen)."""
+    engine = f"{service}-aggregated"
+    bound = _first(
+        r for r in found if r.target == "core/pods/binding" and r.name.startswith(f"{engine}-")
+    )
+    running = _first(
+        (r for r in found if r.target == "core/pods/status" and r.verb == "patch"
+         and r.name.startswith(f"{engine}-") and r.user.startswith("kwok")),
+        after=bound or 0.0,
+    )  # fmt: skip
+    return [
+        _first(r for r in found if r.name == service and r.target == MODEL_DEPLOYMENTS
+               and r.verb == "patch" and r.user != OPERATOR_USER),
+        _first(r for r in found if r.user == OPERATOR_USER),
+        _first(r for r in found if r.user == OPERATOR_USER and r.name == engine
+               and r.target == "apps/deployments" and r.verb == "patch"),
+        _first(r for r in found if r.target == "apps/replicasets" and r.verb == "create"
+               and r.name.startswith(f"{engine}-")),
+        bound,
+        running,
+        *_readiness_times(found, service, objects, isvc_ready),
+        isvc_seen,
+    ]  # fmt: skip
+
+
 def stages(
     requests: Sequence[ApiRequest],
     *,
@@ -336,55 +399,20 @@ def stages(
 ) -> dict[str, dict[str, dict[str, float | int] | None]]:
     """Where each service's time went. `offsets`: per step, its time after the start of the
     apply; `gaps`: per step, its time after the step before, for the same service; both as
-    distributions over the services. Steps are requests in the audit log (to the microsecond),
-    found by the object names the operator derives from the service's (`svc-N-aggregated-...`),
-    and the operator's Ready conditions (their lastTransitionTime)."""
+    distributions over the services. Steps are requests in the audit log (when the API server
+    received them, to the microsecond), found by the object names the operator derives from
+    the service's (`svc-N-aggregated-...`); the last, the watch seeing the service Ready."""
     per_service = _by_service(requests, namespace)
-
-    def first(found: Iterable[ApiRequest], after: float = 0.0) -> float | None:
-        return next((r.at for r in found if r.at >= after), None)
-
-    def last(found: Iterable[ApiRequest], before: float) -> float | None:
-        return max((r.at for r in found if r.at <= before), default=None)
-
     offsets: dict[str, list[float]] = {step: [] for step in STEPS}
     gaps: dict[str, list[float]] = {step: [] for step in STEPS[1:]}
     for service in sorted(set(per_service) | set(isvc_seen)):
-        found = per_service.get(service, [])
-        engine = f"{service}-aggregated"
-        bound = first(
-            r for r in found if r.target == "core/pods/binding" and r.name.startswith(f"{engine}-")
-        )
-        running = first(
-            (r for r in found if r.target == "core/pods/status" and r.verb == "patch"
-             and r.name.startswith(f"{engine}-") and r.user.startswith("kwok")),
-            after=bound or 0.0,
-        )  # fmt: skip
-        statuses = [
-            r for r in found if r.target == DEPLOYMENT_STATUS and r.name == engine and r.succeeded
-        ]
-        # The write that left it rolled out, where the log holds the bodies; otherwise the
-        # last one before the operator saw the rollout complete (the one that said so).
-        rolled = (
-            first(r for r in statuses if r.ready)
-            if any(r.ready is not None for r in statuses)
-            else last(statuses, before=objects.model_deployment_ready.get(service, math.inf))
-        )
-        times = [
-            first(r for r in found if r.name == service and r.target == MODEL_DEPLOYMENTS
-                  and r.verb == "patch" and r.user != OPERATOR_USER),
-            first(r for r in found if r.user == OPERATOR_USER),
-            first(r for r in found if r.user == OPERATOR_USER and r.name == engine
-                  and r.target == "apps/deployments" and r.verb == "patch"),
-            first(r for r in found if r.target == "apps/replicasets" and r.verb == "create"
-                  and r.name.startswith(f"{engine}-")),
-            bound,
-            running,
-            rolled,
-            objects.model_deployment_ready.get(service),
+        times = _service_times(
+            per_service.get(service, []),
+            service,
+            objects,
             isvc_ready.get(service),
             isvc_seen.get(service),
-        ]  # fmt: skip
+        )
         for i, (step, at) in enumerate(zip(STEPS, times, strict=True)):
             if at is None:
                 continue

@@ -22,11 +22,25 @@ def _fmt(value: Any) -> str:
 
 
 def markdown(result: Mapping[str, Any]) -> str:
-    head, hw = result["headline"], result["hardware"]
-    services = result["config"]["services"]
-    single = head["single_service_ready_s"]
-    lines = [
-        f"# Operator scale: {services} services in one apply",
+    sections = (
+        _header(result),
+        _goals_table(result),
+        _bare_section(result),
+        _latency_section(result),
+        _figures_table(result),
+        _stages_section(result),
+        _cpu_sections(result),
+        _api_section(result),
+        _log_section(result["operator_log"]),
+        _measurement_section(result),
+    )
+    return "\n\n".join("\n".join(lines) for lines in sections) + "\n"
+
+
+def _header(result: Mapping[str, Any]) -> list[str]:
+    hw = result["hardware"]
+    return [
+        f"# Operator scale: {result['config']['services']} services in one apply",
         "",
         f"Run {result['run_at']} on {hw['cpu_model']}, {hw['cores']} cores, "
         f"{hw['memory_gib']} GiB (kernel {hw['kernel']}, Python {hw['python']}); control "
@@ -43,13 +57,14 @@ def markdown(result: Mapping[str, Any]) -> str:
         "the benchmark) shares those cores. The controller manager's and the scheduler's "
         f"client limits are raised to {_client_rate(result)}, so the operator is what is "
         "measured.",
-        "",
-        *_goals_table(result),
-        "",
-        *_bare_section(result),
-        "",
-        *_latency_section(result),
-        "",
+    ]
+
+
+def _figures_table(result: Mapping[str, Any]) -> list[str]:
+    head = result["headline"]
+    services = result["config"]["services"]
+    single = head["single_service_ready_s"]
+    return [
         "## All figures",
         "",
         "| figure | value |",
@@ -85,7 +100,11 @@ def markdown(result: Mapping[str, Any]) -> str:
         "",
         "A reconciled resource is one ModelDeployment or one InferenceService "
         f"({2 * services} in the rollout, 2 per single service).",
-        "",
+    ]
+
+
+def _stages_section(result: Mapping[str, Any]) -> list[str]:
+    lines = [
         "## Where the rollout's time went",
         "",
         "Per step, over the services: its time after the start of the apply, and after the "
@@ -110,10 +129,12 @@ def markdown(result: Mapping[str, Any]) -> str:
         f"Pods at the end: {pods.get('by_phase')}; unschedulable: {pods.get('unschedulable')}"
         + (f" ({pods['unschedulable_example']})" if pods.get("unschedulable_example") else "")
         + ".",
-        "",
-        "## CPU seconds during the rollout (apply to all Ready)",
-        "",
     ]
+    return lines
+
+
+def _cpu_sections(result: Mapping[str, Any]) -> list[str]:
+    lines = ["## CPU seconds during the rollout (apply to all Ready)", ""]
     lines += _cpu_table(result["rollout"]["cpu"])
     timeline = result["rollout"]["cores_used_per_10s"]
     if timeline:
@@ -133,7 +154,11 @@ def markdown(result: Mapping[str, Any]) -> str:
     lines += _cpu_table(result["steady"]["cpu"])
     lines += ["", "Writes by client during the steady minute:", ""]
     lines += _writers_table(result["steady"]["writes_by_user"])
-    lines += ["", "## The operator's API requests", ""]
+    return lines
+
+
+def _api_section(result: Mapping[str, Any]) -> list[str]:
+    lines = ["## The operator's API requests", ""]
     lines += _api_table(
         {
             "single service": result["baseline"]["api"][0] if result["baseline"]["api"] else {},
@@ -154,9 +179,11 @@ def markdown(result: Mapping[str, Any]) -> str:
         for kind, dist in per_service.items():
             if dist:
                 lines.append(f"| {kind} | {dist['min']:g} | {dist['p50']:g} | {dist['max']:g} |")
-    log = result["operator_log"]
-    lines += [
-        "",
+    return lines
+
+
+def _log_section(log: Mapping[str, Any]) -> list[str]:
+    lines = [
         "## Operator log",
         "",
         f"{log['lines']} lines ({log['bytes'] // 1024} KiB), by level {log['by_level']}, "
@@ -171,17 +198,24 @@ def markdown(result: Mapping[str, Any]) -> str:
         for handler in handler_names:
             counts = " | ".join(str(handler_runs[name].get(handler, 0)) for name in shown)
             lines.append(f"| {handler} | {counts} |")
+    if log["problems"]:
         lines.append("")
     for problem in log["problems"]:
         lines.append(f"- {problem['count']} x `{problem['example'][:300]}`")
+    return lines
+
+
+def _measurement_section(result: Mapping[str, Any]) -> list[str]:
     measurement = result["measurement"]
-    lines += [
-        "",
+    return [
         "## How it was measured",
         "",
         f"- Ready seen by {measurement['ready_seen_by']}; percentiles: "
         f"{measurement['percentiles']}.",
-        f"- API requests from the API server's audit log; {measurement['reads_note']}.",
+        f"- API requests from the API server's audit log; {measurement['reads_note']}; "
+        "the bodies of readiness status writes (`deployments/status`, "
+        "`modeldeployments/status`, `inferenceservices/status`) are logged too, for the "
+        "operator-attributable latencies.",
         "- CPU seconds: utime + stime from /proc/<pid>/stat; peak RSS: VmHWM from "
         "/proc/<pid>/status.",
         f"- Benchmark overhead during the rollout: "
@@ -192,9 +226,7 @@ def markdown(result: Mapping[str, Any]) -> str:
         f"{measurement['loadavg_after']}; other control planes or test runs at the start: "
         f"{len(measurement['other_work_at_start']) or 'none'}.",
         f"- Processes left after the run: {measurement['leftover_processes'] or 'none'}.",
-        "",
     ]
-    return "\n".join(lines)
 
 
 def _cpu_table(cpu: Mapping[str, Any]) -> list[str]:
