@@ -53,6 +53,12 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Config, Path]:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--baseline-samples", type=int, default=3)
     parser.add_argument("--settle-seconds", type=float, default=5.0)
+    parser.add_argument(
+        "--quiet-timeout-seconds",
+        type=float,
+        default=300.0,
+        help="after all Ready, how long to wait for the operator to go quiet",
+    )
     parser.add_argument("--steady-seconds", type=float, default=60.0)
     parser.add_argument("--timeout-seconds", type=float, default=1200.0)
     parser.add_argument("--nodes", help="GPU node pools, e.g. L4-24GB=4 (default: sized to fit)")
@@ -83,6 +89,7 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Config, Path]:
         services=args.services,
         baseline_samples=args.baseline_samples,
         settle_s=args.settle_seconds,
+        quiet_timeout_s=args.quiet_timeout_seconds,
         steady_s=args.steady_seconds,
         timeout_s=args.timeout_seconds,
         nodes=args.nodes or default_nodes(args.services, args.baseline_samples),

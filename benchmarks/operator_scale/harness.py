@@ -65,6 +65,8 @@ BASELINE_NAMESPACE = "bench-baseline"
 FLEET_NAMESPACE = "bench-fleet"
 NAMESPACES = (BARE_NAMESPACE, WARMUP_NAMESPACE, BASELINE_NAMESPACE, FLEET_NAMESPACE)
 WATCH = "benchmark: kubectl watch"
+QUIET_CORES = 0.02
+"""An operator under 2 % of a core has no queued work (idle, it uses well under 1 %)."""
 
 Key = tuple[str, str]
 
@@ -313,6 +315,7 @@ class Config:
     services: int
     baseline_samples: int
     settle_s: float
+    quiet_timeout_s: float
     steady_s: float
     timeout_s: float
     nodes: str
@@ -355,6 +358,9 @@ class Run:
     rollout_ready: dict[str, float] = field(default_factory=dict)
     rollout_transition: dict[str, float] = field(default_factory=dict)
     complete: bool = False
+    quiet_after_s: float | None = None
+    """All Ready -> the operator's CPU stayed under QUIET_CORES for a settle window (None:
+    not within the quiet timeout); the rollout window ends there."""
     phases: list[Phase] = field(default_factory=list)
     cpu: dict[str, CpuSnapshot] = field(default_factory=dict)
     timeline: dict[str, list[float]] = field(default_factory=dict)
@@ -370,6 +376,20 @@ class Run:
     leftovers: list[str] = field(default_factory=list)
     busy_before: list[str] = field(default_factory=list)
     """Other control planes or test runs already on the machine when the run began."""
+
+
+def wait_quiet(operator: Operator, window_s: float, timeout_s: float) -> bool:
+    """Until the operator used under QUIET_CORES of a core over a whole `window_s` (the work a
+    rollout queued is done: what follows is idle), or `timeout_s` passed; whether it was."""
+    deadline = time.time() + timeout_s
+    while True:
+        before = operator.sample()
+        time.sleep(window_s)
+        operator.check()
+        if operator.sample() - before < QUIET_CORES * window_s:
+            return True
+        if time.time() >= deadline:
+            return False
 
 
 def _apply(kubectl: Kubectl, stream: str, timeout_s: float) -> None:
@@ -481,7 +501,9 @@ def _rollout(
             run.rollout_transition[key[1]] = watch.transition[key]
     took = all_ready - run.apply_start
     log(f"{len(run.rollout_ready)}/{config.services} Ready after {took:.1f} s")
-    time.sleep(config.settle_s)
+    if wait_quiet(operator, config.settle_s, config.quiet_timeout_s):
+        run.quiet_after_s = time.time() - all_ready
+    log(f"operator quiet: {run.quiet_after_s is not None}, {time.time() - all_ready:.1f} s on")
     run.phases.append(Phase("rollout", run.apply_start, time.time(), 2 * config.services))
     run.cpu["steady start"] = snapshot(pids)
     steady_start = time.time()

@@ -95,6 +95,8 @@ def _figures_table(result: Mapping[str, Any]) -> list[str]:
         f"| operator reads per reconciled resource, rollout / single | "
         f"{_fmt(head['operator_reads_per_resource_rollout'])} / "
         f"{_fmt(head['operator_reads_per_resource_single'])} |",
+        f"| operator quiet (CPU under 2 % of a core for {result['config']['settle_s']:g} s) "
+        f"after all Ready | {_quiet(head['operator_quiet_after_all_ready_s'], result)} |",
         f"| operator writes / reads in the steady minute | "
         f"{head['operator_writes_steady_minute']} / {head['operator_reads_steady_minute']} |",
         "",
@@ -289,6 +291,12 @@ def _api_table(windows: Mapping[str, Mapping[str, Any]]) -> list[str]:
     if failed:
         lines += ["", f"Failed requests (HTTP status >= 300): {failed}."]
     return lines
+
+
+def _quiet(after_s: float | None, result: Mapping[str, Any]) -> str:
+    if after_s is None:
+        return f"not within {result['config']['quiet_timeout_s']:g} s"
+    return f"{after_s:g} s"
 
 
 def _client_rate(result: Mapping[str, Any]) -> str:

@@ -171,6 +171,9 @@ def summarise(run: Run) -> dict[str, Any]:
         "p99_x_single": ratio(rollout.get("p99"), single),
         "bare_all_rolled_out_s": bare["all_rolled_out_s"],
         "all_ready_x_bare": ratio(all_ready, bare["all_rolled_out_s"], 2),
+        "operator_quiet_after_all_ready_s": round(run.quiet_after_s, 1)
+        if run.quiet_after_s is not None
+        else None,
         "operator_latency_s": {
             step: {"p50": dist["p50"], "p99": dist["p99"]} if dist else None
             for step, dist in latencies["steps"].items()
@@ -218,6 +221,7 @@ def summarise(run: Run) -> dict[str, Any]:
             "bare_namespace": BARE_NAMESPACE,
             "baseline_samples": run.config.baseline_samples,
             "settle_s": run.config.settle_s,
+            "quiet_timeout_s": run.config.quiet_timeout_s,
             "steady_s": run.config.steady_s,
         },
         "headline": headline,
