@@ -82,12 +82,13 @@ def _figures_table(result: Mapping[str, Any]) -> list[str]:
         f"| per-service time to Ready, p99 | {_fmt(head['p99_ready_s'])} s "
         f"(= {_fmt(head['p99_x_single'])} x single) |",
         f"| operator peak RSS (VmHWM) | {head['operator_peak_rss_mib']} MiB |",
-        f"| operator CPU, whole run / rollout | {head['operator_cpu_s_total']} s / "
-        f"{head['operator_cpu_s_rollout']} s |",
+        f"| operator CPU, whole run / rollout to all Ready / rollout until quiet | "
+        f"{head['operator_cpu_s_total']} s / {head['operator_cpu_s_rollout']} s / "
+        f"{head['operator_cpu_s_rollout_until_quiet']} s |",
         f"| operator CPU per service, rollout / single | "
         f"{head['operator_cpu_s_per_service_rollout']} s / "
         f"{head['operator_cpu_s_per_service_single']} s |",
-        f"| operator CPU per reconcile (rollout CPU / reconciled resources) | "
+        f"| operator CPU per reconcile (rollout until quiet / reconciled resources) | "
         f"{head['operator_cpu_ms_per_reconcile']} ms |",
         f"| operator writes per reconciled resource, rollout / single | "
         f"{_fmt(head['operator_writes_per_resource_rollout'])} / "

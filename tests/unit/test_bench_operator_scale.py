@@ -4,6 +4,9 @@ and issue 13's goals judged and reported."""
 
 from __future__ import annotations
 
+import json
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,17 +19,21 @@ from benchmarks.operator_scale.audit import (
     MODEL_DEPLOYMENTS,
     OPERATOR_USER,
     ApiRequest,
+    FleetObjects,
+    Phase,
     audit_policy,
     audit_request,
     missing_latencies,
     operator_latencies,
 )
-from benchmarks.operator_scale.report import _goals_table
+from benchmarks.operator_scale.harness import BareRun, Config, Run
+from benchmarks.operator_scale.procfs import MACHINE, CpuSnapshot, timeline
+from benchmarks.operator_scale.report import _goals_table, markdown
 from benchmarks.operator_scale.stats import distribution, percentile, rolled_out
-from benchmarks.operator_scale.summary import goals
+from benchmarks.operator_scale.summary import goals, summarise
 from benchmarks.operator_scale.workloads import children, engine_deployments, rendered
 
-from inferfleet.devcluster.cluster import AUDIT_POLICY
+from inferfleet.devcluster.cluster import AUDIT_POLICY, ClientRateLimit
 
 NS = "bench-fleet"
 ADMIN = "inferfleet-admin"
@@ -208,3 +215,128 @@ def test_the_goals_table_prints_each_goal_beside_its_figure() -> None:
     assert f"| operator latency p99, {LATENCY_STEPS[0]} | p50 0.1 s, p99 1.9 s | < 2 s | met |" in (
         table
     )
+
+
+def test_cores_used_are_averaged_per_window_and_the_rest_is_other_processes() -> None:
+    samples = [(100.0 + t, {"operator": 0.5 * t, MACHINE: 1.5 * t}) for t in range(21)]
+    line = timeline(samples, start=100.0, end=120.0)
+    assert line == {
+        "from_s": [0.0, 10.0],
+        "operator": [0.5, 0.5],
+        MACHINE: [1.5, 1.5],
+        "other processes": [1.0, 1.0],
+    }
+    assert timeline(samples, start=200.0, end=210.0) == {}
+
+
+def snapshot_at(at: float, operator_cpu: float) -> CpuSnapshot:
+    return CpuSnapshot(
+        at=at,
+        processes={"kube-apiserver": at / 10, "operator": operator_cpu},
+        system_busy=at,
+        benchmark=0.0,
+        benchmark_children=0.0,
+    )
+
+
+def audit_line(at: float, user: str, verb: str, ref: dict[str, str], **extra: Any) -> str:
+    stamp = datetime.fromtimestamp(at, UTC).isoformat().replace("+00:00", "Z")
+    event = {
+        "auditID": f"{at}-{verb}-{ref.get('name')}", "stage": "ResponseComplete", "verb": verb,
+        "user": {"username": user}, "objectRef": {"namespace": NS, **ref},
+        "responseStatus": {"code": 200}, "requestReceivedTimestamp": stamp,
+        "stageTimestamp": stamp,
+    }  # fmt: skip
+    return json.dumps(event | extra)
+
+
+def test_a_run_is_summarised_and_reported_with_its_goals(tmp_path: Path) -> None:
+    """One service end to end, from a hand-written audit log: the figures, the goals and the
+    report's sections."""
+    engine = {"apiGroup": "apps", "resource": "deployments", "name": "svc-000-aggregated"}
+    md = {"apiGroup": "inferfleet.io", "resource": "modeldeployments", "name": "svc-000"}
+    isvc = {"apiGroup": "inferfleet.io", "resource": "inferenceservices", "name": "svc-000"}
+    ready = {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    logs = tmp_path / "cluster" / "logs"
+    logs.mkdir(parents=True)
+    (logs / "audit.log").write_text(
+        "\n".join([
+            audit_line(100.0, ADMIN, "patch", md),
+            audit_line(100.5, OPERATOR_USER, "patch", engine),
+            audit_line(101.0, DEPLOYMENT_CONTROLLER, "update", engine | {"subresource": "status"},
+                       responseObject=deployment()),
+            audit_line(101.2, OPERATOR_USER, "patch", md | {"subresource": "status"},
+                       responseObject=ready),
+            audit_line(101.5, OPERATOR_USER, "patch", isvc | {"subresource": "status"},
+                       responseObject=ready),
+            audit_line(101.6, OPERATOR_USER, "list", {"resource": "services"}),
+        ]) + "\n"
+    )  # fmt: skip
+    config = Config(
+        services=1, baseline_samples=1, settle_s=5, quiet_timeout_s=300, steady_s=60,
+        timeout_s=600, nodes="L4-24GB=2", cpu_nodes=1, keep_state=False,
+        client_rate=ClientRateLimit(qps=100, burst=100),
+    )  # fmt: skip
+    run = Run(
+        config=config,
+        bin_dir=Path("/cache/kube-v1/bin"),
+        state_dir=tmp_path,
+        hardware={"cpu_model": "x", "cores": 2, "memory_gib": 1, "kernel": "k", "python": "3"},
+        bare=BareRun(1, 10.0, 10.5, {"svc-000-aggregated": 12.0}, complete=True, deleted_s=3.0),
+        operator_start=50.0,
+        baseline=[(60.0, 61.0, 61.0)],
+        apply_start=99.0,
+        apply_end=100.1,
+        rollout_ready={"svc-000": 102.0},
+        complete=True,
+        quiet_after_s=5.0,
+        phases=[
+            Phase("bare Deployments", 10.0, 12.0, 0),
+            Phase("baseline single-0", 60.0, 66.0, 2),
+            Phase("rollout", 99.0, 107.0, 2),
+            Phase("steady", 107.0, 167.0, 0),
+            Phase("operator start-up and warm-up", 50.0, 60.0, 2),
+        ],
+        cpu={
+            name: snapshot_at(at, cpu)
+            for name, at, cpu in [
+                ("bare start", 10.0, 0.0),
+                ("bare rolled out", 12.0, 0.0),
+                ("baseline start", 60.0, 1.0),
+                ("rollout start", 99.0, 1.1),
+                ("all ready", 102.0, 1.12),
+                ("steady start", 107.0, 1.13),
+                ("steady end", 167.0, 1.13),
+            ]
+        },
+        fleet=FleetObjects({"svc-000": 101.2}, {"Running": 3}, 0, None),
+        source={
+            "at_start": {"operator_sources_sha256": "a"},
+            "at_end": {"operator_sources_sha256": "a"},
+        },
+        watch={"events": 3, "polls": 0},
+        operator_peak_rss_kib=100 * 1024,
+    )
+    result = summarise(run)
+    head = result["headline"]
+    assert head["all_ready_s"] == 3.0
+    assert head["bare_all_rolled_out_s"] == 2.0
+    assert head["all_ready_x_bare"] == 1.5
+    assert head["operator_cpu_ms_per_reconcile"] == 15.0  # 0.03 s until quiet / 2 resources
+    assert head["operator_writes_per_resource_rollout"] == 1.5  # 3 writes, 2 resources
+    assert head["operator_latency_s"] == {
+        LATENCY_STEPS[0]: {"p50": 0.5, "p99": 0.5},
+        LATENCY_STEPS[1]: {"p50": 0.2, "p99": 0.2},
+        LATENCY_STEPS[2]: {"p50": 0.3, "p99": 0.3},
+    }
+    assert [g["met"] for g in result["goals"]] == [True, True, True, False, True, True, True, True]
+    report = markdown(result)
+    for section in (
+        "## Issue 13's goals", "## Baseline: the same engine Deployments, no operator",
+        "## Operator-attributable latency", "## All figures", "## Where the rollout's time went",
+        "## CPU seconds during the rollout", "## The operator's API requests",
+        "## Operator log", "## How it was measured",
+    ):  # fmt: skip
+        assert section in report
+    assert "7 of 8 met." in report
+    assert "| operator quiet (CPU under 2 % of a core for 5 s) after all Ready | 5 s |" in report
