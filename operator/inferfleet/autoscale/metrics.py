@@ -92,6 +92,49 @@ class TickRecord:
     roles: tuple[RoleRecord, ...] = ()
 
 
+_PREFIX = "inferfleet_autoscaler_"
+# Name (after the prefix), help, and the value of each role's and each service's gauges, in the
+# order they are exported.
+_ROLE_GAUGES: tuple[tuple[str, str, Callable[[RoleRecord], float]], ...] = (
+    ("desired_replicas", "Replicas the last tick chose.", lambda r: r.desired),
+    (
+        "current_replicas",
+        "Replicas the role was asked to run before the last tick.",
+        lambda r: r.current,
+    ),
+    ("min_replicas", "minReplicas of the role.", lambda r: r.min_replicas),
+    ("max_replicas", "maxReplicas of the role.", lambda r: r.max_replicas),
+    ("gpus_per_replica", "GPUs one replica holds.", lambda r: r.gpus_per_replica),
+    (
+        "gpu_hourly_price_usd",
+        "Price of one GPU hour, from the GPU catalog status.observed prices cost with.",
+        lambda r: r.gpu_hourly_price_usd,
+    ),
+)
+_SERVICE_GAUGES: tuple[tuple[str, str, Callable[[TickRecord], float | None]], ...] = (
+    (
+        "metrics_available",
+        "1 when the last tick read fresh router and engine series, else 0 (replicas held).",
+        lambda t: 1.0 if t.metrics_available else 0.0,
+    ),
+    (
+        "newest_sample_age_seconds",
+        "Age of the newest router sample the last tick read.",
+        lambda t: t.newest_sample_age_s,
+    ),
+    (
+        "last_tick_timestamp_seconds",
+        "When the service last ticked (Unix seconds).",
+        lambda t: t.at_s,
+    ),
+    (
+        "slo_attainment_target",
+        "Fraction of requests the service's SLO says must meet it.",
+        lambda t: t.slo_attainment_target,
+    ),
+)
+
+
 class OperatorMetrics(Collector):
     """The series above, kept from the ticks `record` is given; thread-safe (kopf runs sync
     handlers on a thread pool, the HTTP server scrapes from a thread of its own)."""
@@ -129,80 +172,30 @@ class OperatorMetrics(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         live = self._live()
-
-        def service_gauge(
-            name: str, documentation: str, value: Callable[[TickRecord], float | None]
-        ) -> GaugeMetricFamily:
-            family = GaugeMetricFamily(name, documentation, labels=SERVICE_LABELS)
-            for tick, _ in live:
-                found = value(tick)
-                if found is not None:
-                    family.add_metric([tick.namespace, tick.service], found)
-            return family
-
-        def role_gauge(
-            name: str, documentation: str, value: Callable[[RoleRecord], float]
-        ) -> GaugeMetricFamily:
-            family = GaugeMetricFamily(name, documentation, labels=ROLE_LABELS)
+        for name, documentation, role_value in _ROLE_GAUGES:
+            family = GaugeMetricFamily(_PREFIX + name, documentation, labels=ROLE_LABELS)
             for tick, _ in live:
                 for role in tick.roles:
                     labels = [tick.namespace, tick.service, role.deployment, role.role.value]
-                    family.add_metric(labels, value(role))
-            return family
-
-        prefix = "inferfleet_autoscaler_"
-        yield role_gauge(
-            prefix + "desired_replicas", "Replicas the last tick chose.", lambda r: r.desired
-        )
-        yield role_gauge(
-            prefix + "current_replicas",
-            "Replicas the role was asked to run before the last tick.",
-            lambda r: r.current,
-        )
-        yield role_gauge(
-            prefix + "min_replicas", "minReplicas of the role.", lambda r: r.min_replicas
-        )
-        yield role_gauge(
-            prefix + "max_replicas", "maxReplicas of the role.", lambda r: r.max_replicas
-        )
-        yield role_gauge(
-            prefix + "gpus_per_replica", "GPUs one replica holds.", lambda r: r.gpus_per_replica
-        )
-        yield role_gauge(
-            prefix + "gpu_hourly_price_usd",
-            "Price of one GPU hour, from the GPU catalog status.observed prices cost with.",
-            lambda r: r.gpu_hourly_price_usd,
-        )
+                    family.add_metric(labels, role_value(role))
+            yield family
         decisions = CounterMetricFamily(
-            prefix + "decisions",
+            _PREFIX + "decisions",
             "Autoscaling ticks per role, by direction (up, down, hold) and the policy's reason.",
             labels=[*ROLE_LABELS, "direction", "reason"],
         )
         for tick, counts in live:
-            for (deployment, role, direction, reason), count in sorted(counts.items()):
-                labels = [tick.namespace, tick.service, deployment, role, direction, reason]
+            for (deployment, role_name, direction, reason), count in sorted(counts.items()):
+                labels = [tick.namespace, tick.service, deployment, role_name, direction, reason]
                 decisions.add_metric(labels, count)
         yield decisions
-        yield service_gauge(
-            prefix + "metrics_available",
-            "1 when the last tick read fresh router and engine series, else 0 (replicas held).",
-            lambda t: 1.0 if t.metrics_available else 0.0,
-        )
-        yield service_gauge(
-            prefix + "newest_sample_age_seconds",
-            "Age of the newest router sample the last tick read.",
-            lambda t: t.newest_sample_age_s,
-        )
-        yield service_gauge(
-            prefix + "last_tick_timestamp_seconds",
-            "When the service last ticked (Unix seconds).",
-            lambda t: t.at_s,
-        )
-        yield service_gauge(
-            prefix + "slo_attainment_target",
-            "Fraction of requests the service's SLO says must meet it.",
-            lambda t: t.slo_attainment_target,
-        )
+        for name, documentation, service_value in _SERVICE_GAUGES:
+            family = GaugeMetricFamily(_PREFIX + name, documentation, labels=SERVICE_LABELS)
+            for tick, _ in live:
+                found = service_value(tick)
+                if found is not None:
+                    family.add_metric([tick.namespace, tick.service], found)
+            yield family
         errors = CounterMetricFamily(
             "inferfleet_operator_reconcile_errors",
             "Handler failures reported against an object, by kind (each failed attempt).",

@@ -157,6 +157,46 @@ def router_command(
     router_proxy.run(config, host=host, port=port, discovery=discovery_for(config))
 
 
+# Options of `inferfleet run` that the chart sets, named here to keep the command short.
+MetricsPort = Annotated[
+    int,
+    typer.Option(
+        envvar="INFERFLEET_METRICS_PORT",
+        min=0,
+        max=65535,
+        help="Serve the operator's Prometheus metrics on this port (0: off).",
+    ),
+]
+MetricsAddress = Annotated[
+    str,
+    typer.Option(
+        envvar="INFERFLEET_METRICS_ADDRESS",
+        help="Address the metrics port listens on (in a pod: its IP, as the chart sets).",
+    ),
+]
+RouterImage = Annotated[
+    str,
+    typer.Option(
+        envvar="INFERFLEET_ROUTER_IMAGE",
+        help="Image of the routers it renders (where this install pushed it).",
+    ),
+]
+SimEngineImage = Annotated[
+    str,
+    typer.Option(
+        envvar="INFERFLEET_SIM_ENGINE_IMAGE",
+        help="Image of `sim` engines whose spec names none (engine.version picks its tag).",
+    ),
+]
+LeaderElect = Annotated[
+    bool,
+    typer.Option(
+        help="Reconcile only while holding a coordination.k8s.io Lease, so that replicas "
+        "can run side by side with one acting (the chart turns it on)."
+    ),
+]
+
+
 @app.command("run")
 def run_command(
     namespace: Annotated[
@@ -183,43 +223,11 @@ def run_command(
     metrics_window: Annotated[
         float, typer.Option(help="Rate window of the autoscaler's queries, seconds.")
     ] = 60.0,
-    metrics_port: Annotated[
-        int,
-        typer.Option(
-            envvar="INFERFLEET_METRICS_PORT",
-            min=0,
-            max=65535,
-            help="Serve the operator's Prometheus metrics on this port (0: off).",
-        ),
-    ] = 8080,
-    metrics_address: Annotated[
-        str,
-        typer.Option(
-            envvar="INFERFLEET_METRICS_ADDRESS",
-            help="Address the metrics port listens on (in a pod: its IP, as the chart sets).",
-        ),
-    ] = "127.0.0.1",
-    router_image: Annotated[
-        str,
-        typer.Option(
-            envvar="INFERFLEET_ROUTER_IMAGE",
-            help="Image of the routers it renders (where this install pushed it).",
-        ),
-    ] = DEFAULT_ROUTER_IMAGE,
-    sim_engine_image: Annotated[
-        str,
-        typer.Option(
-            envvar="INFERFLEET_SIM_ENGINE_IMAGE",
-            help="Image of `sim` engines whose spec names none (engine.version picks its tag).",
-        ),
-    ] = DEFAULT_SIM_ENGINE_IMAGE,
-    leader_elect: Annotated[
-        bool,
-        typer.Option(
-            help="Reconcile only while holding a coordination.k8s.io Lease, so that replicas "
-            "can run side by side with one acting (the chart turns it on)."
-        ),
-    ] = False,
+    metrics_port: MetricsPort = 8080,
+    metrics_address: MetricsAddress = "127.0.0.1",
+    router_image: RouterImage = DEFAULT_ROUTER_IMAGE,
+    sim_engine_image: SimEngineImage = DEFAULT_SIM_ENGINE_IMAGE,
+    leader_elect: LeaderElect = False,
     leader_election_namespace: Annotated[
         str | None,
         typer.Option(

@@ -204,14 +204,11 @@ def plan_replica(
             slo=slo,
         )
 
-    def fixed(role: Role, count: int) -> RolePlan:
-        return RolePlan(role, count, count * config.gpus, None)
-
-    declared = (
-        (fixed(Role.PREFILL, prefill_replicas), fixed(Role.DECODE, replicas))
-        if disaggregated
-        else (fixed(Role.AGGREGATED, replicas),)
-    )
+    counts = {Role.PREFILL: prefill_replicas, Role.DECODE: replicas}
+    if not disaggregated:
+        counts = {Role.AGGREGATED: replicas}
+    # The replicas the spec declares, without a load to size them for.
+    declared = tuple(RolePlan(role, n, n * config.gpus, None) for role, n in counts.items())
     if not memory.fits:
         return result(declared, False if workload else None, memory.verdict())
     if context > config.context_limit:
@@ -224,24 +221,61 @@ def plan_replica(
         return result(declared, None, memory.verdict())
 
     rate = workload.requests_per_second
-    inp, out = workload.input_tokens, workload.output_tokens
     if not disaggregated:
-
-        def aggregated_point(count: int) -> OperatingPoint:
-            return operating_point(config, rate / max(count, 1), inp, out, efficiency=efficiency)
-
-        count = _fewest_replicas(lambda n: _meets(aggregated_point(n), slo))
-        if count is None:
+        aggregated = _size_aggregated(config, workload, slo, efficiency)
+        if aggregated is None:
             return result(declared, False, _infeasible(Role.AGGREGATED, config, request, slo))
-        role = RolePlan(Role.AGGREGATED, count, count * config.gpus, aggregated_point(count))
+        count = aggregated.replicas
         return result(
-            (role,),
+            (aggregated,),
             True,
             f"{_replicas(count, 'aggregated')} {'meets' if count == 1 else 'meet'} the SLO at "
             f"{rate:g} req/s",
         )
 
-    transfer_s = inp * kv_bytes_per_token(config) / KV_TRANSFER_BYTES_PER_S
+    transfer_s = workload.input_tokens * kv_bytes_per_token(config) / KV_TRANSFER_BYTES_PER_S
+    pools = _size_disaggregated(config, workload, slo, efficiency, transfer_s)
+    if isinstance(pools, Role):
+        return result(declared, False, _infeasible(pools, config, request, slo))
+    prefill, decode = pools
+    return result(
+        pools,
+        True,
+        f"{_replicas(prefill.replicas, 'prefill')} and {_replicas(decode.replicas, 'decode')} "
+        "meet the SLO at "
+        f"{rate:g} req/s (KV transfer adds {transfer_s * 1e3:.1f} ms to TTFT)",
+    )
+
+
+def _size_aggregated(
+    config: ReplicaConfig, workload: Workload, slo: Slo, efficiency: EfficiencyTerms
+) -> RolePlan | None:
+    """The fewest aggregated replicas that meet the SLO at the workload's rate; None: no
+    number does."""
+    rate = workload.requests_per_second
+    inp, out = workload.input_tokens, workload.output_tokens
+
+    def point(count: int) -> OperatingPoint:
+        return operating_point(config, rate / max(count, 1), inp, out, efficiency=efficiency)
+
+    count = _fewest_replicas(lambda n: _meets(point(n), slo))
+    if count is None:
+        return None
+    return RolePlan(Role.AGGREGATED, count, count * config.gpus, point(count))
+
+
+def _size_disaggregated(
+    config: ReplicaConfig,
+    workload: Workload,
+    slo: Slo,
+    efficiency: EfficiencyTerms,
+    transfer_s: float,
+) -> tuple[RolePlan, RolePlan] | Role:
+    """The fewest prefill replicas that meet the TTFT target with the KV transfer added, and
+    the fewest decode replicas that meet the TPOT target; the role that no number of replicas
+    serves within the SLO, if one does not."""
+    rate = workload.requests_per_second
+    inp, out = workload.input_tokens, workload.output_tokens
 
     def prefill_point(count: int) -> OperatingPoint:
         return operating_point(
@@ -256,21 +290,13 @@ def plan_replica(
     prefill_count = _fewest_replicas(lambda n: _meets(prefill_point(n), slo, transfer_s))
     decode_count = _fewest_replicas(lambda n: _meets(decode_point(n), slo))
     if prefill_count is None or decode_count is None:
-        short = Role.PREFILL if prefill_count is None else Role.DECODE
-        return result(declared, False, _infeasible(short, config, request, slo))
-    roles = (
+        return Role.PREFILL if prefill_count is None else Role.DECODE
+    return (
         RolePlan(Role.PREFILL, prefill_count, prefill_count * config.gpus,
                  prefill_point(prefill_count)),
         RolePlan(Role.DECODE, decode_count, decode_count * config.gpus,
                  decode_point(decode_count)),
     )  # fmt: skip
-    return result(
-        roles,
-        True,
-        f"{_replicas(prefill_count, 'prefill')} and {_replicas(decode_count, 'decode')} meet the "
-        "SLO at "
-        f"{rate:g} req/s (KV transfer adds {transfer_s * 1e3:.1f} ms to TTFT)",
-    )
 
 
 def _point_report(point: OperatingPoint | None) -> dict[str, float] | None:

@@ -180,6 +180,24 @@ def operating_point(
     )
 
 
+@dataclass(frozen=True)
+class _Load:
+    """What one replica is asked to serve: the arrivals, their lengths, and which halves of the
+    work it does (a disaggregated pool does only one)."""
+
+    config: ReplicaConfig
+    rate: float
+    input_tokens: int
+    output_tokens: int
+    efficiency: EfficiencyTerms
+    prefill: bool
+    decode: bool
+
+    @property
+    def mean_context(self) -> float:
+        return self.input_tokens + self.output_tokens / 2
+
+
 def _steady_state(
     config: ReplicaConfig,
     rate: float,
@@ -198,93 +216,22 @@ def _steady_state(
     longer than the mean step; closed-loop clients stay spread out."""
     if rate < 0 or input_tokens < 1 or output_tokens < 1:
         raise ValueError("rate must be >= 0 and token counts >= 1")
-    capacity = plan_memory(config).kv_capacity_tokens
-    mean_context = input_tokens + output_tokens / 2
-    context = input_tokens + output_tokens if held_whole else mean_context
-    budget = config.max_batched_tokens
-
-    def steps_at(mean_step_s: float) -> _StepMix:
-        """The mix of steps when the mean step lasts `mean_step_s`: a prompt is prefilled in
-        as few steps as the budget allows (as engines schedule it), so a fraction of steps
-        carries prefill work and the rest only decode."""
-        batch = rate * output_tokens * mean_step_s if decode else 0.0
-        riders = math.ceil(batch)
-        arriving = rate * input_tokens * mean_step_s if prefill else 0.0
-        room = max(1, budget - riders) if config.chunked_prefill else input_tokens
-        per_prefill_step = min(room, max(float(min(input_tokens, room)), arriving))
-        share = min(1.0, arriving / per_prefill_step) if arriving > 0 else 0.0
-        decode_only = StepLoad(
-            decode_sequences=riders, decode_context_tokens=math.ceil(batch * mean_context)
-        )
-        mixed = StepLoad(
-            decode_sequences=riders,
-            decode_context_tokens=decode_only.decode_context_tokens,
-            prefill_tokens=math.ceil(per_prefill_step),
-            prefill_attention_pairs=per_prefill_step * input_tokens / 2,
-        )
-        return _StepMix(
-            batch=batch,
-            arriving_prefill_tokens=arriving,
-            prefill_share=share,
-            prompts_per_prefill_step=per_prefill_step / input_tokens,
-            decode_only=step_time(config, decode_only, efficiency),
-            mixed=step_time(config, mixed, efficiency),
-        )
-
-    step_s = step_time(config, StepLoad(), efficiency).total_s
-    for _ in range(_MAX_ITERATIONS):
-        mix = steps_at(step_s)
-        if mix.batch > config.max_sequences:
-            return _unstable(rate, f"batch above maxSequences {config.max_sequences}")
-        if mix.batch * context > capacity:
-            return _unstable(rate, f"KV cache of {capacity} tokens full")
-        if config.chunked_prefill and mix.arriving_prefill_tokens + mix.batch > budget:
-            return _unstable(rate, f"step token budget {budget} exhausted")
-        following = mix.mean_s
-        converged = abs(following - step_s) <= _TOLERANCE * following
-        step_s = following
-        if converged:
-            break
-    else:
-        return _unstable(rate, "no steady state: load grows faster than steps")
-
-    mix = steps_at(step_s)
-    batch = mix.batch
-    ttft_mean = ttft_p95 = rho = 0.0
-    if prefill:
-        riders = math.ceil(batch) if decode else 0
-        service = prefill_seconds(
-            config,
-            input_tokens,
-            efficiency,
-            decode_sequences=riders,
-            decode_context_tokens=math.ceil(batch * mean_context),
-        )
-        chunk = max(1, budget - riders) if config.chunked_prefill else input_tokens
-        full_step = step_time(
-            config,
-            StepLoad(
-                decode_sequences=riders,
-                decode_context_tokens=math.ceil(batch * mean_context),
-                prefill_tokens=chunk,
-                prefill_attention_pairs=chunk * input_tokens / 2,
-            ),
-            efficiency,
-        ).total_s
-        rho = rate * input_tokens * full_step / chunk
-        if rho >= 1:
-            return _unstable(rate, "prefill demand exceeds prefill capacity")
-        mean_wait = rho * service / (2 * (1 - rho))
-        # An arrival also waits out the step already running (half of one, on average).
-        residual = min(1.0, batch) * step_s / 2
-        ttft_mean = residual + service + mean_wait
-        ttft_p95 = step_s * min(1.0, batch) + service + _wait_percentile(mean_wait, rho, 0.95)
+    load = _Load(config, rate, input_tokens, output_tokens, efficiency, prefill, decode)
+    context = input_tokens + output_tokens if held_whole else load.mean_context
+    step_s = _mean_step(load, context)
+    if isinstance(step_s, str):
+        return _unstable(rate, step_s)
+    mix = _steps_at(load, step_s)
+    ttft = _ttft(load, mix.batch, step_s) if prefill else (0.0, 0.0, 0.0)
+    if isinstance(ttft, str):
+        return _unstable(rate, ttft)
+    ttft_mean, ttft_p95, rho = ttft
     return OperatingPoint(
         rate=rate,
         stable=True,
         limit="",
         step_s=step_s,
-        batch=batch,
+        batch=mix.batch,
         ttft_mean_s=ttft_mean,
         ttft_p95_s=ttft_p95,
         tpot_s=(_request_step(mix, step_s, output_tokens) if poisson else step_s)
@@ -294,6 +241,96 @@ def _steady_state(
         mfu=utilisation(mix.flops_per_gpu, mix.mean_s, config.linear_flops_rate),
         mbu=utilisation(mix.bytes_per_gpu, mix.mean_s, config.gpu.memory_bandwidth),
     )
+
+
+def _steps_at(load: _Load, mean_step_s: float) -> _StepMix:
+    """The mix of steps when the mean step lasts `mean_step_s`: a prompt is prefilled in as few
+    steps as the budget allows (as engines schedule it), so a fraction of steps carries
+    prefill work and the rest only decode."""
+    config, input_tokens = load.config, load.input_tokens
+    budget = config.max_batched_tokens
+    batch = load.rate * load.output_tokens * mean_step_s if load.decode else 0.0
+    riders = math.ceil(batch)
+    arriving = load.rate * input_tokens * mean_step_s if load.prefill else 0.0
+    room = max(1, budget - riders) if config.chunked_prefill else input_tokens
+    per_prefill_step = min(room, max(float(min(input_tokens, room)), arriving))
+    share = min(1.0, arriving / per_prefill_step) if arriving > 0 else 0.0
+    decode_only = StepLoad(
+        decode_sequences=riders, decode_context_tokens=math.ceil(batch * load.mean_context)
+    )
+    mixed = StepLoad(
+        decode_sequences=riders,
+        decode_context_tokens=decode_only.decode_context_tokens,
+        prefill_tokens=math.ceil(per_prefill_step),
+        prefill_attention_pairs=per_prefill_step * input_tokens / 2,
+    )
+    return _StepMix(
+        batch=batch,
+        arriving_prefill_tokens=arriving,
+        prefill_share=share,
+        prompts_per_prefill_step=per_prefill_step / input_tokens,
+        decode_only=step_time(config, decode_only, load.efficiency),
+        mixed=step_time(config, mixed, load.efficiency),
+    )
+
+
+def _mean_step(load: _Load, context: float) -> float | str:
+    """The mean step of the steady state (the smallest fixed point, from an idle step up), or
+    what keeps the replica from one when it is overloaded. `context`: tokens of KV cache one
+    decoding sequence holds."""
+    config = load.config
+    capacity = plan_memory(config).kv_capacity_tokens
+    budget = config.max_batched_tokens
+    step_s = step_time(config, StepLoad(), load.efficiency).total_s
+    for _ in range(_MAX_ITERATIONS):
+        mix = _steps_at(load, step_s)
+        if mix.batch > config.max_sequences:
+            return f"batch above maxSequences {config.max_sequences}"
+        if mix.batch * context > capacity:
+            return f"KV cache of {capacity} tokens full"
+        if config.chunked_prefill and mix.arriving_prefill_tokens + mix.batch > budget:
+            return f"step token budget {budget} exhausted"
+        following = mix.mean_s
+        converged = abs(following - step_s) <= _TOLERANCE * following
+        step_s = following
+        if converged:
+            return step_s
+    return "no steady state: load grows faster than steps"
+
+
+def _ttft(load: _Load, batch: float, step_s: float) -> tuple[float, float, float] | str:
+    """Mean and p95 TTFT and the prefill queue's utilisation (rho) at the steady state, or why
+    prefill cannot keep up."""
+    config, input_tokens = load.config, load.input_tokens
+    budget = config.max_batched_tokens
+    riders = math.ceil(batch) if load.decode else 0
+    service = prefill_seconds(
+        config,
+        input_tokens,
+        load.efficiency,
+        decode_sequences=riders,
+        decode_context_tokens=math.ceil(batch * load.mean_context),
+    )
+    chunk = max(1, budget - riders) if config.chunked_prefill else input_tokens
+    full_step = step_time(
+        config,
+        StepLoad(
+            decode_sequences=riders,
+            decode_context_tokens=math.ceil(batch * load.mean_context),
+            prefill_tokens=chunk,
+            prefill_attention_pairs=chunk * input_tokens / 2,
+        ),
+        load.efficiency,
+    ).total_s
+    rho = load.rate * input_tokens * full_step / chunk
+    if rho >= 1:
+        return "prefill demand exceeds prefill capacity"
+    mean_wait = rho * service / (2 * (1 - rho))
+    # An arrival also waits out the step already running (half of one, on average).
+    residual = min(1.0, batch) * step_s / 2
+    ttft_mean = residual + service + mean_wait
+    ttft_p95 = step_s * min(1.0, batch) + service + _wait_percentile(mean_wait, rho, 0.95)
+    return ttft_mean, ttft_p95, rho
 
 
 def closed_loop_point(

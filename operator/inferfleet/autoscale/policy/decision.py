@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from inferfleet.api.model_deployment import Role
 from inferfleet.autoscale.policy.constraints import constrain, stabilised
-from inferfleet.autoscale.policy.demand import estimate_demand, role_metrics, trend_window_s
+from inferfleet.autoscale.policy.demand import (
+    Demand,
+    estimate_demand,
+    role_metrics,
+    trend_window_s,
+)
 from inferfleet.autoscale.policy.explanation import (
     RoleEstimate,
     choose_reason,
@@ -17,11 +22,14 @@ from inferfleet.autoscale.policy.explanation import (
 from inferfleet.autoscale.policy.history import (
     DemandSample,
     LastDecision,
+    LatencyFactors,
+    LatencyOffsets,
     MissFloor,
     PolicyHistory,
     Recommendation,
 )
 from inferfleet.autoscale.policy.learning import (
+    Feedback,
     attainment_feedback,
     calibrate,
     planning_slo,
@@ -109,76 +117,120 @@ def decide(
     return _decide_fresh(spec, snapshot, current, history, pins)
 
 
-def _decide_fresh(
-    spec: PolicySpec,
-    snapshot: MetricsSnapshot,
-    current: Mapping[Role, int],
-    history: PolicyHistory,
-    pins: Mapping[Role, int],
-) -> Decision:
-    now = snapshot.taken_at_s
-    roles = spec.role_names
-    current_counts = {r: max(0, current.get(r, 0)) for r in roles}
-    demand = estimate_demand(spec, snapshot, history)
-    feedback = attainment_feedback(spec, snapshot, current_counts, history)
-    calibration = calibrate(spec, snapshot, current_counts, history, demand)
-    tightening = feedback.tightening
+@dataclass(frozen=True)
+class _Sizer:
+    """Sizes the roles for this tick's demand, against the SLO as calibrated and tightened."""
 
-    def size(role: Role, extra_margin: float = 0.0, *, transient: bool = True) -> Sizing:
+    spec: PolicySpec
+    snapshot: MetricsSnapshot
+    demand: Demand
+    calibration: LatencyOffsets
+    tightening: LatencyFactors
+    current: Mapping[Role, int]
+
+    def size(self, role: Role, extra_margin: float = 0.0, *, transient: bool = True) -> Sizing:
         return size_role(
-            spec,
-            spec.role(role),
-            demand=demand,
-            metrics=role_metrics(snapshot, role),
-            slo=planning_slo(spec, calibration, tightening),
-            margin=spec.load_margin + extra_margin,
+            self.spec,
+            self.spec.role(role),
+            demand=self.demand,
+            metrics=role_metrics(self.snapshot, role),
+            slo=planning_slo(self.spec, self.calibration, self.tightening),
+            margin=self.spec.load_margin + extra_margin,
             transient=transient,
         )
 
-    sizings = {role: size(role) for role in roles}
-    # A miss while the model asks for no more than is running is the model's error: learn it.
-    # A miss while the model already asks for more is explained (the fleet is short, or new
-    # replicas are starting): nothing to learn.
-    learned: frozenset[Role] = frozenset()
-    tightened_at, taught = history.tightened_at_s, history.attainment_when_tightened
-    if feedback.lesson is not None and all(
-        sizings[r].needed <= current_counts[r] for r in feedback.missed
-    ):
-        tightening, tightened_at, learned = feedback.lesson, now, feedback.missed
-        taught = snapshot.service.attainment
-        sizings = {role: size(role) for role in roles}
-    elif not feedback.missed and snapshot.service.attainment is not None:
-        # The target is met: the lessons so far worked, the next miss may teach again.
-        taught = None
-
-    def with_hysteresis(role: Role, sizing: Sizing, *, transient: bool) -> Sizing:
+    def with_hysteresis(self, role: Role, sizing: Sizing, *, transient: bool) -> Sizing:
         """A pool shrinks only to a count that would hold a little more load than it is sized
         for, so a load at the edge between two counts does not flip between them."""
-        if sizing.needed >= current_counts[role]:
+        if sizing.needed >= self.current[role]:
             return sizing
-        shrunk = size(role, spec.scale_down_margin, transient=transient)
-        if shrunk.needed < current_counts[role]:
+        shrunk = self.size(role, self.spec.scale_down_margin, transient=transient)
+        if shrunk.needed < self.current[role]:
             return shrunk
-        return Sizing(current_counts[role], shrunk.feasible, shrunk.why)
+        return Sizing(self.current[role], shrunk.feasible, shrunk.why)
 
-    sizings = {role: with_hysteresis(role, sizings[role], transient=True) for role in roles}
-    # What a queue or a rising trend asks for is not remembered by stabilisation: once the
-    # queue has drained and the rise has stopped, the fleet goes back to what arrivals need.
-    steady = sizings
-    if demand.drain_requests_per_s > 0 or demand.growth > 1:
+    def shrinking_slowly(
+        self, sizings: Mapping[Role, Sizing]
+    ) -> tuple[dict[Role, Sizing], dict[Role, Sizing]]:
+        """The sizings with hysteresis on the way down; and the same without what a queue or a
+        rising trend asks for, which stabilisation does not remember: once the queue has
+        drained and the rise has stopped, the fleet goes back to what arrivals need."""
+        roles = self.spec.role_names
+        shrunk = {role: self.with_hysteresis(role, sizings[role], transient=True) for role in roles}
+        if not (self.demand.drain_requests_per_s > 0 or self.demand.growth > 1):
+            return shrunk, shrunk
         steady = {
-            role: with_hysteresis(role, size(role, transient=False), transient=False)
+            role: self.with_hysteresis(role, self.size(role, transient=False), transient=False)
             for role in roles
         }
+        return shrunk, steady
 
-    # A lesson adds replicas in proportion to the shortfall (the share of requests that would
-    # have to meet the target and did not), at least one; the count that answered a miss holds
-    # while the load that missed does.
+
+def _stabilisation_window(
+    spec: PolicySpec, history: PolicyHistory, now: float, current: Mapping[Role, int]
+) -> list[Recommendation]:
+    """The recommendations scale-down stabilisation reads. The first tick seeds the window with
+    the current replicas (as the HPA does), so a restart with an empty history never scales
+    down at once."""
+    window_start = now - spec.scale_down_stabilization_s
+    seeded = history.recommendations or (Recommendation(now, dict(current)),)
+    return [r for r in seeded if window_start < r.at_s <= now]
+
+
+@dataclass(frozen=True)
+class _Lesson:
+    """What this tick learned from attainment, and the sizer that plans with it."""
+
+    sizer: _Sizer
+    learned: frozenset[Role]
+    """Roles whose miss the model did not explain: they get more replicas than they run."""
+    tightened_at_s: float | None
+    attainment_when_tightened: float | None
+
+
+def _learn(
+    sizer: _Sizer, feedback: Feedback, history: PolicyHistory
+) -> tuple[_Lesson, dict[Role, Sizing]]:
+    """The lesson of a miss, and each role's sizing with it.
+
+    A miss while the model asks for no more than is running is the model's error: learn it. A
+    miss while the model already asks for more is explained (the fleet is short, or new
+    replicas are starting): nothing to learn."""
+    roles, snapshot = sizer.spec.role_names, sizer.snapshot
+    sizings = {role: sizer.size(role) for role in roles}
+    lesson = _Lesson(sizer, frozenset(), history.tightened_at_s, history.attainment_when_tightened)
+    if feedback.lesson is not None and all(
+        sizings[r].needed <= sizer.current[r] for r in feedback.missed
+    ):
+        taught = replace(sizer, tightening=feedback.lesson)
+        lesson = _Lesson(taught, feedback.missed, snapshot.taken_at_s, snapshot.service.attainment)
+        sizings = {role: taught.size(role) for role in roles}
+    elif not feedback.missed and snapshot.service.attainment is not None:
+        # The target is met: the lessons so far worked, the next miss may teach again.
+        lesson = replace(lesson, attainment_when_tightened=None)
+    return lesson, sizings
+
+
+def _miss_floors(
+    spec: PolicySpec,
+    snapshot: MetricsSnapshot,
+    *,
+    history: PolicyHistory,
+    demand: Demand,
+    current: Mapping[Role, int],
+    learned: frozenset[Role],
+    missed: frozenset[Role],
+) -> tuple[dict[Role, int], dict[Role, MissFloor]]:
+    """The fewest replicas each role may have now, and the floors remembered from misses.
+
+    A role whose target is missed does not shrink. A lesson adds replicas in proportion to the
+    shortfall (the share of requests that would have to meet the target and did not), at least
+    one; the count that answered a miss holds while the load that missed does."""
+    now, roles = snapshot.taken_at_s, spec.role_names
     attainment = snapshot.service.attainment
     shortfall = 0.0 if attainment is None else max(0.0, spec.attainment_target - attainment)
     answer = {
-        role: current_counts[role]
-        + max(1, round(current_counts[role] * min(1.0, spec.lesson_gain * shortfall)))
+        role: current[role] + max(1, round(current[role] * min(1.0, spec.lesson_gain * shortfall)))
         for role in learned
     }
     floors = {
@@ -194,23 +246,74 @@ def _decide_fresh(
         for role, floor in floors.items()
         if demand.requests_per_s >= floor.requests_per_s * (1 - spec.scale_down_margin)
     }
+    now_floors = {
+        role: max(
+            holding.get(role, 0),
+            answer.get(role, 0),
+            current[role] if role in missed else 0,
+        )
+        for role in roles
+    }
+    return now_floors, floors
 
-    # The first tick seeds the window with the current replicas (as the HPA does), so a restart
-    # with an empty history never scales down at once.
-    window_start = now - spec.scale_down_stabilization_s
-    seeded = history.recommendations or (Recommendation(now, dict(current_counts)),)
-    past = [r for r in seeded if window_start < r.at_s <= now]
 
-    raw: dict[Role, int] = {}
-    remembered: dict[Role, int] = {}
-    recommended: dict[Role, int] = {}
-    for role in roles:
-        floor = max(holding.get(role, 0), answer.get(role, 0))
-        if role in feedback.missed:
-            floor = max(floor, current_counts[role])
-        raw[role] = max(sizings[role].needed, floor)
-        remembered[role] = max(steady[role].needed, floor)
-        recommended[role] = stabilised(spec, role, raw[role], current_counts[role], past)
+def _next_history(
+    spec: PolicySpec,
+    snapshot: MetricsSnapshot,
+    history: PolicyHistory,
+    demand: Demand,
+    *,
+    past: Sequence[Recommendation],
+    remembered: Mapping[Role, int],
+) -> PolicyHistory:
+    """The windows the next tick reads: the recommendations stabilisation remembers and the
+    demand samples its trend and mix read, this tick's added (the rest is the caller's)."""
+    now = snapshot.taken_at_s
+    in_flight = snapshot.service.in_flight_requests * spec.traffic_share
+    keep_after = now - max(spec.scale_down_stabilization_s, trend_window_s(spec, snapshot))
+    return PolicyHistory(
+        recommendations=(*past, Recommendation(now, remembered)),
+        demand=(
+            *(d for d in history.demand if keep_after <= d.at_s < now),
+            DemandSample(now, demand.requests_per_s, in_flight),
+        ),
+        mix=demand.mix,
+    )
+
+
+def _decide_fresh(
+    spec: PolicySpec,
+    snapshot: MetricsSnapshot,
+    current: Mapping[Role, int],
+    history: PolicyHistory,
+    pins: Mapping[Role, int],
+) -> Decision:
+    now = snapshot.taken_at_s
+    roles = spec.role_names
+    current_counts = {r: max(0, current.get(r, 0)) for r in roles}
+    demand = estimate_demand(spec, snapshot, history)
+    feedback = attainment_feedback(spec, snapshot, current_counts, history)
+    calibration = calibrate(spec, snapshot, current_counts, history, demand)
+    untaught = _Sizer(spec, snapshot, demand, calibration, feedback.tightening, current_counts)
+    lesson, sizings = _learn(untaught, feedback, history)
+    sizer, learned = lesson.sizer, lesson.learned
+    sizings, steady = sizer.shrinking_slowly(sizings)
+    floors_now, floors = _miss_floors(
+        spec,
+        snapshot,
+        history=history,
+        demand=demand,
+        current=current_counts,
+        learned=learned,
+        missed=feedback.missed,
+    )
+    past = _stabilisation_window(spec, history, now, current_counts)
+    raw = {role: max(sizings[role].needed, floors_now[role]) for role in roles}
+    # What stabilisation remembers: the sizing without what a queue or a trend adds.
+    remembered = {role: max(steady[role].needed, floors_now[role]) for role in roles}
+    recommended = {
+        role: stabilised(spec, role, raw[role], current_counts[role], past) for role in roles
+    }
 
     constrained = constrain(spec, recommended, pins, feedback.missed)
     replicas = constrained.replicas
@@ -227,7 +330,6 @@ def _decide_fresh(
         held_down=held_down,
         learned=learned,
     )
-
     estimates = {
         role: role_estimate(
             spec,
@@ -241,35 +343,17 @@ def _decide_fresh(
         for role in roles
     }
     message = explain(
-        spec,
-        demand=demand,
-        current=current_counts,
-        replicas=replicas,
-        sizings=sizings,
-        estimates=estimates,
-        note=feedback.note,
-        constrained=constrained,
-        pins=pins,
-    )
-    last_scale_up = dict(history.last_scale_up_s) | dict.fromkeys(grew, now)
-    in_flight = snapshot.service.in_flight_requests * spec.traffic_share
-    keep_after = now - max(spec.scale_down_stabilization_s, trend_window_s(spec, snapshot))
-    new_history = PolicyHistory(
-        recommendations=(
-            *past,
-            Recommendation(now, remembered),
-        ),
-        demand=(
-            *(d for d in history.demand if keep_after <= d.at_s < now),
-            DemandSample(now, demand.requests_per_s, in_flight),
-        ),
-        last_scale_up_s=last_scale_up,
+        spec, demand=demand, current=current_counts, replicas=replicas, sizings=sizings,
+        estimates=estimates, note=feedback.note, constrained=constrained, pins=pins,
+    )  # fmt: skip
+    new_history = replace(
+        _next_history(spec, snapshot, history, demand, past=past, remembered=remembered),
+        last_scale_up_s=dict(history.last_scale_up_s) | dict.fromkeys(grew, now),
         calibration=calibration,
-        tightening=tightening,
-        tightened_at_s=tightened_at,
-        attainment_when_tightened=taught,
+        tightening=sizer.tightening,
+        tightened_at_s=lesson.tightened_at_s,
+        attainment_when_tightened=lesson.attainment_when_tightened,
         miss_floors=floors,
         last_decision=LastDecision(now, dict(replicas), reason),
-        mix=demand.mix,
     )
     return Decision(dict(replicas), reason, message, new_history, estimates)
