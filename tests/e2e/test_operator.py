@@ -420,12 +420,12 @@ def _held(kubectl: Kubectl, namespace: str) -> dict[str, Any] | None:
     return found
 
 
-def _decide(kubectl: Kubectl, namespace: str, held: dict[str, Any], replicas: int) -> None:
-    """Write a decision where the autoscaler writes its own."""
-    decision = {**held, "replicas": [{"role": "aggregated", "replicas": replicas}]}
+def _decide(kubectl: Kubectl, namespace: str, replicas: int) -> None:
+    """Write a decision where the autoscaler writes its own: the service's status."""
+    decision = [{"deployment": AUTOSCALED, "role": "aggregated", "replicas": replicas}]
     kubectl.run(
-        "patch", "mdep", AUTOSCALED, "-n", namespace, "--subresource=status", "--type=merge",
-        "-p", json.dumps({"status": {"autoscaling": decision}}),
+        "patch", "infsvc", "chat", "-n", namespace, "--subresource=status", "--type=merge",
+        "-p", json.dumps({"status": {"replicas": decision}}),
     )  # fmt: skip
 
 
@@ -451,7 +451,7 @@ def test_an_autoscaled_service_without_metrics_holds_and_says_so(
         30,
         0.5,
     ), operator.tail()
-    both = {"Ready": "True", "MetricsAvailable": "False"}
+    both = {"Ready": "True", "MetricsAvailable": "False", "Autoscaling": "True"}
     assert wait_until(lambda: conditions() == both, 30, 0.5), service()["status"]
     assert wait_until(lambda: '"PrometheusUnavailable"' in _events(kubectl, namespace), 15, 0.5)
     # Held at what runs: the spec's two, never zero.
@@ -462,7 +462,7 @@ def test_an_autoscaled_service_without_metrics_holds_and_says_so(
     assert replicas() == 2
 
     # What the autoscaler chooses reaches the workload; the spec stays Git's.
-    _decide(kubectl, namespace, held, 3)
+    _decide(kubectl, namespace, 3)
     assert wait_until(lambda: replicas() == 3, 30, 0.5), operator.tail()
     assert _md(kubectl, namespace, name)["spec"]["replicas"] == 2
     # Ticks holding on stale metrics keep the last decision, not the spec. Meanwhile the
@@ -491,7 +491,7 @@ def test_deleting_an_autoscaled_service_hands_the_replicas_back_to_the_spec(
     assert wait_until(lambda: _held(kubectl, namespace) is not None, 60, 0.5), operator.tail()
     held = _held(kubectl, namespace)
     assert held is not None
-    _decide(kubectl, namespace, held, 3)
+    _decide(kubectl, namespace, 3)
     assert wait_until(lambda: _autoscaled_replicas(kubectl, namespace) == 3, 30, 0.5)
 
     kubectl.run("delete", "infsvc", "chat", "-n", namespace)

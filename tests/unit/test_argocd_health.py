@@ -31,7 +31,7 @@ from inferfleet.api.common import API_GROUP
 from inferfleet.api.inference_service import InferenceService
 from inferfleet.api.model_deployment import ModelDeployment, Role
 from inferfleet.planning.capacity import plan
-from inferfleet.reconcile.status import RoleProgress, model_deployment_status
+from inferfleet.reconcile.status import Blocked, RoleProgress, model_deployment_status
 
 ROOT = Path(__file__).resolve().parents[2]
 CUSTOMIZATIONS = ROOT / "deploy" / "argocd"
@@ -203,7 +203,11 @@ def _example_deployment(file: str) -> dict[str, Any]:
 def _with_status(obj: dict[str, Any], **progress: Any) -> dict[str, Any]:
     md = ModelDeployment.model_validate(obj)
     capacity = plan(md.spec)
-    blocked = None if capacity.memory.fits else f"not applied: {capacity.memory.verdict()}"
+    blocked = (
+        None
+        if capacity.memory.fits
+        else Blocked("SpecNotApplied", f"not applied: {capacity.memory.verdict()}")
+    )
     roles = {Role.AGGREGATED: RoleProgress(**progress)} if progress else {}
     status = model_deployment_status(
         generation=4,
@@ -215,7 +219,7 @@ def _with_status(obj: dict[str, Any], **progress: Any) -> dict[str, Any]:
         now=NOW,
         blocked=blocked,
     )
-    return {**obj, "status": status}
+    return {**obj, "status": status.to_wire()}
 
 
 FITS = "llama-3.1-8b-aggregated-sim.yaml"

@@ -168,12 +168,15 @@ def test_a_load_step_scales_up_and_says_why() -> None:
     [decided] = result.deployments
     assert decided.changed
     assert decided.decision.replicas[Role.AGGREGATED] > current_replicas(md)[Role.AGGREGATED]
-    assert decided.autoscaling_status is not None
-    assert decided.autoscaling_status["service"] == "chat"
-    assert decided.autoscaling_status["replicas"] == [
-        {"role": "aggregated", "replicas": decided.decision.replicas[Role.AGGREGATED]}
-    ]
     status = result.status
+    # The decision is the service's data; the deployment's reconcile reads it from there.
+    assert status["replicas"] == [
+        {
+            "deployment": "llama",
+            "role": "aggregated",
+            "replicas": decided.decision.replicas[Role.AGGREGATED],
+        }
+    ]
     assert status["lastDecision"]["reason"].startswith("ScaleUp")
     assert "llama" in status["lastDecision"]["message"]
     assert status["observed"]["attainment"] == 0.7
@@ -250,7 +253,7 @@ def test_a_pin_wins_over_the_load() -> None:
     assert later.deployments[0].decision.replicas[Role.AGGREGATED] > 3
 
 
-def test_an_unchanged_decision_writes_nothing_new_to_the_deployment() -> None:
+def test_a_held_decision_is_the_one_the_deployment_records() -> None:
     recorded = {
         "autoscaling": {
             "service": "chat",
@@ -262,7 +265,10 @@ def test_an_unchanged_decision_writes_nothing_new_to_the_deployment() -> None:
     md = model_deployment(recorded)
     source = Scripted({}, fail=True)  # holds: the same replicas
     result = tick(inference_service(), {"llama": md}, source, settings=SETTINGS, now=NOW)
-    assert result.deployments[0].autoscaling_status is None
+    assert not result.deployments[0].changed
+    assert result.status["replicas"] == [
+        {"deployment": "llama", "role": "aggregated", "replicas": 2}
+    ]
     assert current_replicas(md) == {Role.AGGREGATED: 2}
 
 

@@ -188,7 +188,10 @@ def test_a_malformed_answer_holds_and_says_why(
     [decided] = result.deployments
     assert decided.decision.replicas == {Role.AGGREGATED: 2}  # held: never zero, never moved
     assert not decided.changed
-    assert decided.autoscaling_status is not None  # first decision recorded: the held replicas
+    # The held replicas are the service's decision, which its deployment's reconcile applies.
+    assert result.status["replicas"] == [
+        {"deployment": "llama", "role": "aggregated", "replicas": 2}
+    ]
     assert (metrics["status"], metrics["reason"]) == ("False", reason)
     assert says in metrics["message"]
     assert [(r, w) for r, _, w in result.events] == [(reason, True)]

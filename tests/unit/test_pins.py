@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from inferfleet.api.model_deployment import MAX_REPLICAS, Role
-from inferfleet.reconcile.pins import MAX_PIN_DURATION, PIN_ANNOTATION, Pin, read_pin
+from inferfleet.api.pins import MAX_PIN_DURATION, PIN_ANNOTATION, Pin, read_pin
 
 NOW = datetime(2026, 11, 22, 3, 0, tzinfo=UTC)
 AGGREGATED = {Role.AGGREGATED}

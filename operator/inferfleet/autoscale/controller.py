@@ -7,9 +7,11 @@ One tick (`tick`), per ModelDeployment the service routes to:
    ticks on a timer of its own);
 2. call the policy with the replicas each role runs now, the SRE pins and the history kept
    in the service's status (so an operator restart forgets nothing);
-3. hand the replicas to the ModelDeployment through its `status.autoscaling`; the operator's
-   reconciler applies them to the workloads it owns (server-side apply, one field manager for
-   every replica count it writes, so pins, the spec and the autoscaler never fight).
+3. return the replicas as the service's status (`status.replicas`): the ModelDeployment's own
+   reconcile reads the decision of the service that owns its autoscaling
+   (`autoscale.ownership`) and applies it, so one path writes workloads and pins, the spec and
+   the autoscaler never fight. A deployment another service autoscales is left alone, and
+   the `Autoscaling` condition says which service owns it.
 
 Prometheus unreachable, its answer malformed (an error, a matrix, a value that is not a
 number) or its samples stale: the policy holds the last decision (never zero)
@@ -24,7 +26,7 @@ function of its arguments, so it is tested with a scripted metrics source.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
@@ -35,10 +37,20 @@ from prometheus_api_client.exceptions import PrometheusApiClientException
 from urllib3.util.retry import Retry
 
 from inferfleet.api.catalog import GpuCatalog
+from inferfleet.api.conditions import condition, find, with_condition
 from inferfleet.api.inference_service import AutoscalingPolicy, InferenceService
 from inferfleet.api.model_deployment import ModelDeployment, Role
+from inferfleet.api.pins import read_pin
 from inferfleet.autoscale.metrics import OperatorMetrics, RoleRecord, TickRecord
-from inferfleet.autoscale.policy import Decision, PolicyHistory, Reason, decide, policy_spec
+from inferfleet.autoscale.ownership import Claim, autoscaling_owner
+from inferfleet.autoscale.policy import (
+    Decision,
+    PolicyHistory,
+    PolicySpec,
+    Reason,
+    decide,
+    policy_spec,
+)
 from inferfleet.autoscale.queries import (
     DeploymentUsage,
     MalformedAnswerError,
@@ -51,10 +63,9 @@ from inferfleet.autoscale.queries import (
 from inferfleet.autoscale.snapshot import MetricsSnapshot
 from inferfleet.engines import roles_of
 from inferfleet.planning.replica import ReplicaConfig
-from inferfleet.reconcile.pins import read_pin
-from inferfleet.reconcile.status import condition, with_condition
 
 METRICS_AVAILABLE = "MetricsAvailable"
+AUTOSCALING = "Autoscaling"
 
 
 @dataclass(frozen=True)
@@ -140,8 +151,6 @@ class DeploymentDecision:
     decision: Decision
     changed: bool
     """Whether the replicas differ from what the deployment runs now."""
-    autoscaling_status: dict[str, Any] | None
-    """What to write to the ModelDeployment's `status.autoscaling`; None: leave it."""
 
 
 @dataclass(frozen=True)
@@ -155,9 +164,12 @@ class TickResult:
     """What the tick exports as the operator's metrics."""
 
 
-def current_replicas(md: ModelDeployment) -> dict[Role, int]:
-    """What each role is asked to run now: the autoscaler's last choice, else what status saw
-    of the workloads, else the spec."""
+def current_replicas(
+    md: ModelDeployment, decided: Mapping[Role, int] | None = None
+) -> dict[Role, int]:
+    """What each role is asked to run now: this service's last decision (`decided`), else the
+    autoscaler's choice the deployment records, else what status saw of the workloads, else
+    the spec."""
     roles = roles_of(md.spec)
     counts: dict[Role, int] = {}
     if md.spec.topology.prefill is not None and Role.PREFILL in roles:
@@ -170,6 +182,7 @@ def current_replicas(md: ModelDeployment) -> dict[Role, int]:
             counts |= {
                 r.role: r.replicas for r in md.status.autoscaling.replicas if r.role in roles
             }
+    counts |= {role: n for role, n in (decided or {}).items() if role in roles and n > 0}
     return counts
 
 
@@ -194,8 +207,86 @@ def _history(service: InferenceService, deployment: str) -> PolicyHistory:
         return PolicyHistory()  # written by another version: start afresh, do not crash
 
 
-def _replicas_wire(replicas: Mapping[Role, int]) -> list[dict[str, Any]]:
-    return [{"role": role.value, "replicas": n} for role, n in sorted(replicas.items())]
+@dataclass
+class _Reading:
+    """What a tick has read so far, and the first thing that went wrong."""
+
+    service_answers: dict[str, float | None]
+    problem: tuple[str, str] | None
+    first_snapshot: MetricsSnapshot | None = None
+
+
+def _service_reading(
+    name: str, namespace: str, source: MetricsSource | None, settings: AutoscalerSettings
+) -> _Reading:
+    if source is None:
+        return _Reading(
+            {}, ("NoMetricsSource", "the operator was started without --prometheus-url")
+        )
+    try:
+        return _Reading(source.answers(service_queries(name, namespace, settings.window_s)), None)
+    except MetricsUnavailableError as error:
+        return _Reading({}, (error.reason, str(error)))
+
+
+def _snapshot(
+    reading: _Reading,
+    source: MetricsSource | None,
+    namespace: str,
+    deployment: str,
+    roles: Sequence[Role],
+    *,
+    settings: AutoscalerSettings,
+    now_s: float,
+) -> MetricsSnapshot | None:
+    """The deployment's snapshot, or None (and the reading's problem says why)."""
+    if reading.problem is not None or source is None:
+        return None
+    try:
+        role_answers = {
+            role: source.answers(role_queries(namespace, deployment, role, settings.window_s))
+            for role in roles
+        }
+    except MetricsUnavailableError as error:
+        reading.problem = (error.reason, str(error))
+        return None
+    snapshot = snapshot_from_answers(
+        reading.service_answers, role_answers, taken_at_s=now_s, window_s=settings.window_s
+    )
+    if snapshot is None:
+        reading.problem = ("NoRouterMetrics", "no router series in Prometheus yet")
+    reading.first_snapshot = reading.first_snapshot or snapshot
+    return snapshot
+
+
+def _ownership(
+    service: InferenceService,
+    deployments: Mapping[str, ModelDeployment],
+    claims: Mapping[str, Sequence[Claim]] | None,
+) -> tuple[dict[str, ModelDeployment], dict[str, str]]:
+    """The deployments this service autoscales, and those another service owns (by name)."""
+    name = str(service.metadata.get("name"))
+    owned: dict[str, ModelDeployment] = {}
+    elsewhere: dict[str, str] = {}
+    for deployment, md in deployments.items():
+        if not autoscaled_by(service, deployment):
+            continue
+        recorded = md.status.autoscaling.service if md.status and md.status.autoscaling else None
+        owner = (
+            autoscaling_owner(recorded, claims.get(deployment, ())) if claims is not None else None
+        )
+        if owner is None or owner.service == name:
+            owned[deployment] = md
+        else:
+            elsewhere[deployment] = owner.service
+    return owned, elsewhere
+
+
+def _own_decisions(service: InferenceService) -> dict[str, dict[Role, int]]:
+    decided: dict[str, dict[Role, int]] = {}
+    for entry in service.status.replicas if service.status else []:
+        decided.setdefault(entry.deployment, {})[entry.role] = entry.replicas
+    return decided
 
 
 def tick(
@@ -205,137 +296,94 @@ def tick(
     *,
     settings: AutoscalerSettings,
     now: datetime,
+    claims: Mapping[str, Sequence[Claim]] | None = None,
     catalog: GpuCatalog | None = None,
 ) -> TickResult:
     """One autoscaling tick of `service`, whose referenced ModelDeployments found in its
-    namespace are `deployments`."""
+    namespace are `deployments`; `claims`: per deployment, every service's claim on it (None:
+    this service is taken to own every deployment it autoscales)."""
     catalog = catalog or GpuCatalog.builtin()
     name = str(service.metadata.get("name"))
     namespace = str(service.metadata.get("namespace"))
-    generation = int(str(service.metadata.get("generation", 0)))
-    previous = service.status.to_wire() if service.status else {}
     now_s = now.timestamp()
-
-    snapshot_problem: tuple[str, str] | None = None
-    service_answers: dict[str, float | None] = {}
-    if source is None:
-        snapshot_problem = ("NoMetricsSource", "the operator was started without --prometheus-url")
-    else:
-        try:
-            service_answers = source.answers(service_queries(name, namespace, settings.window_s))
-        except MetricsUnavailableError as error:
-            snapshot_problem = (error.reason, str(error))
-
+    owned, elsewhere = _ownership(service, deployments, claims)
+    reading = _service_reading(name, namespace, source, settings)
     weights = {ref.name: ref.weight for ref in service.spec.deployments}
     total_weight = sum(w for n, w in weights.items() if n in deployments) or 1
+    before = _own_decisions(service)
     decisions: list[DeploymentDecision] = []
     usage: list[DeploymentUsage] = []
     state: dict[str, Any] = {}
-    first_snapshot: MetricsSnapshot | None = None
     role_records: list[RoleRecord] = []
-    for deployment, md in sorted(deployments.items()):
-        if weights.get(deployment, 0) == 0:
-            continue
+    for deployment, md in sorted(owned.items()):
         spec = policy_spec(
             service.spec, md.spec, catalog, traffic_share=weights[deployment] / total_weight
         )
-        snapshot = None
-        if snapshot_problem is None and source is not None:
-            try:
-                role_answers = {
-                    role: source.answers(
-                        role_queries(namespace, deployment, role, settings.window_s)
-                    )
-                    for role in spec.role_names
-                }
-            except MetricsUnavailableError as error:
-                snapshot_problem = (error.reason, str(error))
-            else:
-                snapshot = snapshot_from_answers(
-                    service_answers, role_answers, taken_at_s=now_s, window_s=settings.window_s
-                )
-                if snapshot is None:
-                    snapshot_problem = ("NoRouterMetrics", "no router series in Prometheus yet")
-        first_snapshot = first_snapshot or snapshot
-        current = current_replicas(md)
+        snapshot = _snapshot(
+            reading, source, namespace, deployment, spec.role_names,
+            settings=settings, now_s=now_s,
+        )  # fmt: skip
+        current = current_replicas(md, before.get(deployment))
         decision = decide(
             spec, snapshot, current, _history(service, deployment),
             pins=_pins(md, now), now_s=now_s,
         )  # fmt: skip
         state[deployment] = decision.history.to_wire()
         changed = any(decision.replicas.get(r) != current.get(r) for r in spec.role_names)
-        recorded = md.status.autoscaling if md.status else None
-        recorded_counts = {r.role: r.replicas for r in recorded.replicas} if recorded else {}
-        autoscaling = None
-        if (
-            recorded is None
-            or recorded.service != name
-            or recorded_counts != dict(decision.replicas)
-        ):
-            autoscaling = {
-                "service": name,
-                "replicas": _replicas_wire(decision.replicas),
-                "reason": decision.reason.value,
-                "time": now.isoformat(),
-            }
-        decisions.append(DeploymentDecision(deployment, decision, changed, autoscaling))
-        role_records.extend(
-            RoleRecord(
-                deployment=deployment,
-                role=pool.role,
-                current=current.get(pool.role, 0),
-                desired=decision.replicas.get(pool.role, current.get(pool.role, 0)),
-                min_replicas=pool.min_replicas,
-                max_replicas=pool.max_replicas,
-                gpus_per_replica=pool.gpus_per_replica,
-                gpu_hourly_price_usd=pool.replica.gpu.hourly_price_usd,
-                reason=decision.reason.value,
-            )
-            for pool in spec.roles
-        )
+        decisions.append(DeploymentDecision(deployment, decision, changed))
+        role_records.extend(_role_records(deployment, spec, current, decision))
         if snapshot is not None:
             usage.append(
                 DeploymentUsage(
                     ReplicaConfig.from_spec(md.spec, catalog), decision.replicas, snapshot.roles
                 )
             )
-    stale = any(d.decision.reason is Reason.STALE_METRICS for d in decisions)
-    if snapshot_problem is None and stale:
-        snapshot_problem = ("MetricsStale", "the newest samples are older than the policy acts on")
-
-    conditions = list(previous.get("conditions") or [])
-    metrics_condition = condition(
-        conditions,
-        METRICS_AVAILABLE,
-        status=snapshot_problem is None,
-        reason=snapshot_problem[0] if snapshot_problem else "MetricsFresh",
-        message=snapshot_problem[1] if snapshot_problem else "router and engine series are fresh",
-        generation=generation,
-        now=now,
+    if reading.problem is None and any(
+        d.decision.reason is Reason.STALE_METRICS for d in decisions
+    ):
+        reading.problem = ("MetricsStale", "the newest samples are older than the policy acts on")
+    previous = service.status.to_wire() if service.status else {}
+    conditions, events = _conditions(
+        previous.get("conditions") or [], reading.problem, sorted(owned), elsewhere,
+        generation=int(str(service.metadata.get("generation", 0))), now=now,
+    )  # fmt: skip
+    status = _tick_status(
+        conditions, state, decisions, reading=reading, usage=usage, now=now, events=events
     )
-    conditions = with_condition(conditions, metrics_condition)
-    events: list[tuple[str, str, bool]] = []
-    was_available = next(
-        (
-            c.get("status")
-            for c in previous.get("conditions") or []
-            if c.get("type") == METRICS_AVAILABLE
-        ),
-        None,
+    first = reading.first_snapshot
+    record = TickRecord(
+        namespace=namespace,
+        service=name,
+        at_s=now_s,
+        metrics_available=reading.problem is None,
+        newest_sample_age_s=None if first is None else first.newest_sample_age_s,
+        slo_attainment_target=service.spec.slo.attainment_target,
+        roles=tuple(role_records),
     )
-    if snapshot_problem is not None and was_available != "False":
-        events.append((snapshot_problem[0], f"holding replicas: {snapshot_problem[1]}", True))
-    elif snapshot_problem is None and was_available == "False":
-        events.append(("MetricsAvailable", "fresh metrics again: autoscaling resumes", False))
+    if settings.metrics is not None:
+        settings.metrics.record(record)
+    return TickResult(status, decisions, events, record)
 
+
+def _tick_status(
+    conditions: list[dict[str, Any]],
+    state: dict[str, Any],
+    decisions: Sequence[DeploymentDecision],
+    *,
+    reading: _Reading,
+    usage: list[DeploymentUsage],
+    now: datetime,
+    events: list[tuple[str, str, bool]],
+) -> dict[str, Any]:
+    """The service's status fields a tick writes; appends an Event per replica change."""
     status: dict[str, Any] = {"conditions": conditions, "autoscalerState": state}
     status["replicas"] = [
         {"deployment": d.name, "role": role.value, "replicas": n}
         for d in decisions
         for role, n in sorted(d.decision.replicas.items())
     ]
-    if first_snapshot is not None:
-        status["observed"] = observe(first_snapshot.service, usage).to_wire()
+    if reading.first_snapshot is not None:
+        status["observed"] = observe(reading.first_snapshot.service, usage).to_wire()
     moved = [d for d in decisions if d.changed]
     if moved:
         message = "; ".join(f"{d.name}: {d.decision.message}" for d in moved)
@@ -347,18 +395,72 @@ def tick(
         }
         for d in moved:
             events.append((d.decision.reason.value, f"{d.name}: {d.decision.message}", False))
-    record = TickRecord(
-        namespace=namespace,
-        service=name,
-        at_s=now_s,
-        metrics_available=snapshot_problem is None,
-        newest_sample_age_s=None if first_snapshot is None else first_snapshot.newest_sample_age_s,
-        slo_attainment_target=service.spec.slo.attainment_target,
-        roles=tuple(role_records),
-    )
-    if settings.metrics is not None:
-        settings.metrics.record(record)
-    return TickResult(status, decisions, events, record)
+    return status
+
+
+def _role_records(
+    deployment: str, spec: PolicySpec, current: Mapping[Role, int], decision: Decision
+) -> list[RoleRecord]:
+    return [
+        RoleRecord(
+            deployment=deployment,
+            role=pool.role,
+            current=current.get(pool.role, 0),
+            desired=decision.replicas.get(pool.role, current.get(pool.role, 0)),
+            min_replicas=pool.min_replicas,
+            max_replicas=pool.max_replicas,
+            gpus_per_replica=pool.gpus_per_replica,
+            gpu_hourly_price_usd=pool.replica.gpu.hourly_price_usd,
+            reason=decision.reason.value,
+        )
+        for pool in spec.roles
+    ]
+
+
+def _conditions(
+    previous: Sequence[Mapping[str, Any]],
+    problem: tuple[str, str] | None,
+    owned: Sequence[str],
+    elsewhere: Mapping[str, str],
+    *,
+    generation: int,
+    now: datetime,
+) -> tuple[list[dict[str, Any]], list[tuple[str, str, bool]]]:
+    """The autoscaler's conditions (MetricsAvailable, Autoscaling) over `previous`, and the
+    Events their changes call for."""
+    metrics = condition(
+        previous, METRICS_AVAILABLE, status=problem is None,
+        reason=problem[0] if problem else "MetricsFresh",
+        message=problem[1] if problem else "router and engine series are fresh",
+        generation=generation, now=now,
+    )  # fmt: skip
+    events: list[tuple[str, str, bool]] = []
+    was_available = (find(previous, METRICS_AVAILABLE) or {}).get("status")
+    if problem is not None and was_available != "False":
+        events.append((problem[0], f"holding replicas: {problem[1]}", True))
+    elif problem is None and was_available == "False":
+        events.append(("MetricsAvailable", "fresh metrics again: autoscaling resumes", False))
+    if elsewhere:
+        taken = "; ".join(
+            f"{md} is autoscaled by InferenceService {owner}"
+            for md, owner in sorted(elsewhere.items())
+        )
+        message = f"{taken} (the claimant it records, else the oldest): its replicas are left alone"
+        autoscaling = condition(
+            previous, AUTOSCALING, status=False, reason="AutoscaledElsewhere",
+            message=message + (f"; autoscales {', '.join(owned)}" if owned else ""),
+            generation=generation, now=now,
+        )  # fmt: skip
+    else:
+        autoscaling = condition(
+            previous, AUTOSCALING, status=True, reason="Autoscaling",
+            message=f"autoscales {', '.join(owned) or 'nothing'}",
+            generation=generation, now=now,
+        )  # fmt: skip
+    before = find(previous, AUTOSCALING) or {}
+    if elsewhere and before.get("message") != autoscaling["message"]:
+        events.append(("AutoscaledElsewhere", autoscaling["message"], True))
+    return with_condition(with_condition(previous, metrics), autoscaling), events
 
 
 def autoscaled_by(service: InferenceService, deployment: str) -> bool:

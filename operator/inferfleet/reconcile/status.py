@@ -1,7 +1,10 @@
-"""Status of a ModelDeployment, computed from its plan and its workloads (pure).
+"""Status of a ModelDeployment, computed from its plan and its workloads (pure), and built as
+the typed status model, so that what is written is what the CRD's schema says.
 
-Conditions follow Kubernetes conventions: one per type, `lastTransitionTime` moves only when the
-status flips, `observedGeneration` says which spec they judge. `Ready` is the summary.
+Conditions follow Kubernetes conventions (`api.conditions`). `Ready` is the summary; `Fits`
+is the planner's verdict; `Progressing` and `Degraded` follow the rollout (a stalled rollout and
+pods the scheduler cannot place degrade it); `Pinned` says whether an SRE pin is in force, or
+why one is ignored.
 """
 
 from __future__ import annotations
@@ -11,7 +14,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from inferfleet.api.model_deployment import Role
+from inferfleet.api.conditions import condition
+from inferfleet.api.model_deployment import (
+    AutoscalingStatus,
+    CapacityPlanStatus,
+    MemoryBreakdown,
+    ModelDeploymentStatus,
+    Role,
+    RoleStatus,
+)
 from inferfleet.planning.capacity import CapacityPlan
 
 GIB = 1024**3
@@ -32,8 +43,8 @@ class RoleProgress:
 
     @classmethod
     def from_deployment(cls, deployment: Mapping[str, Any]) -> RoleProgress:
-        spec, status = deployment.get("spec", {}), deployment.get("status") or {}
-        generation = deployment.get("metadata", {}).get("generation", 0)
+        spec, status = deployment.get("spec") or {}, deployment.get("status") or {}
+        generation = (deployment.get("metadata") or {}).get("generation", 0)
         stalled = next(
             (
                 str(c.get("message", ""))
@@ -61,63 +72,49 @@ class RoleProgress:
         )
 
 
-def condition(
-    previous: Sequence[Mapping[str, Any]],
-    type_: str,
-    *,
-    status: bool,
-    reason: str,
-    message: str,
-    generation: int,
-    now: datetime,
-) -> dict[str, Any]:
-    """A condition, keeping the previous transition time when the status did not flip."""
-    value = "True" if status else "False"
-    before = next((c for c in previous if c.get("type") == type_), None)
-    since = (
-        before["lastTransitionTime"]
-        if before and before.get("status") == value and before.get("lastTransitionTime")
-        else now.isoformat().replace("+00:00", "Z")
-    )
-    return {
-        "type": type_,
-        "status": value,
-        "reason": reason,
-        "message": message,
-        "observedGeneration": generation,
-        "lastTransitionTime": since,
-    }
+@dataclass(frozen=True)
+class Blocked:
+    """Why the spec was not applied (existing workloads are then left as they were)."""
+
+    reason: str
+    """InvalidSpec, SpecNotApplied or NameCollision."""
+    message: str
 
 
-def with_condition(
-    conditions: Sequence[Mapping[str, Any]], new: Mapping[str, Any]
-) -> list[dict[str, Any]]:
-    """`conditions` with `new` in place of the one of its type, the others kept in order: the
-    list is keyed by type, and each type has one writer, which must not drop the others'."""
-    kept = [dict(c) for c in conditions if c.get("type") != new["type"]]
-    index = next((i for i, c in enumerate(conditions) if c.get("type") == new["type"]), len(kept))
-    return [*kept[:index], dict(new), *kept[index:]]
+@dataclass(frozen=True)
+class PinState:
+    """The Pinned condition's inputs: the pin in force (described), or why one is ignored."""
+
+    in_force: str | None = None
+    ignored: str | None = None
 
 
-def plan_status(plan: CapacityPlan) -> dict[str, Any]:
+def plan_status(plan: CapacityPlan) -> CapacityPlanStatus:
     memory = plan.memory
-    return {
-        "fits": memory.fits,
-        "gpusPerReplica": plan.config.gpus,
-        "memoryPerGpu": {
-            "totalGib": round(memory.total / GIB, 2),
-            "usableGib": round(memory.usable / GIB, 2),
-            "weightsGib": round(memory.weights / GIB, 2),
-            "activationGib": round(memory.activations / GIB, 2),
-            "runtimeGib": round(memory.runtime / GIB, 2),
-            "kvCacheGib": round(memory.kv_cache / GIB, 2),
-        },
-        "kvCapacityTokens": memory.kv_capacity_tokens,
-        "maxConcurrency": memory.max_concurrency(memory.context_limit),
-        "predictedTtftMs": round(plan.idle_ttft_s * 1e3, 2) if memory.fits else None,
-        "predictedTpotMs": round(plan.idle_tpot_s * 1e3, 3) if memory.fits else None,
-        "message": memory.verdict(),
-    }
+    predicted = (
+        {
+            "predicted_ttft_ms": round(plan.idle_ttft_s * 1e3, 2),
+            "predicted_tpot_ms": round(plan.idle_tpot_s * 1e3, 3),
+        }
+        if memory.fits
+        else {}
+    )
+    return CapacityPlanStatus(
+        fits=memory.fits,
+        gpus_per_replica=plan.config.gpus,
+        memory_per_gpu=MemoryBreakdown(
+            total_gib=round(memory.total / GIB, 2),
+            usable_gib=round(memory.usable / GIB, 2),
+            weights_gib=round(memory.weights / GIB, 2),
+            activation_gib=round(memory.activations / GIB, 2),
+            runtime_gib=round(memory.runtime / GIB, 2),
+            kv_cache_gib=round(memory.kv_cache / GIB, 2),
+        ),
+        kv_capacity_tokens=memory.kv_capacity_tokens,
+        max_concurrency=memory.max_concurrency(memory.context_limit),
+        message=memory.verdict(),
+        **predicted,
+    )
 
 
 def model_deployment_status(
@@ -129,11 +126,14 @@ def model_deployment_status(
     selector: str,
     previous: Mapping[str, Any],
     now: datetime,
-    blocked: str | None = None,
+    blocked: Blocked | None = None,
     pinned: frozenset[Role] | set[Role] = frozenset(),
-) -> dict[str, Any]:
-    """The whole status. `blocked` explains why the spec was not applied (does not fit, or the
-    engine cannot honour it); existing workloads are then left as they were."""
+    pin: PinState | None = None,
+    unschedulable: Mapping[Role, str] | None = None,
+    autoscaling: AutoscalingStatus | None = None,
+) -> ModelDeploymentStatus:
+    """The whole status. `unschedulable`: per role, the scheduler's reason for pods it cannot
+    place; `autoscaling`: the record of the InferenceService whose decision is applied."""
     conditions_before: Sequence[Mapping[str, Any]] = previous.get("conditions") or []
     fits = plan.memory.fits
     rolled_out = bool(roles) and all(progress.rolled_out for progress in roles.values())
@@ -142,18 +142,13 @@ def model_deployment_status(
 
     def cond(type_: str, status: bool, reason: str, message: str) -> dict[str, Any]:
         return condition(
-            conditions_before,
-            type_,
-            status=status,
-            reason=reason,
-            message=message,
-            generation=generation,
-            now=now,
-        )
+            conditions_before, type_, status=status, reason=reason, message=message,
+            generation=generation, now=now,
+        )  # fmt: skip
 
     if blocked:
-        ready = cond("Ready", False, "SpecNotApplied", blocked)
-        progressing = cond("Progressing", False, "SpecNotApplied", blocked)
+        ready = cond("Ready", False, blocked.reason, blocked.message)
+        progressing = cond("Progressing", False, blocked.reason, blocked.message)
     elif rolled_out:
         ready = cond("Ready", True, "AllReplicasReady", _replicas_message(roles))
         progressing = cond("Progressing", False, "RolloutComplete", _replicas_message(roles))
@@ -161,30 +156,51 @@ def model_deployment_status(
         waiting = ", ".join(f"{r.value} {p.ready}/{p.desired} ready" for r, p in unready.items())
         ready = cond("Ready", False, "ReplicasNotReady", waiting or "rollout in progress")
         progressing = cond("Progressing", True, "RollingOut", waiting or "updating replicas")
-    stalled = {role: p.stalled for role, p in roles.items() if p.stalled}
-    degraded = cond(
-        "Degraded",
-        bool(stalled),
-        "RolloutStalled" if stalled else "AsPlanned",
-        "; ".join(f"{role.value}: {message}" for role, message in stalled.items()),
-    )
-    return {
+    conditions = [
+        ready,
+        cond("Fits", fits, "Fits" if fits else "DoesNotFit", plan.memory.verdict()),
+        progressing,
+        _degraded(cond, roles, unschedulable or {}),
+        _pinned(cond, pin or PinState()),
+    ]
+    fields = {
         "observedGeneration": generation,
-        "conditions": [
-            ready,
-            cond("Fits", fits, "Fits" if fits else "DoesNotFit", plan.memory.verdict()),
-            progressing,
-            degraded,
-        ],
+        "conditions": conditions,
         "replicas": serving.desired,
         "readyReplicas": serving.ready,
         "selector": selector,
         "roles": [
-            {"role": role.value, "desired": p.desired, "ready": p.ready, "pinned": role in pinned}
+            RoleStatus(role=role, desired=p.desired, ready=p.ready, pinned=role in pinned)
             for role, p in roles.items()
         ],
         "plan": plan_status(plan),
+        "autoscaling": autoscaling,
     }
+    # An absent field, not a null: the status model refuses nulls as the API server does.
+    return ModelDeploymentStatus.model_validate(
+        {key: value for key, value in fields.items() if value is not None}
+    )
+
+
+def _degraded(
+    cond: Any, roles: Mapping[Role, RoleProgress], unschedulable: Mapping[Role, str]
+) -> dict[str, Any]:
+    stalled = {role: p.stalled for role, p in roles.items() if p.stalled}
+    if unschedulable:
+        message = "; ".join(f"{role.value}: {why}" for role, why in sorted(unschedulable.items()))
+        return dict(cond("Degraded", True, "Unschedulable", message))
+    if stalled:
+        message = "; ".join(f"{role.value}: {why}" for role, why in stalled.items())
+        return dict(cond("Degraded", True, "RolloutStalled", message))
+    return dict(cond("Degraded", False, "AsPlanned", ""))
+
+
+def _pinned(cond: Any, pin: PinState) -> dict[str, Any]:
+    if pin.in_force is not None:
+        return dict(cond("Pinned", True, "PinInForce", pin.in_force))
+    if pin.ignored is not None:
+        return dict(cond("Pinned", False, "PinIgnored", pin.ignored))
+    return dict(cond("Pinned", False, "NotPinned", "replicas follow the spec or the autoscaler"))
 
 
 def _replicas_message(roles: Mapping[Role, RoleProgress]) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from inferfleet.reconcile.status import condition, with_condition
+from inferfleet.api.conditions import condition, with_condition
 
 EARLIER = datetime(2026, 1, 1, tzinfo=UTC)
 LATER = datetime(2026, 1, 2, tzinfo=UTC)

@@ -1,0 +1,92 @@
+"""Which InferenceService autoscales a ModelDeployment (pure).
+
+Several services may route to one ModelDeployment (weighted variants, a canary, a second
+endpoint); at most one of them may choose its replicas, or their decisions overwrite each other
+tick after tick. Every service that routes to a deployment with weight > 0 and `policy: goodput`
+is a *claimant*; the *owner* is the claimant the deployment already records as its autoscaler
+(`status.autoscaling.service`) while it still claims, else the oldest claimant (creation time,
+then name). The rule is a function of what the cluster holds, so the operator, a restarted
+operator and every tick agree on it without a lock.
+
+A claim also carries the claimant's latest decision for the deployment (its `status.replicas`):
+the ModelDeployment's reconcile reads the owner's decision as data and applies it, and no other
+writer touches the workloads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from inferfleet.api.model_deployment import Role
+
+
+@dataclass(frozen=True)
+class Claim:
+    """An InferenceService that routes to a ModelDeployment, as its object says."""
+
+    service: str
+    created: str
+    """metadata.creationTimestamp (RFC 3339, so it sorts as text)."""
+    autoscales: bool
+    """Whether it routes with weight > 0 under `policy: goodput`."""
+    replicas: Mapping[Role, int] = field(default_factory=dict)
+    """Its latest decision for the deployment; empty before its first tick."""
+    reason: str | None = None
+    """Why it last changed the replicas (its `status.lastDecision`), if it has."""
+    time: str | None = None
+
+
+def claims_of(service: Mapping[str, Any]) -> dict[str, Claim]:
+    """The claim an InferenceService object makes on each ModelDeployment it references, read
+    from the object as stored. Tolerant by design: it indexes what the API server holds, which
+    a newer or older schema may have written; what cannot be read claims nothing."""
+    metadata = service.get("metadata") or {}
+    spec = service.get("spec") or {}
+    status = service.get("status") or {}
+    autoscaling = spec.get("autoscaling") or {}
+    goodput = isinstance(autoscaling, dict) and autoscaling.get("policy") == "goodput"
+    decided: dict[str, dict[Role, int]] = {}
+    for entry in status.get("replicas") or []:
+        try:
+            role, count = Role(entry["role"]), entry["replicas"]
+            deployment = str(entry["deployment"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if isinstance(count, int) and not isinstance(count, bool) and count >= 0:
+            decided.setdefault(deployment, {})[role] = count
+    last = status.get("lastDecision")
+    last = last if isinstance(last, dict) else {}
+    claims: dict[str, Claim] = {}
+    for ref in spec.get("deployments") or []:
+        if not isinstance(ref, dict) or not isinstance(ref.get("name"), str):
+            continue
+        weight = ref.get("weight", 100)
+        claims[ref["name"]] = Claim(
+            service=str(metadata.get("name", "")),
+            created=str(metadata.get("creationTimestamp") or ""),
+            autoscales=goodput and isinstance(weight, int) and weight > 0,
+            replicas=decided.get(ref["name"], {}),
+            reason=str(last["reason"]) if last.get("reason") else None,
+            time=str(last["time"]) if last.get("time") else None,
+        )
+    return claims
+
+
+def autoscaling_owner(recorded: str | None, claims: Iterable[Claim]) -> Claim | None:
+    """The claimant that autoscales the deployment: the one it records while that one still
+    claims (ownership does not move while its holder wants it), else the oldest claimant."""
+    claimants = [claim for claim in claims if claim.autoscales]
+    for claim in claimants:
+        if claim.service == recorded:
+            return claim
+    return min(claimants, key=lambda claim: (claim.created, claim.service), default=None)
+
+
+def recorded_autoscaler(deployment: Mapping[str, Any]) -> str | None:
+    """The service a ModelDeployment object records as its autoscaler, if any."""
+    status = deployment.get("status") or {}
+    record = status.get("autoscaling") if isinstance(status, dict) else None
+    service = record.get("service") if isinstance(record, dict) else None
+    return service if isinstance(service, str) else None

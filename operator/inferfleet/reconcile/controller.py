@@ -1,0 +1,444 @@
+"""The controller behind the kopf layer: work queues, workers, and carrying out outcomes.
+
+`reconcile.handlers` feeds it keys from kopf's events and hands it kopf's indices; workers
+take each key, compute its outcome with `reconcile.desired` from the indices, and carry it out
+through `kube` (server-side apply under one field manager, deletion of what the object created
+and no longer wants, a status patch made against the version it was computed from). Two
+queues, so that a slow Prometheus delays autoscaling ticks only, never a reconcile:
+
+* reconciles, keyed (kind, namespace, name), by `RECONCILE_WORKERS` workers;
+* autoscaling ticks of `policy: goodput` services, keyed (namespace, name), added by a ticker
+  every `--autoscale-interval` per service, by `TICK_WORKERS` workers.
+
+The Kubernetes client is blocking: workers run each reconcile in a thread pool, one key at a
+time per worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import functools
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import kopf
+from pydantic import ValidationError
+
+from inferfleet.api.common import API_GROUP, API_VERSION
+from inferfleet.api.inference_service import InferenceService
+from inferfleet.api.model_deployment import ModelDeployment, Role
+from inferfleet.autoscale.controller import AutoscalerSettings, PrometheusSource, tick
+from inferfleet.autoscale.ownership import Claim, claims_of
+from inferfleet.kube import Kube, StaleObjectError
+from inferfleet.reconcile.desired import (
+    APPLIED_HASH_ANNOTATION,
+    Child,
+    Event,
+    Namespace,
+    ObjectKey,
+    Outcome,
+    inference_service_outcome,
+    model_deployment_outcome,
+)
+from inferfleet.reconcile.status import RoleProgress
+from inferfleet.reconcile.workqueue import WorkQueue
+from inferfleet.render import InstallSettings
+from inferfleet.render.common import LABEL_MODEL_DEPLOYMENT, LABEL_ROLE, label_value
+
+FIELD_MANAGER = "inferfleet-operator"
+MODEL_DEPLOYMENT = "ModelDeployment"
+INFERENCE_SERVICE = "InferenceService"
+CHILD_KINDS = (
+    ("apps/v1", "Deployment"),
+    ("v1", "Service"),
+    ("v1", "ConfigMap"),
+    ("policy/v1", "PodDisruptionBudget"),
+    ("v1", "ServiceAccount"),
+    ("rbac.authorization.k8s.io/v1", "Role"),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"),
+)
+"""What the operator renders for its resources: it watches them, to reconcile their owner when
+they change and to know what exists without asking the API server."""
+
+RECONCILE_WORKERS = 8
+TICK_WORKERS = 4
+TICKER_PERIOD_S = 1.0
+
+Key = tuple[str, str, str]
+"""(kind, namespace, name)"""
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+@functools.cache
+def kube() -> Kube:
+    return Kube.from_environment()
+
+
+# What the indices hold, per object: pure functions of the object as the API server stores it.
+
+
+def child_entries(namespace: str, obj: Mapping[str, Any]) -> dict[Any, Any]:
+    """Index entries of an object the operator created: under its owner's uid (the children
+    of a resource), and under its name (who holds that name)."""
+    metadata = obj.get("metadata") or {}
+    owner = next(
+        (
+            ref
+            for ref in metadata.get("ownerReferences") or []
+            if ref.get("controller") and ref.get("kind") in (MODEL_DEPLOYMENT, INFERENCE_SERVICE)
+        ),
+        None,
+    )
+    if owner is None or not obj.get("apiVersion") or not obj.get("kind"):
+        return {}
+    key = ObjectKey(str(obj["apiVersion"]), str(obj["kind"]), str(metadata.get("name")))
+    labels = metadata.get("labels") or {}
+    role_label = labels.get(LABEL_ROLE)
+    role = Role(str(role_label)) if role_label in Role._value2member_map_ else None
+    deployment = key.kind == "Deployment"
+    replicas = (obj.get("spec") or {}).get("replicas") if deployment else None
+    child = Child(
+        key=key,
+        owner_uid=str(owner.get("uid")),
+        applied_hash=(metadata.get("annotations") or {}).get(APPLIED_HASH_ANNOTATION),
+        replicas=replicas if isinstance(replicas, int) else None,
+        role=role if owner.get("kind") == MODEL_DEPLOYMENT else None,
+        progress=RoleProgress.from_deployment(obj)
+        if deployment and owner.get("kind") == MODEL_DEPLOYMENT
+        else None,
+    )
+    return {("owner", namespace, child.owner_uid): child, ("name", namespace, key): child.owner_uid}
+
+
+def unschedulable_entry(namespace: str, pod: Mapping[str, Any]) -> dict[Any, Any]:
+    """An index entry for an engine pod the scheduler cannot place: (role, pod, its reason)."""
+    metadata = pod.get("metadata") or {}
+    labels = metadata.get("labels") or {}
+    deployment, role = labels.get(LABEL_MODEL_DEPLOYMENT), labels.get(LABEL_ROLE)
+    if not deployment or role not in Role._value2member_map_:
+        return {}
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if (
+            cond.get("type") == "PodScheduled"
+            and cond.get("status") == "False"
+            and cond.get("reason") == "Unschedulable"
+        ):
+            why = str(cond.get("message") or "the scheduler gave no reason")
+            return {
+                ("pods", namespace, deployment): (Role(str(role)), str(metadata.get("name")), why)
+            }
+    return {}
+
+
+class Indices:
+    """Reads of kopf's indices (each key maps to the values of the objects that gave it)."""
+
+    def __init__(self, indices: Mapping[str, Any]) -> None:
+        self._indices = indices
+
+    def _values(self, index: str, key: Any) -> list[Any]:
+        found = self._indices.get(index)
+        return list(found.get(key, ())) if found is not None else []
+
+    def _children_values(self, key: Any) -> list[Any]:
+        return [value for _, kind in CHILD_KINDS for value in self._values(_child_index(kind), key)]
+
+    def model_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return next(iter(self._values("model_deployments", (namespace, name))), None)
+
+    def model_deployment_named(self, namespace: str, label: str) -> str | None:
+        return next(iter(self._values("model_deployments", ("label", namespace, label))), None)
+
+    def inference_service(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return next(iter(self._values("inference_services", (namespace, name))), None)
+
+    def inference_services(self) -> Iterable[tuple[str, str]]:
+        found = self._indices.get("inference_services") or {}
+        return [key for key in list(found) if len(key) == 2]
+
+    def claims(self, namespace: str, deployment: str) -> list[Claim]:
+        return self._values("inference_services", ("backend", namespace, deployment))
+
+    def children(self, namespace: str, uid: str) -> list[Child]:
+        return self._children_values(("owner", namespace, uid))
+
+    def holder(self, namespace: str, key: ObjectKey) -> str | None:
+        return next(iter(self._children_values(("name", namespace, key))), None)
+
+    def namespace(self, namespace: str, uid: str) -> Namespace:
+        return Namespace(
+            children=self.children(namespace, uid),
+            holder=functools.partial(self.holder, namespace),
+        )
+
+    def unschedulable(self, namespace: str, deployment: str) -> dict[Role, str]:
+        pods: dict[Role, list[tuple[str, str]]] = {}
+        key = ("pods", namespace, label_value(deployment))
+        for role, pod, why in self._values("unschedulable_pods", key):
+            pods.setdefault(role, []).append((pod, why))
+        return {
+            role: f"{len(found)} pod(s) unschedulable ({min(found)[0]}): {min(found)[1]}"
+            for role, found in pods.items()
+        }
+
+
+def _child_index(kind: str) -> str:
+    return kind.lower() + "s"
+
+
+@dataclass(frozen=True)
+class Done:
+    """What a finished reconcile leaves for the event loop."""
+
+    events: tuple[Event, ...] = ()
+    about: kopf.RawBody | None = None
+    """The object the Events are about."""
+    requeue_after_s: float | None = None
+
+
+class Controller:
+    def __init__(
+        self,
+        indices: Mapping[str, Any],
+        *,
+        install: InstallSettings,
+        autoscaler: AutoscalerSettings | None,
+    ) -> None:
+        self.indices = Indices(indices)
+        self.install = install
+        self.autoscaler = autoscaler or AutoscalerSettings()
+        self.reconciles: WorkQueue[Key] = WorkQueue()
+        self.ticks: WorkQueue[tuple[str, str]] = WorkQueue()
+        self._pool = ThreadPoolExecutor(
+            RECONCILE_WORKERS + TICK_WORKERS, thread_name_prefix="inferfleet-reconcile"
+        )
+        self._stored: dict[Key, tuple[str, dict[str, Any]]] = {}
+        self._ticked: dict[tuple[str, str], float] = {}
+        self._backends: dict[tuple[str, str], set[str]] = {}
+        self._unschedulable: set[tuple[str, str]] = set()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # The event loop's side: keys in, workers out.
+
+    def start(self) -> None:
+        for _ in range(RECONCILE_WORKERS):
+            work = self._work(self.reconciles, self._reconcile, lambda key: key[0])
+            self._tasks.append(asyncio.create_task(work))
+        for _ in range(TICK_WORKERS):
+            ticks = self._work(self.ticks, self._tick, lambda _key: "AutoscalingTick")
+            self._tasks.append(asyncio.create_task(ticks))
+        self._tasks.append(asyncio.create_task(self._ticker()))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def add(self, kind: str, namespace: str, name: str) -> None:
+        self.reconciles.add((kind, namespace, name))
+
+    def model_deployment_changed(self, namespace: str, name: str) -> None:
+        """The deployment, and the services that route to it (their Ready follows its)."""
+        self.add(MODEL_DEPLOYMENT, namespace, name)
+        for claim in self.indices.claims(namespace, name):
+            self.add(INFERENCE_SERVICE, namespace, claim.service)
+
+    def inference_service_changed(self, namespace: str, name: str, backends: set[str]) -> None:
+        """The service, and every deployment it routes to or did route to until now (their
+        replicas follow the decision of the service that autoscales them)."""
+        self.add(INFERENCE_SERVICE, namespace, name)
+        before = self._backends.get((namespace, name), set())
+        for backend in backends | before:
+            self.add(MODEL_DEPLOYMENT, namespace, backend)
+        if self.indices.inference_service(namespace, name) is None:
+            self._backends.pop((namespace, name), None)
+        else:
+            self._backends[(namespace, name)] = backends
+
+    def pod_changed(self, namespace: str, name: str, labels: Mapping[str, str]) -> None:
+        """An engine pod that is, or was, unschedulable: its deployment says so, or not."""
+        now_unschedulable = any(
+            pod == name
+            for _, pod, _why in self.indices._values(
+                "unschedulable_pods",
+                ("pods", namespace, labels.get(LABEL_MODEL_DEPLOYMENT, "")),
+            )
+        )
+        was = (namespace, name) in self._unschedulable
+        if now_unschedulable:
+            self._unschedulable.add((namespace, name))
+        else:
+            self._unschedulable.discard((namespace, name))
+        if now_unschedulable != was:
+            owner = self.indices.model_deployment_named(
+                namespace, labels.get(LABEL_MODEL_DEPLOYMENT, "")
+            )
+            if owner is not None:
+                self.add(MODEL_DEPLOYMENT, namespace, owner)
+
+    async def _ticker(self) -> None:
+        """Adds each `policy: goodput` service to the tick queue once per interval."""
+        while True:
+            await asyncio.sleep(TICKER_PERIOD_S)
+            now = time.monotonic()
+            for namespace, name in self.indices.inference_services():
+                body = self.indices.inference_service(namespace, name) or {}
+                autoscaling = (body.get("spec") or {}).get("autoscaling") or {}
+                if autoscaling.get("policy") != "goodput":
+                    self._ticked.pop((namespace, name), None)
+                    continue
+                last = self._ticked.get((namespace, name))
+                if last is None or now - last >= self.autoscaler.interval_s:
+                    self.ticks.add((namespace, name))
+
+    async def _work(
+        self, queue: WorkQueue[T], work: Callable[[T], Done], kind: Callable[[T], str]
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            key = await queue.get()
+            context = contextvars.copy_context()
+            try:
+                done = await loop.run_in_executor(self._pool, context.run, work, key)
+            except StaleObjectError:
+                queue.done(key, failed=True)  # raced a newer version: again, from it
+                continue
+            except Exception:
+                logger.exception("reconciling %s failed; it will be retried", key)
+                if self.autoscaler.metrics is not None:
+                    self.autoscaler.metrics.reconcile_failed(kind(key))
+                queue.done(key, failed=True)
+                continue
+            queue.done(key)
+            if done.requeue_after_s is not None:
+                queue.add_after(key, done.requeue_after_s)
+            if done.about is not None:
+                about = kopf.Body(done.about)
+                for event in done.events:
+                    post = kopf.warn if event.warning else kopf.info
+                    post(about, reason=event.reason, message=event.message)
+
+    # The workers' side (threads): read the indices, decide, carry out.
+
+    def _body(self, key: Key) -> dict[str, Any] | None:
+        """The object as the index holds it, or as this operator last wrote it when the index
+        has not caught up with that write yet (read your own writes)."""
+        kind, namespace, name = key
+        found = (
+            self.indices.model_deployment(namespace, name)
+            if kind == MODEL_DEPLOYMENT
+            else self.indices.inference_service(namespace, name)
+        )
+        written = self._stored.get(key)
+        if found is None or written is None:
+            return found
+        if found["metadata"].get("resourceVersion") == written[0]:
+            return written[1]
+        self._stored.pop(key, None)
+        return found
+
+    def _reconcile(self, key: Key) -> Done:
+        kind, namespace, name = key
+        body = self._body(key)
+        if body is None:  # gone: owner references take its children with it
+            self.reconciles.forget(key)
+            return Done()
+        uid = str(body["metadata"].get("uid", ""))
+        space = self.indices.namespace(namespace, uid)
+        if kind == MODEL_DEPLOYMENT:
+            outcome = model_deployment_outcome(
+                body,
+                space=space,
+                claims=self.indices.claims(namespace, name),
+                unschedulable=self.indices.unschedulable(namespace, name),
+                install=self.install,
+                now=_now(),
+            )
+        else:
+            backends = {
+                backend: found
+                for backend in claims_of(body)
+                if (found := self.indices.model_deployment(namespace, backend)) is not None
+            }
+            outcome = inference_service_outcome(
+                body, space=space, backends=backends, install=self.install, now=_now()
+            )
+        return self._carry_out(key, body, outcome)
+
+    def _carry_out(self, key: Key, body: dict[str, Any], outcome: Outcome) -> Done:
+        namespace = key[1]
+        for obj in outcome.apply:
+            kube().apply(obj, FIELD_MANAGER)
+        for gone in outcome.delete:
+            kube().delete(gone.api_version, gone.kind, gone.name, namespace)
+        if outcome.status is not None:
+            self._write_status(key, body, outcome.status)
+        return Done(outcome.events, _reference(body), outcome.requeue_after_s)
+
+    def _write_status(self, key: Key, body: dict[str, Any], status: dict[str, Any]) -> None:
+        """Patch the status over the version it was computed from (`StaleObjectError` when
+        the object moved on: it is reconciled again from the newer one)."""
+        based_on = str(body["metadata"].get("resourceVersion"))
+        stored = kube().patch_status(body, status, if_unchanged=True)
+        self._stored[key] = (based_on, stored)
+
+    def _tick(self, key: tuple[str, str]) -> Done:
+        namespace, name = key
+        service_key = (INFERENCE_SERVICE, namespace, name)
+        body = self._body(service_key)
+        if body is None:
+            self.ticks.forget(key)
+            return Done()
+        try:
+            service = InferenceService.model_validate(body)
+        except ValidationError:
+            return Done()  # its reconcile reports the spec
+        deployments: dict[str, ModelDeployment] = {}
+        for ref in service.spec.deployments:
+            found = self.indices.model_deployment(namespace, ref.name)
+            if found is not None:
+                with contextlib.suppress(ValidationError):  # its own status says why
+                    deployments[ref.name] = ModelDeployment.model_validate(found)
+        settings = self.autoscaler
+        source = (
+            PrometheusSource(settings.prometheus_url, settings.query_budget_s)
+            if settings.prometheus_url
+            else None
+        )
+        claims = {d: self.indices.claims(namespace, d) for d in deployments}
+        result = tick(service, deployments, source, settings=settings, now=_now(), claims=claims)
+        self._write_status(service_key, body, result.status)
+        self._ticked[key] = time.monotonic()
+        events = tuple(
+            Event(reason, message, warning) for reason, message, warning in result.events
+        )
+        return Done(events, _reference(body))
+
+
+def _reference(body: Mapping[str, Any]) -> kopf.RawBody:
+    metadata = body.get("metadata") or {}
+    return {
+        "apiVersion": str(body.get("apiVersion", f"{API_GROUP}/{API_VERSION}")),
+        "kind": str(body.get("kind", "")),
+        "metadata": {
+            "name": str(metadata.get("name", "")),
+            "namespace": str(metadata.get("namespace", "")),
+            "uid": str(metadata.get("uid", "")),
+        },
+    }

@@ -1,0 +1,487 @@
+"""What each kind should be, from the resource and what the operator's indices hold (pure).
+
+One function per kind: (the resource as stored, what the indices hold about its children, the
+services that route to it, the names its namespace holds) -> an `Outcome`: the objects to
+apply, the objects to delete, the status to write and the Events to post. `reconcile.handlers`
+reads the indices, calls these and carries the outcome out; everything that decides is here,
+tested without a cluster.
+
+Level-based: an outcome depends only on the state passed in, never on which change triggered
+it, so a reconcile run twice, late, or after a restart does the same thing. What is already as
+desired costs no write: each applied object carries a digest of what was applied
+(`APPLIED_HASH_ANNOTATION`), compared with what the index holds; status is written only when it
+differs; Events are posted only when a condition they report changes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from inferfleet.api.conditions import condition, find, with_condition, without_conditions
+from inferfleet.api.inference_service import (
+    AutoscalingPolicy,
+    InferenceService,
+    InferenceServiceStatus,
+)
+from inferfleet.api.model_deployment import (
+    AutoscalingStatus,
+    ModelDeployment,
+    ModelDeploymentSpec,
+    ModelDeploymentStatus,
+    Role,
+    TopologyMode,
+)
+from inferfleet.api.pins import read_pin
+from inferfleet.autoscale.ownership import Claim, autoscaling_owner
+from inferfleet.engines import roles_of
+from inferfleet.planning.capacity import CapacityPlan, plan
+from inferfleet.reconcile.status import (
+    Blocked,
+    PinState,
+    RoleProgress,
+    model_deployment_status,
+)
+from inferfleet.render import (
+    InstallSettings,
+    MissingReferenceError,
+    UnsupportedSpecError,
+    render_inference_service,
+    render_model_deployment,
+    selector_labels,
+    spec_hash,
+)
+
+APPLIED_HASH_ANNOTATION = "inferfleet.io/applied-hash"
+
+
+@dataclass(frozen=True, order=True)
+class ObjectKey:
+    """One object of a namespace."""
+
+    api_version: str
+    kind: str
+    name: str
+
+    @classmethod
+    def of(cls, obj: Mapping[str, Any]) -> ObjectKey:
+        return cls(str(obj["apiVersion"]), str(obj["kind"]), str(obj["metadata"]["name"]))
+
+    def describe(self) -> str:
+        return f"{self.kind}/{self.name}"
+
+
+@dataclass(frozen=True)
+class Child:
+    """An object the operator created, as its index holds it."""
+
+    key: ObjectKey
+    owner_uid: str
+    applied_hash: str | None
+    replicas: int | None = None
+    """A Deployment's spec.replicas (an edit of it by hand is drift to undo)."""
+    role: Role | None = None
+    progress: RoleProgress | None = None
+    """A ModelDeployment's Deployment: its rollout."""
+
+
+@dataclass(frozen=True)
+class Event:
+    reason: str
+    message: str
+    warning: bool = False
+
+
+@dataclass(frozen=True)
+class Outcome:
+    apply: tuple[dict[str, Any], ...] = ()
+    delete: tuple[ObjectKey, ...] = ()
+    status: dict[str, Any] | None = None
+    """The status patch (a merge patch: null removes a field); None: status is as desired."""
+    events: tuple[Event, ...] = ()
+    requeue_after_s: float | None = None
+    """Reconcile again after this long even if nothing changes (a pin that expires)."""
+
+
+@dataclass(frozen=True)
+class Namespace:
+    """What the indices hold of the resource's namespace."""
+
+    children: Sequence[Child] = ()
+    """The objects this resource created (its uid is their controller)."""
+    holder: Callable[[ObjectKey], str | None] = field(default=lambda _key: None)
+    """The uid of the inferfleet resource that created the object of that name, if one did."""
+
+
+def stamped(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """`obj` with the digest of itself in an annotation, to be applied."""
+    metadata = dict(obj["metadata"])
+    metadata["annotations"] = {
+        **(metadata.get("annotations") or {}),
+        APPLIED_HASH_ANNOTATION: spec_hash(obj),
+    }
+    return {**obj, "metadata": metadata}
+
+
+def _to_apply(
+    objects: Sequence[Mapping[str, Any]], children: Sequence[Child]
+) -> tuple[dict[str, Any], ...]:
+    held = {child.key: child for child in children}
+    changed = []
+    for obj in objects:
+        child = held.get(ObjectKey.of(obj))
+        replicas = (obj.get("spec") or {}).get("replicas") if obj["kind"] == "Deployment" else None
+        if (
+            child is None
+            or child.applied_hash != spec_hash(obj)
+            or (replicas is not None and child.replicas != replicas)
+        ):
+            changed.append(stamped(obj))
+    return tuple(changed)
+
+
+def _to_delete(
+    objects: Sequence[Mapping[str, Any]], children: Sequence[Child]
+) -> tuple[ObjectKey, ...]:
+    wanted = {ObjectKey.of(obj) for obj in objects}
+    return tuple(sorted(child.key for child in children if child.key not in wanted))
+
+
+def _collisions(objects: Sequence[Mapping[str, Any]], uid: str, space: Namespace) -> list[str]:
+    """Objects this resource would render whose names another inferfleet resource holds."""
+    taken = []
+    for obj in objects:
+        holder = space.holder(ObjectKey.of(obj))
+        if holder is not None and holder != uid:
+            taken.append(ObjectKey.of(obj).describe())
+    return taken
+
+
+def status_patch(
+    previous: Mapping[str, Any], desired: Mapping[str, Any], owned: Sequence[str] | None = None
+) -> dict[str, Any] | None:
+    """The merge patch from `previous` to `desired` over the fields this writer owns (all of
+    `desired`'s, and those of `owned` that `desired` leaves out, which it removes), or None
+    when nothing differs."""
+    patch: dict[str, Any] = {k: v for k, v in desired.items() if previous.get(k) != v}
+    for key in owned or ():
+        if key not in desired and key in previous:
+            patch[key] = None
+    return patch or None
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan_of(spec_json: str) -> CapacityPlan:
+    """The planner's verdict for a spec; cached by the spec's JSON, since every reconcile of
+    an unchanged spec asks again and the answer is a pure function of it."""
+    return plan(ModelDeploymentSpec.model_validate_json(spec_json))
+
+
+def _generation(body: Mapping[str, Any]) -> int:
+    generation = (body.get("metadata") or {}).get("generation", 0)
+    return generation if isinstance(generation, int) else 0
+
+
+def _condition_events(
+    before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]]
+) -> list[Event]:
+    """The Events a change of conditions calls for: a problem when it appears or its message
+    changes, and the pin's coming and going."""
+    events = []
+    for new in after:
+        old = find(before, str(new["type"])) or {}
+        if (old.get("reason"), old.get("message")) == (new["reason"], new["message"]):
+            continue
+        reason = str(new["reason"])
+        if reason in PROBLEMS:
+            events.append(Event(reason, str(new["message"]), warning=True))
+        elif new["type"] == "Pinned" and reason == "PinInForce":
+            events.append(Event("Pinned", str(new["message"])))
+        elif new["type"] == "Pinned" and old.get("reason") == "PinInForce":
+            events.append(Event("PinReleased", "replicas follow the spec again"))
+    return list(dict.fromkeys(events))  # one Event for a problem that several conditions show
+
+
+PROBLEMS = frozenset(
+    {
+        "InvalidSpec",
+        "SpecNotApplied",
+        "NameCollision",
+        "PinIgnored",
+        "RolloutStalled",
+        "Unschedulable",
+        "MissingDeployment",
+    }
+)
+"""Condition reasons that are problems: each is posted as a Warning Event when it appears."""
+
+MODEL_DEPLOYMENT_STATUS_FIELDS = tuple(
+    info.alias or name for name, info in ModelDeploymentStatus.model_fields.items()
+)
+
+
+def _invalid(body: Mapping[str, Any], error: ValidationError, now: datetime) -> Outcome:
+    previous = body.get("status") or {}
+    conditions = previous.get("conditions") or []
+    ready = condition(
+        conditions, "Ready", status=False, reason="InvalidSpec",
+        message=f"spec refused: {_first_lines(error)}", generation=_generation(body), now=now,
+    )  # fmt: skip
+    after = with_condition(conditions, ready)
+    return Outcome(
+        status=status_patch(previous, {"conditions": after}),
+        events=tuple(_condition_events(conditions, after)),
+    )
+
+
+def _first_lines(error: ValidationError) -> str:
+    problems = [
+        f"{'.'.join(str(p) for p in e['loc']) or 'object'}: {e['msg']}" for e in error.errors()
+    ]
+    return "; ".join(problems[:5]) + ("; ..." if len(problems) > 5 else "")
+
+
+def model_deployment_outcome(
+    body: Mapping[str, Any],
+    *,
+    space: Namespace,
+    claims: Sequence[Claim],
+    unschedulable: Mapping[Role, str],
+    install: InstallSettings,
+    now: datetime,
+) -> Outcome:
+    """A ModelDeployment's outcome. `claims`: the services that route to it (the owner's
+    decision replaces the spec's replicas, a pin wins over both); `unschedulable`: per role,
+    the scheduler's reason for pods it cannot place."""
+    try:
+        md = ModelDeployment.model_validate(dict(body))
+    except ValidationError as error:
+        return _invalid(body, error, now)
+    metadata = body.get("metadata") or {}
+    name, uid = str(metadata.get("name")), str(metadata.get("uid", ""))
+    generation = _generation(body)
+    previous = body.get("status") or {}
+    roles = set(roles_of(md.spec))
+    annotations = metadata.get("annotations")
+    pin, pin_problem = read_pin(
+        annotations if isinstance(annotations, dict) else {}, roles=roles, now=now
+    )
+    pinned = dict(pin.replicas) if pin is not None and pin.active(now) else {}
+    recorded = md.status.autoscaling.service if md.status and md.status.autoscaling else None
+    owner = autoscaling_owner(recorded, claims)
+    decided = {r: n for r, n in owner.replicas.items() if r in roles and n > 0} if owner else {}
+    capacity = _plan_of(md.spec.model_dump_json(by_alias=True, exclude_none=True))
+    objects, blocked = _rendered(
+        md, capacity, overrides=decided | pinned, uid=uid, space=space, install=install
+    )
+    apply = _to_apply(objects, space.children)
+    disaggregated = md.spec.topology.mode == TopologyMode.DISAGGREGATED
+    serving = Role.DECODE if disaggregated else Role.AGGREGATED
+    status = model_deployment_status(
+        generation=generation,
+        plan=capacity,
+        roles=_progress(objects, space.children),
+        serving_role=serving,
+        selector=",".join(f"{k}={v}" for k, v in selector_labels(name, serving).items()),
+        previous=previous,
+        now=now,
+        blocked=blocked,
+        pinned=set(pinned),
+        pin=PinState(in_force=pin.describe() if pin and pinned else None, ignored=pin_problem),
+        unschedulable={r: why for r, why in unschedulable.items() if r in roles},
+        autoscaling=_autoscaling_record(owner, decided),
+    ).to_wire()
+    events = _condition_events(previous.get("conditions") or [], status["conditions"])
+    if any(o["kind"] == "Deployment" for o in apply) and (
+        previous.get("observedGeneration") != generation
+    ):
+        kinds = ", ".join(sorted(ObjectKey.of(o).describe() for o in objects))
+        events.insert(0, Event("Applied", f"generation {generation}: {kinds}"))
+    return Outcome(
+        apply=apply,
+        delete=_to_delete(objects, space.children) if objects else (),
+        status=status_patch(
+            _normalised_status(previous), status, owned=MODEL_DEPLOYMENT_STATUS_FIELDS
+        ),
+        events=tuple(events),
+        requeue_after_s=(pin.until - now).total_seconds() if pin and pinned else None,
+    )
+
+
+def _rendered(
+    md: ModelDeployment,
+    capacity: CapacityPlan,
+    *,
+    overrides: Mapping[Role, int],
+    uid: str,
+    space: Namespace,
+    install: InstallSettings,
+) -> tuple[list[dict[str, Any]], Blocked | None]:
+    """The objects to apply, or why none may be: a spec that does not fit asks for no GPU,
+    and names another resource holds are not taken."""
+    if not capacity.memory.fits:
+        return [], Blocked("SpecNotApplied", f"not applied: {capacity.memory.verdict()}")
+    try:
+        objects = render_model_deployment(
+            md, replicas=dict(overrides) or None, options=install.engines
+        )
+    except UnsupportedSpecError as error:
+        return [], Blocked("SpecNotApplied", f"not applied: {error}")
+    taken = _collisions(objects, uid, space)
+    if taken:
+        return [], Blocked("NameCollision", _collision_message(taken))
+    return objects, None
+
+
+def _collision_message(taken: Sequence[str]) -> str:
+    return (
+        f"not applied: {', '.join(taken)} already belong to another inferfleet resource of "
+        "this namespace; rename one of the two"
+    )
+
+
+def _autoscaling_record(
+    owner: Claim | None, decided: Mapping[Role, int]
+) -> AutoscalingStatus | None:
+    if owner is None or not decided:
+        return None
+    return AutoscalingStatus.model_validate(
+        {
+            "service": owner.service,
+            "replicas": [{"role": r, "replicas": n} for r, n in sorted(decided.items())],
+            "reason": owner.reason or "Autoscaled",
+            "time": owner.time or owner.created,
+        }
+    )
+
+
+def _normalised_status(previous: Mapping[str, Any]) -> dict[str, Any]:
+    """The stored status as this version writes it (so a difference in form alone, such as
+    a timestamp's precision, is not a change); as stored when it cannot be read."""
+    try:
+        return ModelDeploymentStatus.model_validate(dict(previous)).to_wire()
+    except ValidationError:
+        return dict(previous)
+
+
+def _progress(
+    objects: Sequence[Mapping[str, Any]], children: Sequence[Child]
+) -> dict[Role, RoleProgress]:
+    """Each role's rollout: what its Deployment reports, against the replicas it is asked
+    for now (a Deployment not yet applied, or applied with another count, is rolling out)."""
+    held = {child.role: child for child in children if child.progress is not None}
+    if not objects:  # nothing applied (blocked): the workloads as they are
+        return {role: c.progress for role, c in held.items() if role and c.progress}
+    progress: dict[Role, RoleProgress] = {}
+    for obj in objects:
+        if obj["kind"] != "Deployment":
+            continue
+        role = Role(obj["metadata"]["labels"]["inferfleet.io/role"])
+        desired = int(obj["spec"]["replicas"])
+        child = held.get(role)
+        seen = child.progress if child is not None else None
+        current = (
+            child is not None
+            and seen is not None
+            and child.applied_hash == spec_hash(obj)
+            and seen.desired == desired
+        )
+        if seen is not None and current:
+            progress[role] = seen
+        else:
+            ready = seen.ready if seen is not None else 0
+            progress[role] = RoleProgress(desired=desired, ready=ready, observed_current=False)
+    return progress
+
+
+TICK_CONDITIONS = ("MetricsAvailable", "Autoscaling")
+"""Conditions of an InferenceService that its autoscaler writes (only under `policy: goodput`)."""
+
+
+def inference_service_outcome(
+    body: Mapping[str, Any],
+    *,
+    space: Namespace,
+    backends: Mapping[str, Mapping[str, Any]],
+    install: InstallSettings,
+    now: datetime,
+) -> Outcome:
+    """An InferenceService's outcome: its router objects, and the parts of its status the
+    reconciler owns (`Ready`, `url`, `observedGeneration`); the autoscaler owns the rest.
+    `backends`: the ModelDeployments of its namespace it references that exist."""
+    try:
+        service = InferenceService.model_validate(dict(body))
+    except ValidationError as error:
+        return _invalid(body, error, now)
+    metadata = body.get("metadata") or {}
+    name, namespace = str(metadata.get("name")), str(metadata.get("namespace"))
+    uid = str(metadata.get("uid", ""))
+    referenced = {}
+    for ref in service.spec.deployments:
+        found = backends.get(ref.name)
+        if found is not None:
+            with contextlib.suppress(ValidationError):  # its own status says why
+                referenced[ref.name] = ModelDeployment.model_validate(dict(found))
+    url: str | None = None
+    try:
+        objects = render_inference_service(
+            service,
+            referenced,
+            router_image=install.router_image,
+            router_discovery=install.router_discovery,
+        )
+    except MissingReferenceError as error:
+        objects, verdict = [], (False, "MissingDeployment", str(error))
+    else:
+        taken = _collisions(objects, uid, space)
+        url = f"http://{name}.{namespace}.svc.cluster.local"
+        if taken:
+            objects, url = [], None
+            verdict = (False, "NameCollision", _collision_message(taken))
+        else:
+            verdict = _backends_verdict(referenced)
+    previous = _normalised_service_status(body.get("status") or {})
+    conditions: list[dict[str, Any]] = list(previous.get("conditions") or [])
+    ready = condition(
+        conditions, "Ready", status=verdict[0], reason=verdict[1], message=verdict[2],
+        generation=_generation(body), now=now,
+    )  # fmt: skip
+    after = with_condition(conditions, ready)
+    if service.spec.autoscaling.policy is not AutoscalingPolicy.GOODPUT:
+        after = without_conditions(after, TICK_CONDITIONS)
+    desired: dict[str, Any] = {"observedGeneration": _generation(body), "conditions": after}
+    if url is not None:
+        desired["url"] = url
+    return Outcome(
+        apply=_to_apply(objects, space.children),
+        delete=_to_delete(objects, space.children) if objects else (),
+        status=status_patch(previous, desired),
+        events=tuple(_condition_events(conditions, after)),
+    )
+
+
+def _backends_verdict(referenced: Mapping[str, ModelDeployment]) -> tuple[bool, str, str]:
+    not_ready = sorted(
+        ref
+        for ref, md in referenced.items()
+        if not (
+            md.status
+            and any(c.type == "Ready" and c.status.value == "True" for c in md.status.conditions)
+        )
+    )
+    if not_ready:
+        return False, "BackendsNotReady", "not ready: " + ", ".join(not_ready)
+    return True, "BackendsReady", "ready: " + ", ".join(sorted(referenced))
+
+
+def _normalised_service_status(previous: Mapping[str, Any]) -> dict[str, Any]:
+    try:
+        return InferenceServiceStatus.model_validate(dict(previous)).to_wire()
+    except ValidationError:
+        return dict(previous)

@@ -1,0 +1,288 @@
+"""The desired state of each kind, from the resource and what the indices hold: what the
+operator applies, deletes, writes to status and posts as Events, without a cluster."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from inferfleet.api.model_deployment import Role
+from inferfleet.api.pins import PIN_ANNOTATION
+from inferfleet.autoscale.ownership import Claim, autoscaling_owner, claims_of
+from inferfleet.reconcile.controller import child_entries
+from inferfleet.reconcile.desired import (
+    Child,
+    Namespace,
+    ObjectKey,
+    Outcome,
+    inference_service_outcome,
+    model_deployment_outcome,
+)
+from inferfleet.render import InstallSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
+INSTALL = InstallSettings()
+UID = "uid-md"
+
+
+def _example(kind: str, file: str = "llama-3.1-8b-aggregated-sim.yaml") -> dict[str, Any]:
+    docs = yaml.safe_load_all((ROOT / "examples" / file).read_text())
+    found: dict[str, Any] = next(d for d in docs if d["kind"] == kind)
+    uid = UID if kind == "ModelDeployment" else "uid-svc"
+    found["metadata"] |= {
+        "namespace": "llm",
+        "uid": uid,
+        "generation": 1,
+        "resourceVersion": "1",
+        "creationTimestamp": "2026-11-23T10:00:00Z",
+    }
+    return found
+
+
+def _md_outcome(
+    body: Mapping[str, Any],
+    children: Sequence[Child] = (),
+    *,
+    claims: Sequence[Claim] = (),
+    unschedulable: Mapping[Role, str] | None = None,
+    holder: Any = None,
+    now: datetime = NOW,
+) -> Outcome:
+    space = Namespace(children=children, holder=holder or (lambda _key: None))
+    return model_deployment_outcome(
+        body, space=space, claims=claims, unschedulable=unschedulable or {},
+        install=INSTALL, now=now,
+    )  # fmt: skip
+
+
+def _stored(obj: Mapping[str, Any], *, ready: bool) -> list[Child]:
+    """What the index holds once an applied object is stored (and, for a Deployment, rolled
+    out when `ready`)."""
+    stored = copy.deepcopy(dict(obj))
+    stored["metadata"]["generation"] = 1
+    if stored["kind"] == "Deployment" and ready:
+        n = stored["spec"]["replicas"]
+        stored["status"] = {
+            "observedGeneration": 1, "replicas": n, "updatedReplicas": n,
+            "readyReplicas": n, "availableReplicas": n,
+        }  # fmt: skip
+    entries = child_entries("llm", stored)
+    return [value for key, value in entries.items() if key[0] == "owner"]
+
+
+def _settled(body: dict[str, Any], outcome: Outcome, *, ready: bool = True) -> list[Child]:
+    children = [c for obj in outcome.apply for c in _stored(obj, ready=ready)]
+    if outcome.status:
+        body["status"] = {
+            k: v for k, v in {**body.get("status", {}), **outcome.status}.items() if v is not None
+        }
+    return children
+
+
+def _deployment(outcome: Outcome) -> dict[str, Any]:
+    return next(o for o in outcome.apply if o["kind"] == "Deployment")
+
+
+def _condition(status: Mapping[str, Any] | None, type_: str) -> dict[str, Any]:
+    return next(c for c in (status or {}).get("conditions", []) if c["type"] == type_)
+
+
+def test_a_new_deployment_applies_its_workloads_and_says_it_is_rolling_out() -> None:
+    outcome = _md_outcome(_example("ModelDeployment"))
+    kinds = sorted(o["kind"] for o in outcome.apply)
+    assert kinds == ["Deployment", "PodDisruptionBudget", "Service"]
+    assert all("inferfleet.io/applied-hash" in o["metadata"]["annotations"] for o in outcome.apply)
+    assert _condition(outcome.status, "Ready")["reason"] == "ReplicasNotReady"
+    assert [e.reason for e in outcome.events] == ["Applied"]
+    assert outcome.delete == ()
+
+
+def test_once_applied_and_rolled_out_nothing_is_written_again() -> None:
+    body = _example("ModelDeployment")
+    children = _settled(body, _md_outcome(body))
+    ready = _md_outcome(body, children=children)
+    assert ready.apply == ()
+    assert _condition(ready.status, "Ready")["status"] == "True"
+    _settled(body, ready)
+    again = _md_outcome(body, children=children, now=NOW + timedelta(minutes=5))
+    assert again == Outcome(), "an idle deployment costs no write and no Event"
+
+
+def test_a_child_edited_by_hand_is_applied_again() -> None:
+    body = _example("ModelDeployment")
+    children = _settled(body, _md_outcome(body))
+    drifted = [
+        Child(c.key, c.owner_uid, c.applied_hash, 7, c.role, c.progress)
+        if c.key.kind == "Deployment"
+        else c
+        for c in children
+    ]
+    assert [o["kind"] for o in _md_outcome(body, children=drifted).apply] == ["Deployment"]
+
+
+def test_the_owner_decision_replaces_the_spec_replicas() -> None:
+    body = _example("ModelDeployment")
+    claim = Claim("chat", "2026-11-23T10:00:00Z", True, {Role.AGGREGATED: 3}, "ScaleUpTtft")
+    outcome = _md_outcome(body, claims=[claim])
+    assert _deployment(outcome)["spec"]["replicas"] == 3
+    assert outcome.status is not None
+    assert outcome.status["autoscaling"]["service"] == "chat"
+    assert outcome.status["autoscaling"]["replicas"] == [{"role": "aggregated", "replicas": 3}]
+    # The service stops autoscaling: the spec again, and the record is removed.
+    _settled(body, outcome)
+    released = _md_outcome(body, claims=[Claim("chat", "2026-11-23T10:00:00Z", False)])
+    assert _deployment(released)["spec"]["replicas"] == body["spec"]["replicas"]
+    assert released.status is not None
+    assert released.status["autoscaling"] is None
+
+
+def test_one_owner_among_claimants_and_it_keeps_ownership() -> None:
+    older = Claim("a-older", "2026-11-23T09:00:00Z", True, {Role.AGGREGATED: 2})
+    newer = Claim("b-newer", "2026-11-23T10:00:00Z", True, {Role.AGGREGATED: 5})
+    assert autoscaling_owner(None, [newer, older]) == older
+    assert autoscaling_owner("b-newer", [newer, older]) == newer
+    assert autoscaling_owner("gone", [newer, older]) == older
+    assert autoscaling_owner(None, [Claim("x", "t", False)]) is None
+    body = _example("ModelDeployment")
+    outcome = _md_outcome(body, claims=[newer, older])
+    assert _deployment(outcome)["spec"]["replicas"] == 2
+
+
+def test_claims_are_read_tolerantly_from_a_service_object() -> None:
+    service = _example("InferenceService")
+    service["spec"]["autoscaling"] = {"policy": "goodput"}
+    service["status"] = {
+        "replicas": [
+            {"deployment": "llama-3-1-8b", "role": "aggregated", "replicas": 4},
+            {"deployment": "x", "role": "nonsense", "replicas": 1},
+            {"role": "decode"},
+            {"deployment": "llama-3-1-8b", "role": "decode", "replicas": True},
+        ],
+        "lastDecision": "not an object",
+    }
+    [(_name, claim)] = claims_of(service).items()
+    assert claim.autoscales
+    assert dict(claim.replicas) == {Role.AGGREGATED: 4}
+    assert claims_of({"spec": {"deployments": "oops"}}) == {}
+
+
+def test_a_pin_wins_and_its_coming_and_going_are_events() -> None:
+    body = _example("ModelDeployment")
+    until = NOW + timedelta(hours=1)
+    pin = {"replicas": {"aggregated": 4}, "reason": "INC-1", "until": until.isoformat()}
+    body["metadata"]["annotations"] = {PIN_ANNOTATION: json.dumps(pin)}
+    claim = Claim("chat", "2026-11-23T10:00:00Z", True, {Role.AGGREGATED: 2})
+    pinned = _md_outcome(body, claims=[claim])
+    assert _deployment(pinned)["spec"]["replicas"] == 4
+    assert "Pinned" in [e.reason for e in pinned.events]
+    assert pinned.requeue_after_s == 3600
+    children = _settled(body, pinned)
+    expired = _md_outcome(body, children=children, claims=[claim], now=until + timedelta(seconds=1))
+    assert _deployment(expired)["spec"]["replicas"] == 2
+    assert "PinReleased" in [e.reason for e in expired.events]
+
+
+def test_a_pin_that_breaks_a_rule_is_ignored_once_with_a_warning() -> None:
+    body = _example("ModelDeployment")
+    pin = {"replicas": {"aggregated": 2147483648}, "reason": "x", "until": NOW.isoformat()}
+    body["metadata"]["annotations"] = {PIN_ANNOTATION: json.dumps(pin)}
+    first = _md_outcome(body)
+    assert _deployment(first)["spec"]["replicas"] == body["spec"]["replicas"]
+    warned = [e for e in first.events if e.reason == "PinIgnored"]
+    assert len(warned) == 1
+    assert warned[0].warning
+    assert "replicas.aggregated" in warned[0].message
+    children = _settled(body, first)
+    assert [e.reason for e in _md_outcome(body, children=children).events] == []
+
+
+def test_a_spec_a_newer_model_refuses_is_a_condition_not_a_crash() -> None:
+    body = _example("ModelDeployment")
+    body["spec"]["replicas"] = "two"
+    outcome = _md_outcome(body)
+    assert outcome.apply == ()
+    assert _condition(outcome.status, "Ready")["reason"] == "InvalidSpec"
+    assert [(e.reason, e.warning) for e in outcome.events] == [("InvalidSpec", True)]
+
+
+def test_a_name_another_resource_holds_is_refused() -> None:
+    body = _example("ModelDeployment")
+    outcome = _md_outcome(body, holder=lambda key: "uid-other" if key.kind == "Service" else None)
+    assert outcome.apply == ()
+    ready = _condition(outcome.status, "Ready")
+    assert ready["reason"] == "NameCollision"
+    assert "Service/" in ready["message"]
+
+
+def test_a_role_that_went_away_is_pruned_and_nothing_else() -> None:
+    body = _example("ModelDeployment")
+    children = _settled(body, _md_outcome(body))
+    gone = Child(ObjectKey("apps/v1", "Deployment", "old-prefill"), UID, "h", 1, Role.PREFILL)
+    outcome = _md_outcome(body, children=[*children, gone])
+    assert outcome.delete == (gone.key,)
+
+
+def test_pods_the_scheduler_cannot_place_degrade_the_deployment_with_its_reason() -> None:
+    body = _example("ModelDeployment")
+    why = "0/4 nodes are available: 4 Insufficient nvidia.com/gpu."
+    outcome = _md_outcome(body, unschedulable={Role.AGGREGATED: f"1 pod(s) unschedulable: {why}"})
+    degraded = _condition(outcome.status, "Degraded")
+    assert degraded["status"] == "True"
+    assert degraded["reason"] == "Unschedulable"
+    assert "Insufficient nvidia.com/gpu" in degraded["message"]
+    assert "Unschedulable" in [e.reason for e in outcome.events]
+
+
+def _service_outcome(
+    body: Mapping[str, Any], backends: Mapping[str, Mapping[str, Any]], holder: Any = None
+) -> Outcome:
+    space = Namespace(holder=holder or (lambda _key: None))
+    return inference_service_outcome(body, space=space, backends=backends, install=INSTALL, now=NOW)
+
+
+def test_a_service_without_its_deployment_applies_nothing_and_says_which() -> None:
+    outcome = _service_outcome(_example("InferenceService"), {})
+    assert outcome.apply == ()
+    ready = _condition(outcome.status, "Ready")
+    assert ready["reason"] == "MissingDeployment"
+    assert "llama-3-1-8b" in ready["message"]
+    assert [(e.reason, e.warning) for e in outcome.events] == [("MissingDeployment", True)]
+
+
+def test_a_service_is_ready_when_its_backends_are() -> None:
+    md = _example("ModelDeployment")
+    _settled(md, _md_outcome(md, children=_settled(md, _md_outcome(md))))
+    service = _example("InferenceService")
+    service["status"] = {
+        "conditions": [
+            {"type": "MetricsAvailable", "status": "False", "reason": "X", "message": "",
+             "lastTransitionTime": "2026-11-23T10:00:00Z"},
+        ]
+    }  # fmt: skip
+    outcome = _service_outcome(service, {"llama-3-1-8b": md})
+    assert sorted(o["kind"] for o in outcome.apply) == sorted(
+        ["ServiceAccount", "Role", "RoleBinding", "Service", "PodDisruptionBudget", "Deployment"]
+    )
+    assert outcome.status is not None
+    assert _condition(outcome.status, "Ready")["status"] == "True"
+    assert outcome.status["url"] == "http://chat.llm.svc.cluster.local"
+    # policy: none: the autoscaler's conditions are not left behind.
+    assert [c["type"] for c in outcome.status["conditions"]] == ["Ready"]
+
+
+def test_a_spec_that_does_not_fit_asks_for_no_gpu_and_says_why() -> None:
+    body = _example("ModelDeployment", "llama-3.1-405b-bf16-l40s-does-not-fit.yaml")
+    outcome = _md_outcome(body)
+    assert outcome.apply == ()
+    assert outcome.status is not None
+    assert _condition(outcome.status, "Fits")["reason"] == "DoesNotFit"
+    assert _condition(outcome.status, "Ready")["reason"] == "SpecNotApplied"
+    assert "predictedTtftMs" not in outcome.status["plan"]
+    assert [(e.reason, e.warning) for e in outcome.events] == [("SpecNotApplied", True)]
