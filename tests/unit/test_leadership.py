@@ -14,11 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from inferfleet.kube.lease import LeaseConflictError, LeaseRecord, lease_spec, micro_time
 from inferfleet.reconcile.leadership import (
     ElectionTiming,
     LeaderElector,
-    LeaseConflictError,
-    LeaseRecord,
     Move,
     Observation,
     Renewed,
@@ -29,8 +28,6 @@ from inferfleet.reconcile.leadership import (
     election_loop_alive,
     follower_delay,
     held_until,
-    lease_spec,
-    micro_time,
     observe,
     released,
     renew_deadline_passed,

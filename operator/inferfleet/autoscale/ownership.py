@@ -42,13 +42,11 @@ def claims_of(service: Mapping[str, Any]) -> dict[str, Claim]:
     """The claim an InferenceService object makes on each ModelDeployment it references, read
     from the object as stored. Tolerant by design: it indexes what the API server holds, which
     a newer or older schema may have written; what cannot be read claims nothing."""
-    metadata = service.get("metadata") or {}
-    spec = service.get("spec") or {}
-    status = service.get("status") or {}
-    autoscaling = spec.get("autoscaling") or {}
-    goodput = isinstance(autoscaling, dict) and autoscaling.get("policy") == "goodput"
+    metadata, spec = _mapping(service.get("metadata")), _mapping(service.get("spec"))
+    status = _mapping(service.get("status"))
+    goodput = _mapping(spec.get("autoscaling")).get("policy") == "goodput"
     decided: dict[str, dict[Role, int]] = {}
-    for entry in status.get("replicas") or []:
+    for entry in _list(status.get("replicas")):
         try:
             role, count = Role(entry["role"]), entry["replicas"]
             deployment = str(entry["deployment"])
@@ -56,10 +54,9 @@ def claims_of(service: Mapping[str, Any]) -> dict[str, Claim]:
             continue
         if isinstance(count, int) and not isinstance(count, bool) and count >= 0:
             decided.setdefault(deployment, {})[role] = count
-    last = status.get("lastDecision")
-    last = last if isinstance(last, dict) else {}
+    last = _mapping(status.get("lastDecision"))
     claims: dict[str, Claim] = {}
-    for ref in spec.get("deployments") or []:
+    for ref in _list(spec.get("deployments")):
         if not isinstance(ref, dict) or not isinstance(ref.get("name"), str):
             continue
         weight = ref.get("weight", 100)
@@ -74,6 +71,14 @@ def claims_of(service: Mapping[str, Any]) -> dict[str, Claim]:
     return claims
 
 
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
 def autoscaling_owner(recorded: str | None, claims: Iterable[Claim]) -> Claim | None:
     """The claimant that autoscales the deployment: the one it records while that one still
     claims (ownership does not move while its holder wants it), else the oldest claimant."""
@@ -86,7 +91,6 @@ def autoscaling_owner(recorded: str | None, claims: Iterable[Claim]) -> Claim | 
 
 def recorded_autoscaler(deployment: Mapping[str, Any]) -> str | None:
     """The service a ModelDeployment object records as its autoscaler, if any."""
-    status = deployment.get("status") or {}
-    record = status.get("autoscaling") if isinstance(status, dict) else None
-    service = record.get("service") if isinstance(record, dict) else None
+    record = _mapping(_mapping(deployment.get("status")).get("autoscaling"))
+    service = record.get("service")
     return service if isinstance(service, str) else None

@@ -46,6 +46,7 @@ from inferfleet.reconcile.desired import (
     Outcome,
     inference_service_outcome,
     model_deployment_outcome,
+    without_status,
 )
 from inferfleet.reconcile.status import RoleProgress
 from inferfleet.reconcile.workqueue import WorkQueue
@@ -405,16 +406,15 @@ class Controller:
         if body is None:
             self.ticks.forget(key)
             return Done()
-        try:
-            service = InferenceService.model_validate(body)
-        except ValidationError:
+        service = _readable(InferenceService, body)
+        if service is None:
             return Done()  # its reconcile reports the spec
         deployments: dict[str, ModelDeployment] = {}
         for ref in service.spec.deployments:
             found = self.indices.model_deployment(namespace, ref.name)
-            if found is not None:
-                with contextlib.suppress(ValidationError):  # its own status says why
-                    deployments[ref.name] = ModelDeployment.model_validate(found)
+            md = _readable(ModelDeployment, found) if found is not None else None
+            if md is not None:  # else its own status says why
+                deployments[ref.name] = md
         settings = self.autoscaler
         source = (
             PrometheusSource(settings.prometheus_url, settings.query_budget_s)
@@ -429,6 +429,18 @@ class Controller:
             Event(reason, message, warning) for reason, message, warning in result.events
         )
         return Done(events, _reference(body))
+
+
+Model = TypeVar("Model", InferenceService, ModelDeployment)
+
+
+def _readable(model: type[Model], body: Mapping[str, Any]) -> Model | None:
+    """The object, or without its status when only that cannot be read (a newer operator's,
+    a hand edit: the autoscaler's history starts afresh rather than never ticking again)."""
+    for candidate in (body, without_status(body)):
+        with contextlib.suppress(ValidationError):
+            return model.model_validate(candidate)
+    return None
 
 
 def _reference(body: Mapping[str, Any]) -> kopf.RawBody:

@@ -24,6 +24,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from inferfleet.api.common import StatusModel
 from inferfleet.api.conditions import condition, find, with_condition, without_conditions
 from inferfleet.api.inference_service import (
     AutoscalingPolicy,
@@ -39,7 +40,7 @@ from inferfleet.api.model_deployment import (
     TopologyMode,
 )
 from inferfleet.api.pins import read_pin
-from inferfleet.autoscale.ownership import Claim, autoscaling_owner
+from inferfleet.autoscale.ownership import Claim, autoscaling_owner, recorded_autoscaler
 from inferfleet.engines import roles_of
 from inferfleet.planning.capacity import CapacityPlan, plan
 from inferfleet.reconcile.status import (
@@ -183,6 +184,38 @@ def _plan_of(spec_json: str) -> CapacityPlan:
     return plan(ModelDeploymentSpec.model_validate_json(spec_json))
 
 
+def stored_status(body: Mapping[str, Any], model: type[StatusModel]) -> dict[str, Any]:
+    """The object's status as this version writes it, so that a difference in form alone (a
+    timestamp's precision) is no change. What this version cannot read of it (a newer
+    operator's, or a hand edit) is dropped from the comparison and so written anew; only
+    well-formed conditions are kept."""
+    status = body.get("status")
+    if not isinstance(status, dict):
+        return {}
+    try:
+        return model.model_validate(status).to_wire()
+    except ValidationError:
+        pass
+    readable: dict[str, Any] = {}
+    for key, value in status.items():
+        with contextlib.suppress(ValidationError):
+            readable |= model.model_validate({key: value}).to_wire()
+    conditions = status.get("conditions")
+    if isinstance(conditions, list):
+        readable["conditions"] = [
+            c
+            for c in conditions
+            if isinstance(c, dict) and all(isinstance(c.get(k), str) for k in ("type", "status"))
+        ]
+    return readable
+
+
+def without_status(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The object to validate its spec: a status it cannot read must not make the spec
+    invalid (the status is the operator's to rewrite)."""
+    return {key: value for key, value in body.items() if key != "status"}
+
+
 def _generation(body: Mapping[str, Any]) -> int:
     generation = (body.get("metadata") or {}).get("generation", 0)
     return generation if isinstance(generation, int) else 0
@@ -226,8 +259,10 @@ MODEL_DEPLOYMENT_STATUS_FIELDS = tuple(
 )
 
 
-def _invalid(body: Mapping[str, Any], error: ValidationError, now: datetime) -> Outcome:
-    previous = body.get("status") or {}
+def _invalid(
+    body: Mapping[str, Any], error: ValidationError, now: datetime, model: type[StatusModel]
+) -> Outcome:
+    previous = stored_status(body, model)
     conditions = previous.get("conditions") or []
     ready = condition(
         conditions, "Ready", status=False, reason="InvalidSpec",
@@ -260,21 +295,20 @@ def model_deployment_outcome(
     decision replaces the spec's replicas, a pin wins over both); `unschedulable`: per role,
     the scheduler's reason for pods it cannot place."""
     try:
-        md = ModelDeployment.model_validate(dict(body))
+        md = ModelDeployment.model_validate(without_status(body))
     except ValidationError as error:
-        return _invalid(body, error, now)
+        return _invalid(body, error, now, ModelDeploymentStatus)
     metadata = body.get("metadata") or {}
     name, uid = str(metadata.get("name")), str(metadata.get("uid", ""))
     generation = _generation(body)
-    previous = body.get("status") or {}
+    previous = stored_status(body, ModelDeploymentStatus)
     roles = set(roles_of(md.spec))
     annotations = metadata.get("annotations")
     pin, pin_problem = read_pin(
         annotations if isinstance(annotations, dict) else {}, roles=roles, now=now
     )
     pinned = dict(pin.replicas) if pin is not None and pin.active(now) else {}
-    recorded = md.status.autoscaling.service if md.status and md.status.autoscaling else None
-    owner = autoscaling_owner(recorded, claims)
+    owner = autoscaling_owner(recorded_autoscaler(body), claims)
     decided = {r: n for r, n in owner.replicas.items() if r in roles and n > 0} if owner else {}
     capacity = _plan_of(md.spec.model_dump_json(by_alias=True, exclude_none=True))
     objects, blocked = _rendered(
@@ -306,9 +340,7 @@ def model_deployment_outcome(
     return Outcome(
         apply=apply,
         delete=_to_delete(objects, space.children) if objects else (),
-        status=status_patch(
-            _normalised_status(previous), status, owned=MODEL_DEPLOYMENT_STATUS_FIELDS
-        ),
+        status=status_patch(previous, status, owned=MODEL_DEPLOYMENT_STATUS_FIELDS),
         events=tuple(events),
         requeue_after_s=(pin.until - now).total_seconds() if pin and pinned else None,
     )
@@ -361,15 +393,6 @@ def _autoscaling_record(
     )
 
 
-def _normalised_status(previous: Mapping[str, Any]) -> dict[str, Any]:
-    """The stored status as this version writes it (so a difference in form alone, such as
-    a timestamp's precision, is not a change); as stored when it cannot be read."""
-    try:
-        return ModelDeploymentStatus.model_validate(dict(previous)).to_wire()
-    except ValidationError:
-        return dict(previous)
-
-
 def _progress(
     objects: Sequence[Mapping[str, Any]], children: Sequence[Child]
 ) -> dict[Role, RoleProgress]:
@@ -416,18 +439,24 @@ def inference_service_outcome(
     reconciler owns (`Ready`, `url`, `observedGeneration`); the autoscaler owns the rest.
     `backends`: the ModelDeployments of its namespace it references that exist."""
     try:
-        service = InferenceService.model_validate(dict(body))
+        service = InferenceService.model_validate(without_status(body))
     except ValidationError as error:
-        return _invalid(body, error, now)
+        return _invalid(body, error, now, InferenceServiceStatus)
     metadata = body.get("metadata") or {}
     name, namespace = str(metadata.get("name")), str(metadata.get("namespace"))
     uid = str(metadata.get("uid", ""))
     referenced = {}
+    ready_backends: set[str] = set()
     for ref in service.spec.deployments:
         found = backends.get(ref.name)
         if found is not None:
             with contextlib.suppress(ValidationError):  # its own status says why
-                referenced[ref.name] = ModelDeployment.model_validate(dict(found))
+                referenced[ref.name] = ModelDeployment.model_validate(without_status(found))
+                backend_conditions = stored_status(found, ModelDeploymentStatus).get(
+                    "conditions", []
+                )
+                if (find(backend_conditions, "Ready") or {}).get("status") == "True":
+                    ready_backends.add(ref.name)
     url: str | None = None
     try:
         objects = render_inference_service(
@@ -445,8 +474,8 @@ def inference_service_outcome(
             objects, url = [], None
             verdict = (False, "NameCollision", _collision_message(taken))
         else:
-            verdict = _backends_verdict(referenced)
-    previous = _normalised_service_status(body.get("status") or {})
+            verdict = _backends_verdict(sorted(referenced), ready_backends)
+    previous = stored_status(body, InferenceServiceStatus)
     conditions: list[dict[str, Any]] = list(previous.get("conditions") or [])
     ready = condition(
         conditions, "Ready", status=verdict[0], reason=verdict[1], message=verdict[2],
@@ -466,22 +495,8 @@ def inference_service_outcome(
     )
 
 
-def _backends_verdict(referenced: Mapping[str, ModelDeployment]) -> tuple[bool, str, str]:
-    not_ready = sorted(
-        ref
-        for ref, md in referenced.items()
-        if not (
-            md.status
-            and any(c.type == "Ready" and c.status.value == "True" for c in md.status.conditions)
-        )
-    )
+def _backends_verdict(referenced: Sequence[str], ready: set[str]) -> tuple[bool, str, str]:
+    not_ready = [name for name in referenced if name not in ready]
     if not_ready:
         return False, "BackendsNotReady", "not ready: " + ", ".join(not_ready)
-    return True, "BackendsReady", "ready: " + ", ".join(sorted(referenced))
-
-
-def _normalised_service_status(previous: Mapping[str, Any]) -> dict[str, Any]:
-    try:
-        return InferenceServiceStatus.model_validate(dict(previous)).to_wire()
-    except ValidationError:
-        return dict(previous)
+    return True, "BackendsReady", "ready: " + ", ".join(referenced)

@@ -30,9 +30,9 @@ from inferfleet.autoscale.metrics import (
 
 # Importing the module registers its handlers with kopf.
 from inferfleet.kube import Kube
+from inferfleet.kube.lease import KubernetesLeaseStore
 from inferfleet.reconcile import handlers  # noqa: F401
 from inferfleet.reconcile.leadership import (
-    KubernetesLeaseStore,
     LeaderElection,
     LeaderElector,
     election_loop_alive,
