@@ -74,7 +74,8 @@ images: $(STAMP) system-packages
 images-check: images
 	bash tools/images/smoke.sh
 
-# Performance, kept out of the tests: 200 InferenceServices applied at once on the dev cluster.
+# Performance, kept out of the tests: 1,000 InferenceServices applied at once on the dev cluster,
+# against the same engine Deployments applied bare.
 bench-operator: $(STAMP) control-plane
 	$(BIN)/python -m benchmarks.operator_scale
 

@@ -286,3 +286,24 @@ def test_a_spec_that_does_not_fit_asks_for_no_gpu_and_says_why() -> None:
     assert _condition(outcome.status, "Ready")["reason"] == "SpecNotApplied"
     assert "predictedTtftMs" not in outcome.status["plan"]
     assert [(e.reason, e.warning) for e in outcome.events] == [("SpecNotApplied", True)]
+
+
+def test_a_pin_past_the_autoscaling_service_bounds_or_budget_is_ignored() -> None:
+    body = _example("ModelDeployment")
+    until = (NOW + timedelta(hours=1)).isoformat()
+    owner = Claim(
+        "chat", "2026-11-23T10:00:00Z", True, {Role.AGGREGATED: 2},
+        max_replicas={Role.AGGREGATED: 4}, gpu_budget=3,
+    )  # fmt: skip
+    for count, says in ((5, "maxReplicas 4 of InferenceService chat"), (4, "gpuBudget 3")):
+        pin = {"replicas": {"aggregated": count}, "reason": "x", "until": until}
+        body["metadata"]["annotations"] = {PIN_ANNOTATION: json.dumps(pin)}
+        outcome = _md_outcome(body, claims=[owner])
+        assert _deployment(outcome)["spec"]["replicas"] == 2, "the owner's decision stands"
+        pinned = _condition(outcome.status, "Pinned")
+        assert pinned["reason"] == "PinIgnored"
+        assert says in pinned["message"]
+    # Within them, the pin wins.
+    pin = {"replicas": {"aggregated": 3}, "reason": "x", "until": until}
+    body["metadata"]["annotations"] = {PIN_ANNOTATION: json.dumps(pin)}
+    assert _deployment(_md_outcome(body, claims=[owner]))["spec"]["replicas"] == 3

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Annotated, Any
 
@@ -65,12 +66,45 @@ def _problems(error: ValidationError) -> str:
     return "; ".join(described)
 
 
+@dataclass(frozen=True)
+class PinLimits:
+    """What the InferenceService that autoscales the deployment allows: a pin overrides its
+    decisions, never its bounds or its GPU budget (a pin past them is a typo or belongs in
+    the service's spec, where it is reviewed)."""
+
+    service: str
+    max_replicas: Mapping[Role, int]
+    gpus_per_replica: int
+    gpu_budget: int | None = None
+
+    def problem(self, pin: Pin) -> str | None:
+        for role, n in sorted(pin.replicas.items()):
+            most = self.max_replicas.get(role)
+            if most is not None and n > most:
+                return (
+                    f"replicas.{role.value}: {n} is more than maxReplicas {most} of "
+                    f"InferenceService {self.service}, which autoscales this deployment"
+                )
+        gpus = sum(pin.replicas.values()) * self.gpus_per_replica
+        if self.gpu_budget is not None and gpus > self.gpu_budget:
+            return (
+                f"replicas: {gpus} GPUs ({self.gpus_per_replica} per replica) is more than the "
+                f"gpuBudget {self.gpu_budget} of InferenceService {self.service}"
+            )
+        return None
+
+
 def read_pin(
-    annotations: Mapping[str, str], *, roles: Collection[Role], now: datetime
+    annotations: Mapping[str, str],
+    *,
+    roles: Collection[Role],
+    now: datetime,
+    limits: PinLimits | None = None,
 ) -> tuple[Pin | None, str | None]:
     """The pin in the annotations (None when absent), or why it is ignored. `roles` are the
     deployment's own: a pin may name no other. An expired pin is returned (it is simply not
-    active); one that would last past `now` + MAX_PIN_DURATION is refused."""
+    active); one that would last past `now` + MAX_PIN_DURATION is refused, and so is one past
+    the `limits` of the service that autoscales the deployment."""
     text = annotations.get(PIN_ANNOTATION)
     if text is None:
         return None, None
@@ -93,4 +127,7 @@ def read_pin(
             f"days, to {latest.isoformat(timespec='seconds')} at the latest "
             f"(got {pin.until.isoformat()})"
         )
+    beyond = limits.problem(pin) if limits is not None else None
+    if beyond is not None:
+        return None, f"{PIN_ANNOTATION} ignored: {beyond}"
     return pin, None

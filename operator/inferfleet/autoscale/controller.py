@@ -40,9 +40,9 @@ from inferfleet.api.catalog import GpuCatalog
 from inferfleet.api.conditions import condition, find, with_condition
 from inferfleet.api.inference_service import AutoscalingPolicy, InferenceService
 from inferfleet.api.model_deployment import ModelDeployment, Role
-from inferfleet.api.pins import read_pin
+from inferfleet.api.pins import PinLimits, read_pin
 from inferfleet.autoscale.metrics import OperatorMetrics, RoleRecord, TickRecord
-from inferfleet.autoscale.ownership import Claim, autoscaling_owner
+from inferfleet.autoscale.ownership import Claim, autoscaling_owner, claims_of
 from inferfleet.autoscale.policy import (
     Decision,
     PolicyHistory,
@@ -186,10 +186,15 @@ def current_replicas(
     return counts
 
 
-def _pins(md: ModelDeployment, now: datetime) -> dict[Role, int]:
+def _pins(md: ModelDeployment, now: datetime, limits: PinLimits) -> dict[Role, int]:
+    """The pin in force, judged as the deployment's reconcile judges it (so a pin it ignores
+    is not honoured here either)."""
     annotations = md.metadata.get("annotations")
     pin, _problem = read_pin(
-        annotations if isinstance(annotations, dict) else {}, roles=roles_of(md.spec), now=now
+        annotations if isinstance(annotations, dict) else {},
+        roles=roles_of(md.spec),
+        now=now,
+        limits=limits,
     )
     if pin is None or not pin.active(now):
         return {}
@@ -311,6 +316,7 @@ def tick(
     weights = {ref.name: ref.weight for ref in service.spec.deployments}
     total_weight = sum(w for n, w in weights.items() if n in deployments) or 1
     before = _own_decisions(service)
+    own = claims_of(service.to_wire())
     decisions: list[DeploymentDecision] = []
     usage: list[DeploymentUsage] = []
     state: dict[str, Any] = {}
@@ -326,7 +332,8 @@ def tick(
         current = current_replicas(md, before.get(deployment))
         decision = decide(
             spec, snapshot, current, _history(service, deployment),
-            pins=_pins(md, now), now_s=now_s,
+            pins=_pins(md, now, own[deployment].pin_limits(spec.roles[0].gpus_per_replica)),
+            now_s=now_s,
         )  # fmt: skip
         state[deployment] = decision.history.to_wire()
         changed = any(decision.replicas.get(r) != current.get(r) for r in spec.role_names)

@@ -19,7 +19,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from inferfleet.api.inference_service import ReplicaBounds
 from inferfleet.api.model_deployment import Role
+from inferfleet.api.pins import PinLimits
+
+DEFAULT_MAX_REPLICAS = ReplicaBounds.model_fields["max_replicas"].default
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,12 @@ class Claim:
     reason: str | None = None
     """Why it last changed the replicas (its `status.lastDecision`), if it has."""
     time: str | None = None
+    max_replicas: Mapping[Role, int] = field(default_factory=dict)
+    """Its autoscaling bounds per role (a pin may not exceed them)."""
+    gpu_budget: int | None = None
+
+    def pin_limits(self, gpus_per_replica: int) -> PinLimits:
+        return PinLimits(self.service, self.max_replicas, gpus_per_replica, self.gpu_budget)
 
 
 def claims_of(service: Mapping[str, Any]) -> dict[str, Claim]:
@@ -44,7 +54,9 @@ def claims_of(service: Mapping[str, Any]) -> dict[str, Claim]:
     a newer or older schema may have written; what cannot be read claims nothing."""
     metadata, spec = _mapping(service.get("metadata")), _mapping(service.get("spec"))
     status = _mapping(service.get("status"))
-    goodput = _mapping(spec.get("autoscaling")).get("policy") == "goodput"
+    autoscaling = _mapping(spec.get("autoscaling"))
+    goodput = autoscaling.get("policy") == "goodput"
+    budget = autoscaling.get("gpuBudget")
     decided: dict[str, dict[Role, int]] = {}
     for entry in _list(status.get("replicas")):
         try:
@@ -67,8 +79,20 @@ def claims_of(service: Mapping[str, Any]) -> dict[str, Claim]:
             replicas=decided.get(ref["name"], {}),
             reason=str(last["reason"]) if last.get("reason") else None,
             time=str(last["time"]) if last.get("time") else None,
+            max_replicas=_max_replicas(autoscaling),
+            gpu_budget=budget if isinstance(budget, int) and not isinstance(budget, bool) else None,
         )
     return claims
+
+
+def _max_replicas(autoscaling: Mapping[str, Any]) -> dict[Role, int]:
+    """The most replicas per role, as the API defaults them when a role's bounds are absent."""
+    most: dict[Role, int] = {}
+    for role in Role:
+        found = _mapping(autoscaling.get(role.value)).get("maxReplicas", DEFAULT_MAX_REPLICAS)
+        if isinstance(found, int) and not isinstance(found, bool):
+            most[role] = found
+    return most
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:

@@ -303,14 +303,17 @@ def model_deployment_outcome(
     generation = _generation(body)
     previous = stored_status(body, ModelDeploymentStatus)
     roles = set(roles_of(md.spec))
-    annotations = metadata.get("annotations")
-    pin, pin_problem = read_pin(
-        annotations if isinstance(annotations, dict) else {}, roles=roles, now=now
-    )
-    pinned = dict(pin.replicas) if pin is not None and pin.active(now) else {}
+    capacity = _plan_of(md.spec.model_dump_json(by_alias=True, exclude_none=True))
     owner = autoscaling_owner(recorded_autoscaler(body), claims)
     decided = {r: n for r, n in owner.replicas.items() if r in roles and n > 0} if owner else {}
-    capacity = _plan_of(md.spec.model_dump_json(by_alias=True, exclude_none=True))
+    annotations = metadata.get("annotations")
+    pin, pin_problem = read_pin(
+        annotations if isinstance(annotations, dict) else {},
+        roles=roles,
+        now=now,
+        limits=owner.pin_limits(capacity.config.gpus) if owner else None,
+    )
+    pinned = dict(pin.replicas) if pin is not None and pin.active(now) else {}
     objects, blocked = _rendered(
         md, capacity, overrides=decided | pinned, uid=uid, space=space, install=install
     )

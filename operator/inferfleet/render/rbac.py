@@ -9,8 +9,8 @@ Both add a Role and RoleBinding for leader election in the operator's own namesp
 lives there, and no other namespace's Leases are touched.
 
 Every rule carries its reason, printed in the files' headers. Not granted, on purpose: the
-spec of a user's resource is never written (only `patch` for kopf's finalizer and progress
-annotations, and the status subresource); no Secrets (engines read the Hugging Face token by
+spec of a user's resource is never written (only the status subresource, and `patch` to
+remove the finalizer and annotations earlier versions stored on the resources); no Secrets (engines read the Hugging Face token by
 reference, the kubelet resolves it); Leases only in the operator's own namespace, without
 `patch`, `list` or `delete` (leader election reads, creates and replaces its one Lease; kopf
 peering is off, `settings.peering.standalone`); RBAC objects only to give each router a
@@ -68,7 +68,7 @@ NAMESPACED_RULES: Final = (
         (API_GROUP,),
         (INFERENCE_SERVICES, MODEL_DEPLOYMENTS),
         ("get", "list", "patch", "watch"),
-        "watch the resources; patch only for kopf's finalizer and progress annotations",
+        "watch the resources; patch only to remove the finalizer earlier versions set",
     ),
     Rule(
         (API_GROUP,),
@@ -106,7 +106,8 @@ NAMESPACED_RULES: Final = (
         ("",),
         ("pods",),
         ("get", "list", "watch"),
-        "pod readiness and failures (crash loops, unschedulable) for conditions; granted on "
+        "engine pods the scheduler cannot place, reported in the ModelDeployment's "
+        "conditions; granted on "
         "to routers that find replicas by pod",
     ),
     Rule(

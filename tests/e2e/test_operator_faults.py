@@ -1,0 +1,162 @@
+"""Faults and bad input at the operator, on a real control plane: pods the scheduler cannot
+place, two services that want to autoscale one deployment, a name another resource holds, and
+the API server stopped mid-rollout."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from typing import Any
+
+import yaml
+
+from inferfleet.devcluster.cluster import DevCluster
+from inferfleet.devcluster.processes import wait_until
+from tests.e2e.conftest import Kubectl
+from tests.e2e.test_operator import (
+    Operator,
+    _condition,
+    _events,
+    _md,
+    _ready,
+    _sim_deployment,
+    operator,
+)
+
+__all__ = ["operator"]  # the module's own operator process, as test_operator starts it
+
+
+def _service(name: str, deployment: str, *, goodput: bool) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "deployments": [{"name": deployment}],
+        "slo": {"ttftP95Ms": 500, "tpotP95Ms": 50, "attainmentTarget": 0.99},
+    }
+    if goodput:
+        spec["autoscaling"] = {"policy": "goodput", "aggregated": {"maxReplicas": 4}}
+    return {
+        "apiVersion": "inferfleet.io/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+
+
+def _apply(kubectl: Kubectl, namespace: str, *documents: dict[str, Any]) -> None:
+    kubectl.run(
+        "apply", "--server-side", "-n", namespace, "-f", "-",
+        stdin=yaml.safe_dump_all(documents),
+    )  # fmt: skip
+
+
+def _get(kubectl: Kubectl, namespace: str, kind: str, name: str) -> dict[str, Any]:
+    found: dict[str, Any] = kubectl.json("get", kind, name, "-n", namespace)
+    return found
+
+
+def test_pods_the_scheduler_cannot_place_are_reported_with_its_reason(
+    operator: Operator, kubectl: Kubectl, namespace: str
+) -> None:
+    crowded = _sim_deployment("crowded")
+    crowded["spec"]["replicas"] = 20  # more L4 GPUs than the cluster has
+    _apply(kubectl, namespace, crowded)
+
+    def degraded() -> dict[str, Any]:
+        return _condition(_md(kubectl, namespace, "crowded"), "Degraded")
+
+    assert wait_until(lambda: degraded().get("reason") == "Unschedulable", 60, 1), operator.tail()
+    assert degraded()["status"] == "True"
+    assert "Insufficient nvidia.com/gpu" in degraded()["message"], degraded()
+    assert wait_until(lambda: '"Unschedulable"' in _events(kubectl, namespace), 15, 0.5)
+    # What fits is scheduled: the deployment recovers and says so.
+    kubectl.run(
+        "patch", "mdep", "crowded", "-n", namespace, "--type=merge",
+        "-p", json.dumps({"spec": {"replicas": 1}}),
+    )  # fmt: skip
+    assert wait_until(lambda: degraded().get("status") == "False", 60, 1), degraded()
+    assert wait_until(lambda: _ready(kubectl, namespace, "crowded"), 60, 1), operator.tail()
+
+
+def test_one_of_two_autoscaling_services_owns_a_deployment_and_the_other_says_so(
+    operator: Operator, kubectl: Kubectl, namespace: str
+) -> None:
+    _apply(kubectl, namespace, _sim_deployment("shared"), _service("first", "shared", goodput=True))
+    assert wait_until(
+        lambda: (
+            (_md(kubectl, namespace, "shared").get("status", {}).get("autoscaling") or {}).get(
+                "service"
+            )
+            == "first"
+        ),
+        60,
+        1,
+    ), operator.tail()
+    _apply(kubectl, namespace, _service("second", "shared", goodput=True))
+
+    def autoscaling(service: str) -> dict[str, Any]:
+        return _condition(_get(kubectl, namespace, "infsvc", service), "Autoscaling")
+
+    assert wait_until(
+        lambda: autoscaling("second").get("reason") == "AutoscaledElsewhere", 30, 1
+    ), operator.tail()
+    assert "InferenceService first" in autoscaling("second")["message"]
+    assert autoscaling("first")["status"] == "True"
+    assert wait_until(lambda: '"AutoscaledElsewhere"' in _events(kubectl, namespace), 15, 0.5)
+    # Both tick every 2 s: the workload is written by one decision only, not by turns.
+    before = _get(kubectl, namespace, "deployment", "shared-aggregated")["metadata"]["generation"]
+    time.sleep(10)
+    after = _get(kubectl, namespace, "deployment", "shared-aggregated")["metadata"]["generation"]
+    assert after == before
+    assert _md(kubectl, namespace, "shared")["status"]["autoscaling"]["service"] == "first"
+    # The owner goes: the other claimant takes over.
+    kubectl.run("delete", "infsvc", "first", "-n", namespace)
+    assert wait_until(lambda: autoscaling("second").get("status") == "True", 30, 1), operator.tail()
+    assert _md(kubectl, namespace, "shared")["status"]["autoscaling"]["service"] == "second"
+
+
+def test_a_name_another_resource_holds_is_refused_and_left_to_its_owner(
+    operator: Operator, kubectl: Kubectl, namespace: str
+) -> None:
+    _apply(kubectl, namespace, _sim_deployment("llama"))
+    assert wait_until(lambda: _ready(kubectl, namespace, "llama"), 60, 1), operator.tail()
+    # The router's Service is named after the service: the engine Service's name.
+    _apply(kubectl, namespace, _service("llama-aggregated", "llama", goodput=False))
+
+    def ready() -> dict[str, Any]:
+        return _condition(_get(kubectl, namespace, "infsvc", "llama-aggregated"), "Ready")
+
+    assert wait_until(lambda: ready().get("reason") == "NameCollision", 30, 1), operator.tail()
+    assert "Service/llama-aggregated" in ready()["message"]
+    owners = _get(kubectl, namespace, "service", "llama-aggregated")["metadata"]["ownerReferences"]
+    assert [(o["kind"], o["name"]) for o in owners] == [("ModelDeployment", "llama")]
+    assert _ready(kubectl, namespace, "llama")
+    assert wait_until(lambda: '"NameCollision"' in _events(kubectl, namespace), 15, 0.5)
+
+
+def test_the_api_server_stopped_for_30_s_mid_rollout_converges_without_a_crash(
+    operator: Operator, kubectl: Kubectl, cluster: DevCluster, namespace: str
+) -> None:
+    _apply(kubectl, namespace, _sim_deployment("steady"))
+    assert wait_until(lambda: _ready(kubectl, namespace, "steady"), 60, 1), operator.tail()
+    state = cluster.state()
+    assert state is not None
+    apiserver = state.pids["kube-apiserver"]
+    kubectl.run(
+        "patch", "mdep", "steady", "-n", namespace, "--type=merge",
+        "-p", json.dumps({"spec": {"replicas": 2}}),
+    )  # fmt: skip
+    os.kill(apiserver, signal.SIGSTOP)  # connections hang: watches and writes stall
+    try:
+        time.sleep(30)
+    finally:
+        os.kill(apiserver, signal.SIGCONT)
+    assert operator.process is not None
+    assert operator.process.poll() is None, operator.tail()
+
+    def rolled_out() -> bool:
+        md = _md(kubectl, namespace, "steady")
+        return _ready(kubectl, namespace, "steady") and md["status"].get("readyReplicas") == 2
+
+    assert wait_until(rolled_out, 120, 1), operator.tail()
+    assert operator.process.poll() is None, "the operator kept running through it"
