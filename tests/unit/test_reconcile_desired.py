@@ -307,3 +307,16 @@ def test_a_pin_past_the_autoscaling_service_bounds_or_budget_is_ignored() -> Non
     pin = {"replicas": {"aggregated": 3}, "reason": "x", "until": until}
     body["metadata"]["annotations"] = {PIN_ANNOTATION: json.dumps(pin)}
     assert _deployment(_md_outcome(body, claims=[owner]))["spec"]["replicas"] == 3
+
+
+def test_applied_is_posted_once_per_generation_even_across_a_crash() -> None:
+    body = _example("ModelDeployment")
+    first = _md_outcome(body)
+    # Applied, then the operator died before writing status: its successor applies nothing
+    # new, and still says the generation was applied.
+    children = [c for obj in first.apply for c in _stored(obj, ready=False)]
+    successor = _md_outcome(body, children=children)
+    assert successor.apply == ()
+    assert [e.reason for e in successor.events] == ["Applied"]
+    _settled(body, successor)
+    assert "Applied" not in [e.reason for e in _md_outcome(body, children=children).events]

@@ -335,9 +335,9 @@ def model_deployment_outcome(
         autoscaling=_autoscaling_record(owner, decided),
     ).to_wire()
     events = _condition_events(previous.get("conditions") or [], status["conditions"])
-    if any(o["kind"] == "Deployment" for o in apply) and (
-        previous.get("observedGeneration") != generation
-    ):
+    # Once per generation: with the status that records it, so an operator that dies between
+    # applying and recording posts it on its next reconcile, and never twice.
+    if objects and previous.get("observedGeneration") != generation:
         kinds = ", ".join(sorted(ObjectKey.of(o).describe() for o in objects))
         events.insert(0, Event("Applied", f"generation {generation}: {kinds}"))
     return Outcome(
