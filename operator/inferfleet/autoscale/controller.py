@@ -38,7 +38,11 @@ from urllib3.util.retry import Retry
 
 from inferfleet.api.catalog import GpuCatalog
 from inferfleet.api.conditions import condition, find, with_condition
-from inferfleet.api.inference_service import AutoscalingPolicy, InferenceService
+from inferfleet.api.inference_service import (
+    AutoscalingPolicy,
+    InferenceService,
+    InferenceServiceStatus,
+)
 from inferfleet.api.model_deployment import ModelDeployment, Role
 from inferfleet.api.pins import PinLimits, read_pin
 from inferfleet.autoscale.metrics import OperatorMetrics, RoleRecord, TickRecord
@@ -402,7 +406,12 @@ def _tick_status(
         }
         for d in moved:
             events.append((d.decision.reason.value, f"{d.name}: {d.decision.message}", False))
-    return status
+    # Written as the status model has it: what the CRD's schema accepts, in its wire form
+    # (`observed` is already, with the nulls that clear figures undefined now).
+    typed = InferenceServiceStatus.model_validate(
+        {key: value for key, value in status.items() if key != "observed"}
+    ).to_wire()
+    return typed | ({"observed": status["observed"]} if "observed" in status else {})
 
 
 def _role_records(

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
+from inferfleet.api.inference_service import ObservedPerformance
 from inferfleet.api.model_deployment import Role
 from inferfleet.autoscale.snapshot import (
     ROLE_QUERIES,
@@ -237,19 +238,26 @@ class Observed:
     mbu: float | None
 
     def to_wire(self) -> dict[str, float | None]:
-        def rounded(value: float | None, digits: int) -> float | None:
-            return None if value is None else round(value, digits)
-
-        return {
-            "ttftP95Ms": rounded(self.ttft_p95_ms, 1),
-            "tpotP95Ms": rounded(self.tpot_p95_ms, 2),
-            "attainment": rounded(self.attainment, 4),
-            "goodputRps": rounded(self.goodput_rps, 3),
-            "outputTokensPerSecond": rounded(self.output_tokens_per_second, 1),
-            "costPerMillionOutputTokensUsd": rounded(self.cost_per_million_output_tokens_usd, 3),
-            "mfu": rounded(self.mfu, 4),
-            "mbu": rounded(self.mbu, 4),
+        """As `ObservedPerformance` has it, with every field present: a figure that is undefined
+        now is null, which removes the stale one from the stored status (a merge patch)."""
+        figures = {
+            "ttft_p95_ms": _rounded(self.ttft_p95_ms, 1),
+            "tpot_p95_ms": _rounded(self.tpot_p95_ms, 2),
+            "attainment": _rounded(self.attainment, 4),
+            "goodput_rps": _rounded(self.goodput_rps, 3),
+            "output_tokens_per_second": _rounded(self.output_tokens_per_second, 1),
+            "cost_per_million_output_tokens_usd": _rounded(
+                self.cost_per_million_output_tokens_usd, 3
+            ),
+            "mfu": _rounded(self.mfu, 4),
+            "mbu": _rounded(self.mbu, 4),
         }
+        known = {name: value for name, value in figures.items() if value is not None}
+        return ObservedPerformance.model_validate(known).model_dump(mode="json", by_alias=True)
+
+
+def _rounded(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
 
 
 def observe(service: ServiceMetrics, usage: Sequence[DeploymentUsage]) -> Observed:

@@ -487,9 +487,10 @@ def inference_service_outcome(
     after = with_condition(conditions, ready)
     if service.spec.autoscaling.policy is not AutoscalingPolicy.GOODPUT:
         after = without_conditions(after, TICK_CONDITIONS)
-    desired: dict[str, Any] = {"observedGeneration": _generation(body), "conditions": after}
-    if url is not None:
-        desired["url"] = url
+    desired = InferenceServiceStatus.model_validate(
+        {"observedGeneration": _generation(body), "conditions": after}
+        | ({"url": url} if url is not None else {})
+    ).to_wire()
     return Outcome(
         apply=_to_apply(objects, space.children),
         delete=_to_delete(objects, space.children) if objects else (),

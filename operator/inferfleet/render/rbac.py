@@ -10,8 +10,8 @@ lives there, and no other namespace's Leases are touched.
 
 Every rule carries its reason, printed in the files' headers. Not granted, on purpose: the
 spec of a user's resource is never written (only the status subresource, and `patch` to
-remove the finalizer and annotations earlier versions stored on the resources); no Secrets (engines read the Hugging Face token by
-reference, the kubelet resolves it); Leases only in the operator's own namespace, without
+remove the finalizer earlier versions set); no Secrets (engines read the Hugging Face token
+by reference, the kubelet resolves it); Leases only in the operator's own namespace, without
 `patch`, `list` or `delete` (leader election reads, creates and replaces its one Lease; kopf
 peering is off, `settings.peering.standalone`); RBAC objects only to give each router a
 ServiceAccount that reads EndpointSlices, or pods and Services with `--router-discovery pods`
