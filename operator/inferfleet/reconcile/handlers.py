@@ -16,6 +16,7 @@ deleted service autoscaled are reconciled back to their specs).
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import kopf
@@ -39,11 +40,23 @@ MANAGED_BY_SELECTOR = {LABEL_MANAGED_BY: MANAGED_BY}
 logger = logging.getLogger(__name__)
 
 
+@dataclass
+class _Slot:
+    """Where the one controller of the operator lives. kopf hands each object a shallow copy
+    of the operator's memo: a key set from an object's handler stays in that object's copy,
+    while this slot, put in the operator's memo at startup, is shared by every copy."""
+
+    controller: Controller | None = None
+
+
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    memo["slot"] = _Slot()
     settings.posting.level = logging.INFO
     settings.peering.standalone = True
     settings.watching.server_timeout = 270
+    # Every event's handler succeeds by design: a line per event would be the whole log.
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
 
 
 # Indices: kopf fills them from its watches before any handler runs, and keeps them current.
@@ -124,9 +137,11 @@ def _controller(memo: kopf.Memo, indices: dict[str, Any]) -> Controller:
     """The operator's controller, started by the first event: its workers are created from a
     handler so that they post Events through kopf's own queue (kopf keeps it in the context
     of the tasks that process events)."""
-    found = memo.get("controller")
-    if isinstance(found, Controller):
-        return found
+    slot = memo.get("slot")
+    if not isinstance(slot, _Slot):
+        raise kopf.PermanentError("the operator's startup did not run")
+    if slot.controller is not None:
+        return slot.controller
     install = memo.get("install")
     autoscaler = memo.get("autoscaler")
     controller = Controller(
@@ -134,7 +149,7 @@ def _controller(memo: kopf.Memo, indices: dict[str, Any]) -> Controller:
         install=install if isinstance(install, InstallSettings) else InstallSettings(),
         autoscaler=autoscaler if isinstance(autoscaler, AutoscalerSettings) else None,
     )
-    memo["controller"] = controller
+    slot.controller = controller
     controller.start()
     return controller
 
@@ -186,6 +201,6 @@ async def pod_event(
 
 @kopf.on.cleanup()
 async def stop(memo: kopf.Memo, **_: Any) -> None:
-    controller = memo.get("controller")
-    if isinstance(controller, Controller):
-        await controller.stop()
+    slot = memo.get("slot")
+    if isinstance(slot, _Slot) and slot.controller is not None:
+        await slot.controller.stop()
