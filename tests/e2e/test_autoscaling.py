@@ -43,6 +43,8 @@ SLO = Slo(ttft_p95_ms=2000.0, tpot_p95_ms=150.0, attainment_target=0.9)
 INPUT_TOKENS = 2000
 OUTPUT_TOKENS = 50
 WINDOW_S = 20.0
+COLD_START_S = 10
+TICK_S = 5.0
 """Requests are judged in windows of this many seconds of arrivals."""
 
 
@@ -62,7 +64,7 @@ def manifests(name: str, *, disaggregated: bool = False) -> str:
     bounds = {"minReplicas": 1, "maxReplicas": 6}
     autoscaling: dict[str, Any] = {
         "policy": "goodput",
-        "coldStartSeconds": 10,
+        "coldStartSeconds": COLD_START_S,
         "scaleDownStabilizationSeconds": 600,
     }
     if disaggregated:
@@ -150,7 +152,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     pools = NodePool.parse("L4-24GB=2")
     with running(
         tmp_path_factory.mktemp("autoscaling"), bin_dir, pools, cpu_nodes=1, with_fleet=True,
-        autoscale_interval_s=5.0, metrics_window_s=30.0,
+        autoscale_interval_s=TICK_S, metrics_window_s=30.0,
     ) as cluster:  # fmt: skip
         yield Fleet(cluster, Kubectl(bin_dir / "kube", cluster.kubeconfig_path))
 
@@ -243,18 +245,20 @@ def test_a_load_step_scales_the_pool_and_attainment_recovers(fleet: Fleet) -> No
 
     # Before the step one replica holds the SLO (judged over every arrival before it: a
     # window holds only a few at this rate, and one slow prompt is not a broken SLO); the step
-    # breaks it, then the loop scales.
+    # needs three replicas or more, and the loop adds them.
     before = [r for r in results if r.scheduled_s < step_at]
     assert before, attainment
     assert sum(map(met, before)) >= SLO.attainment_target * len(before), attainment
     after = [(t, a) for t, a, _ in attainment if t >= step_at]
-    dropped = [t for t, a in after if a < SLO.attainment_target]
-    assert dropped, f"the step never broke the SLO: {attainment}"
     scaled_at = timeline.first(lambda counts: counts.get("aggregated", 1) >= 2)
     assert scaled_at is not None, timeline.describe() + fleet.diagnostics()
     peak = max(counts.get("aggregated", 0) for _, counts in timeline.samples)
     assert peak >= 3, timeline.describe()
-    # Recovered: from some window on, every later window meets the target.
+    # It keeps up: every window that starts one cold start plus one tick after the step meets
+    # the target (the windows while new replicas start may dip, or not at all).
+    settled = [(t, a) for t, a in after if t >= step_at + COLD_START_S + TICK_S]
+    assert settled, attainment
+    assert all(a >= SLO.attainment_target for _, a in settled), attainment
     recovered = next(
         (t for t, _ in after if all(a >= SLO.attainment_target for u, a in after if u >= t)), None
     )
