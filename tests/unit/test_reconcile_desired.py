@@ -320,3 +320,13 @@ def test_applied_is_posted_once_per_generation_even_across_a_crash() -> None:
     assert [e.reason for e in successor.events] == ["Applied"]
     _settled(body, successor)
     assert "Applied" not in [e.reason for e in _md_outcome(body, children=children).events]
+
+
+def test_the_service_reconcile_writes_only_its_own_status_fields() -> None:
+    md = _example("ModelDeployment")
+    service = _example("InferenceService")
+    decided = [{"deployment": "llama-3-1-8b", "role": "aggregated", "replicas": 3}]
+    service["status"] = {"replicas": decided, "autoscalerState": {"x": {}}}
+    outcome = _service_outcome(service, {"llama-3-1-8b": md})
+    assert outcome.status is not None
+    assert set(outcome.status) <= {"observedGeneration", "conditions", "url"}

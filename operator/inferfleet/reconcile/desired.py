@@ -426,6 +426,8 @@ def _progress(
     return progress
 
 
+SERVICE_STATUS_FIELDS = ("observedGeneration", "conditions", "url")
+"""What the reconciler writes of an InferenceService's status; the autoscaler writes the rest."""
 TICK_CONDITIONS = ("MetricsAvailable", "Autoscaling")
 """Conditions of an InferenceService that its autoscaler writes (only under `policy: goodput`)."""
 
@@ -487,10 +489,13 @@ def inference_service_outcome(
     after = with_condition(conditions, ready)
     if service.spec.autoscaling.policy is not AutoscalingPolicy.GOODPUT:
         after = without_conditions(after, TICK_CONDITIONS)
-    desired = InferenceServiceStatus.model_validate(
+    typed = InferenceServiceStatus.model_validate(
         {"observedGeneration": _generation(body), "conditions": after}
         | ({"url": url} if url is not None else {})
     ).to_wire()
+    # Only the fields the reconciler owns: the model's defaults for the others (an empty
+    # `replicas`) would overwrite what the autoscaler wrote.
+    desired = {key: typed[key] for key in SERVICE_STATUS_FIELDS if key in typed}
     return Outcome(
         apply=_to_apply(objects, space.children),
         delete=_to_delete(objects, space.children) if objects else (),
