@@ -296,3 +296,27 @@ def test_who_autoscales_what() -> None:
     assert autoscaled_by(inference_service(), "llama")
     assert not autoscaled_by(inference_service(), "other")
     assert not autoscaled_by(inference_service(policy="none"), "llama")
+
+
+def test_a_shared_deployment_is_sized_for_every_service_s_traffic() -> None:
+    """Two services route to one deployment; the owner's router sees only its own requests,
+    the engines carry both: their queues, KV usage and token rates size the pool."""
+    md = model_deployment()
+    own_router_only = busy(1.0)
+    engines_carry_both = busy(
+        1.0,
+        running_requests=60.0,
+        waiting_requests=40.0,
+        kv_cache_usage=0.97,
+        prompt_tokens_per_s=40_000.0,
+        generation_tokens_per_s=8_000.0,
+    )
+    alone = tick(
+        inference_service(), {"llama": md}, Scripted(own_router_only), settings=SETTINGS, now=NOW
+    )
+    shared = tick(
+        inference_service(), {"llama": md}, Scripted(engines_carry_both),
+        settings=SETTINGS, now=NOW,
+    )  # fmt: skip
+    [held], [grown] = alone.deployments, shared.deployments
+    assert grown.decision.replicas[Role.AGGREGATED] > held.decision.replicas[Role.AGGREGATED]
