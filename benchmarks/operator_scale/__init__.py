@@ -17,6 +17,6 @@ the CRDs and the cluster-wide RBAC, then (`harness`):
 Then it reads the API server's audit log (`audit`: requests per user, verb and resource,
 where the time went, the operator-attributable latencies), the operator's log
 (`operator_log`) and /proc (`procfs`: CPU seconds and peak RSS per process), stops
-everything, checks that no process is left, judges issue 13's goals (`summary`) and writes
+everything, checks that no process is left, judges the operator's scale goals (`summary`) and writes
 `operator_scale.json` and `operator_scale.md` (`report`) to `--out`.
 """

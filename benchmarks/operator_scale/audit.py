@@ -10,7 +10,7 @@ once, as each line is parsed, into one flag per request (`ApiRequest.ready`), so
 From it: the operator's requests per window (`api_summary`), every client's writes
 (`writers`), where each service's time went (`stages`), how often the operator wrote each of
 a service's objects (`writes_per_service`), and the operator-attributable latencies
-(`operator_latencies`) that issue 13's targets name.
+(`operator_latencies`) that the operator's scale goals name.
 """
 
 from __future__ import annotations

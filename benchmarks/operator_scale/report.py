@@ -1,6 +1,6 @@
 """The report: `operator_scale.md`, from the summarised figures (pure: a dict in, text out).
 
-First issue 13's goals, each beside its figure, met or not; then the baselines (bare
+First the operator's scale goals, each beside its figure, met or not; then the baselines (bare
 Deployments, a single service), the operator-attributable latencies, and the detailed
 sections: where the rollout's time went, CPU by process, writes by client, the operator's
 requests and log."""
@@ -331,7 +331,7 @@ def _goals_table(result: Mapping[str, Any]) -> list[str]:
     goals: Sequence[Mapping[str, Any]] = result["goals"]
     met = sum(1 for goal in goals if goal["met"])
     lines = [
-        "## Issue 13's goals",
+        "## Goals",
         "",
         f"{met} of {len(goals)} met.",
         "",

@@ -1,4 +1,4 @@
-"""A run's measurements -> the figures (one JSON-able dict), and issue 13's goals judged
+"""A run's measurements -> the figures (one JSON-able dict), and the operator's scale goals judged
 against them (`goals`, pure)."""
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def _goal(
 
 
 def goals(headline: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Issue 13's targets, each with the figure it judges and whether it was met (None: the
+    """The operator's scale goals, each with the figure it judges and whether it was met (None: the
     figure was not measured)."""
     latency = headline.get("operator_latency_s") or {}
     rows = [

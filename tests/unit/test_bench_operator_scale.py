@@ -1,6 +1,6 @@
 """The operator-scale benchmark's pure parts: what counts as rolled out and Ready, the audit
 log read into requests, the operator-attributable latencies, the bare baseline's Deployments,
-and issue 13's goals judged and reported."""
+and the operator's scale goals judged and reported."""
 
 from __future__ import annotations
 
@@ -332,7 +332,7 @@ def test_a_run_is_summarised_and_reported_with_its_goals(tmp_path: Path) -> None
     assert [g["met"] for g in result["goals"]] == [True, True, True, False, True, True, True, True]
     report = markdown(result)
     for section in (
-        "## Issue 13's goals", "## Baseline: the same engine Deployments, no operator",
+        "## Goals", "## Baseline: the same engine Deployments, no operator",
         "## Operator-attributable latency", "## All figures", "## Where the rollout's time went",
         "## CPU seconds during the rollout", "## The operator's API requests",
         "## Operator log", "## How it was measured",
