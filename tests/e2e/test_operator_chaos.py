@@ -34,6 +34,7 @@ from tests.e2e.test_operator import (
     RBAC,
     Operator,
     _service_account_kubeconfig,
+    _sim_deployment,
 )
 
 SERVICES = 50
@@ -55,19 +56,10 @@ def chaos_kubectl(chaos_cluster: DevCluster) -> Kubectl:
     return Kubectl(ensure_binaries() / "kube", chaos_cluster.kubeconfig_path)
 
 
-def _deployment(name: str, replicas: int) -> dict[str, Any]:
-    return {
-        "apiVersion": "inferfleet.io/v1alpha1",
-        "kind": "ModelDeployment",
-        "metadata": {"name": name, "namespace": NAMESPACE},
-        "spec": {
-            "model": {"name": "qwen2.5-7b", "source": "hf://Qwen/Qwen2.5-7B-Instruct"},
-            "engine": {"name": "sim"},
-            "gpu": {"type": "L4-24GB"},
-            "batching": {"maxModelLength": 8192},
-            "replicas": replicas,
-        },
-    }
+def _deployment(name: str) -> dict[str, Any]:
+    found = _sim_deployment(name)
+    found["metadata"]["namespace"] = NAMESPACE
+    return found
 
 
 def _service(name: str, deployment: str, *, autoscaled: bool) -> dict[str, Any]:
@@ -207,7 +199,7 @@ def test_killed_at_random_moments_the_operator_converges_and_loses_nothing(
         doc
         for i in range(SERVICES)
         for doc in (
-            _deployment(f"md-{i}", 1),
+            _deployment(f"md-{i}"),
             _service(f"svc-{i}", f"md-{i}", autoscaled=_autoscaled(f"md-{i}")),
         )
     ]

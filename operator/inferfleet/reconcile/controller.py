@@ -155,7 +155,7 @@ class Indices:
         return list(found.get(key, ())) if found is not None else []
 
     def _children_values(self, key: Any) -> list[Any]:
-        return [value for _, kind in CHILD_KINDS for value in self._values(_child_index(kind), key)]
+        return [value for _, kind in CHILD_KINDS for value in self._values(child_index(kind), key)]
 
     def model_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
         return next(iter(self._values("model_deployments", (namespace, name))), None)
@@ -196,7 +196,8 @@ class Indices:
         }
 
 
-def _child_index(kind: str) -> str:
+def child_index(kind: str) -> str:
+    """The plural of a kind the operator renders: its resource, and the name of its index."""
     return kind.lower() + "s"
 
 

@@ -30,6 +30,7 @@ from inferfleet.reconcile.controller import (
     MODEL_DEPLOYMENT,
     Controller,
     child_entries,
+    child_index,
     unschedulable_entry,
 )
 from inferfleet.render import InstallSettings
@@ -83,54 +84,26 @@ def inference_services(
     }
 
 
-def _index_children(namespace: str | None, body: kopf.Body) -> dict[Any, Any]:
+def _index_children(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any]:
     return child_entries(namespace, dict(body)) if namespace else {}
 
 
-@kopf.index("apps", "v1", "deployments", labels=MANAGED_BY_SELECTOR)
-def deployments(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any]:
-    return _index_children(namespace, body)
+def _group_version(api_version: str) -> tuple[str, str]:
+    group, _, version = api_version.rpartition("/")
+    return group, version
 
 
-@kopf.index("", "v1", "services", labels=MANAGED_BY_SELECTOR)
-def services(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any]:
-    return _index_children(namespace, body)
-
-
-@kopf.index("", "v1", "configmaps", labels=MANAGED_BY_SELECTOR)
-def configmaps(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any]:
-    return _index_children(namespace, body)
-
-
-@kopf.index("policy", "v1", "poddisruptionbudgets", labels=MANAGED_BY_SELECTOR)
-def poddisruptionbudgets(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any]:
-    return _index_children(namespace, body)
-
-
-@kopf.index("", "v1", "serviceaccounts", labels=MANAGED_BY_SELECTOR)
-def serviceaccounts(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any]:
-    return _index_children(namespace, body)
-
-
-@kopf.index("rbac.authorization.k8s.io", "v1", "roles", labels=MANAGED_BY_SELECTOR)
-def roles(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any]:
-    return _index_children(namespace, body)
-
-
-@kopf.index("rbac.authorization.k8s.io", "v1", "rolebindings", labels=MANAGED_BY_SELECTOR)
-def rolebindings(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any]:
-    return _index_children(namespace, body)
+# One index per kind the operator renders, named as `Indices` reads it (deployments, ...).
+for _api_version, _kind in CHILD_KINDS:
+    kopf.index(
+        *_group_version(_api_version), child_index(_kind), labels=MANAGED_BY_SELECTOR,
+        id=child_index(_kind),
+    )(_index_children)  # fmt: skip
 
 
 @kopf.index("", "v1", "pods", labels=MANAGED_BY_SELECTOR)
 def unschedulable_pods(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any]:
     return unschedulable_entry(namespace, dict(body)) if namespace else {}
-
-
-assert {kind for _, kind in CHILD_KINDS} == {
-    "Deployment", "Service", "ConfigMap", "PodDisruptionBudget", "ServiceAccount", "Role",
-    "RoleBinding",
-}  # fmt: skip
 
 
 def _controller(memo: kopf.Memo, indices: dict[str, Any]) -> Controller:
@@ -184,11 +157,11 @@ async def _child_event(
             _controller(memo, indices).add(str(owner["kind"]), namespace, str(owner["name"]))
 
 
-for _group_version, _kind in CHILD_KINDS:
-    _group, _, _version = _group_version.rpartition("/")
+for _api_version, _kind in CHILD_KINDS:
     kopf.on.event(
-        _group, _version, _kind.lower() + "s", labels=MANAGED_BY_SELECTOR, id=f"{_kind}-event"
-    )(_child_event)
+        *_group_version(_api_version), child_index(_kind), labels=MANAGED_BY_SELECTOR,
+        id=f"{_kind}-event",
+    )(_child_event)  # fmt: skip
 
 
 @kopf.on.event("", "v1", "pods", labels=MANAGED_BY_SELECTOR)
