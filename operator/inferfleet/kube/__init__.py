@@ -12,7 +12,9 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 
-FIELD_MANAGER = "inferfleet"
+FIELD_MANAGER = "inferfleet-operator"
+"""The one field manager of everything inferfleet applies (what the operator always applied
+under, so objects it owns keep one owner of their fields)."""
 
 
 class StaleObjectError(Exception):

@@ -53,7 +53,6 @@ from inferfleet.reconcile.workqueue import WorkQueue
 from inferfleet.render import InstallSettings
 from inferfleet.render.common import LABEL_MODEL_DEPLOYMENT, LABEL_ROLE, label_value
 
-FIELD_MANAGER = "inferfleet-operator"
 MODEL_DEPLOYMENT = "ModelDeployment"
 INFERENCE_SERVICE = "InferenceService"
 CHILD_KINDS = (
@@ -185,6 +184,12 @@ class Indices:
             holder=functools.partial(self.holder, namespace),
         )
 
+    def unschedulable_pods(self, namespace: str, label: str) -> set[str]:
+        """Names of the unschedulable pods of the deployment whose label value is `label`."""
+        return {
+            pod for _, pod, _why in self._values("unschedulable_pods", ("pods", namespace, label))
+        }
+
     def unschedulable(self, namespace: str, deployment: str) -> dict[Role, str]:
         pods: dict[Role, list[tuple[str, str]]] = {}
         key = ("pods", namespace, label_value(deployment))
@@ -275,13 +280,8 @@ class Controller:
 
     def pod_changed(self, namespace: str, name: str, labels: Mapping[str, str]) -> None:
         """An engine pod that is, or was, unschedulable: its deployment says so, or not."""
-        now_unschedulable = any(
-            pod == name
-            for _, pod, _why in self.indices._values(
-                "unschedulable_pods",
-                ("pods", namespace, labels.get(LABEL_MODEL_DEPLOYMENT, "")),
-            )
-        )
+        label = labels.get(LABEL_MODEL_DEPLOYMENT, "")
+        now_unschedulable = name in self.indices.unschedulable_pods(namespace, label)
         was = (namespace, name) in self._unschedulable
         if now_unschedulable:
             self._unschedulable.add((namespace, name))
@@ -386,7 +386,7 @@ class Controller:
     def _carry_out(self, key: Key, body: dict[str, Any], outcome: Outcome) -> Done:
         namespace = key[1]
         for obj in outcome.apply:
-            kube().apply(obj, FIELD_MANAGER)
+            kube().apply(obj)
         for gone in outcome.delete:
             kube().delete(gone.api_version, gone.kind, gone.name, namespace)
         if outcome.status is not None:
