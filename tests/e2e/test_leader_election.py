@@ -272,7 +272,6 @@ def test_one_leader_acts_and_a_follower_takes_over_within_15_s(
         assert answer is not None
         assert answer.status_code == 200
         assert "leading" not in answer.json()
-        time.sleep(3)  # Events are posted in the background
         events = _events(kubectl, namespace)
         print(f"events: {dict(events)}")
         # Each generation's rollout reported once: none lost, none posted twice.

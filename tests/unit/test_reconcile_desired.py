@@ -24,6 +24,7 @@ from inferfleet.reconcile.desired import (
     inference_service_outcome,
     model_deployment_outcome,
 )
+from inferfleet.reconcile.events import event_name
 from inferfleet.render import InstallSettings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -318,6 +319,9 @@ def test_applied_is_posted_once_per_generation_even_across_a_crash() -> None:
     successor = _md_outcome(body, children=children)
     assert successor.apply == ()
     assert [e.reason for e in successor.events] == ["Applied"]
+    # Under the same name, even from a later version of the object: its create is refused.
+    later = {**body, "metadata": {**body["metadata"], "resourceVersion": "9"}}
+    assert event_name(later, successor.events[0]) == event_name(body, first.events[0])
     _settled(body, successor)
     assert "Applied" not in [e.reason for e in _md_outcome(body, children=children).events]
 

@@ -154,6 +154,18 @@ class Kube:
         patched: dict[str, Any] = stored.to_dict()
         return patched
 
+    def create(self, obj: dict[str, Any]) -> bool:
+        """Create one object; False when one of its name is already there (left as it is)."""
+        resource = self.resource(obj["apiVersion"], obj["kind"])
+        namespace = obj["metadata"].get("namespace") if resource.namespaced else None
+        try:
+            resource.create(body=obj, namespace=namespace)
+        except ApiException as error:
+            if error.status == 409:
+                return False
+            raise
+        return True
+
     def apply(self, obj: dict[str, Any], field_manager: str = FIELD_MANAGER) -> dict[str, Any]:
         """Server-side apply of one object; returns what the API server stored."""
         resource = self.resource(obj["apiVersion"], obj["kind"])

@@ -21,6 +21,8 @@ import contextlib
 import contextvars
 import functools
 import logging
+import os
+import socket
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -28,10 +30,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-import kopf
 from pydantic import ValidationError
 
-from inferfleet.api.common import API_GROUP, API_VERSION
 from inferfleet.api.inference_service import InferenceService
 from inferfleet.api.model_deployment import ModelDeployment, Role
 from inferfleet.autoscale.controller import AutoscalerSettings, PrometheusSource, tick
@@ -40,7 +40,6 @@ from inferfleet.kube import Kube, StaleObjectError
 from inferfleet.reconcile.desired import (
     APPLIED_HASH_ANNOTATION,
     Child,
-    Event,
     Namespace,
     ObjectKey,
     Outcome,
@@ -48,6 +47,7 @@ from inferfleet.reconcile.desired import (
     model_deployment_outcome,
     without_status,
 )
+from inferfleet.reconcile.events import Event, event_object
 from inferfleet.reconcile.status import RoleProgress
 from inferfleet.reconcile.workqueue import WorkQueue
 from inferfleet.render import InstallSettings
@@ -210,9 +210,6 @@ def child_index(kind: str) -> str:
 class Done:
     """What a finished reconcile leaves for the event loop."""
 
-    events: tuple[Event, ...] = ()
-    about: kopf.RawBody | None = None
-    """The object the Events are about."""
     requeue_after_s: float | None = None
 
 
@@ -227,6 +224,8 @@ class Controller:
         self.indices = Indices(indices)
         self.install = install
         self.autoscaler = autoscaler or AutoscalerSettings()
+        self.instance = os.environ.get("POD_NAME") or socket.gethostname()
+        """Who reports the Events this operator posts (its pod)."""
         self.reconciles: WorkQueue[Key] = WorkQueue()
         self.ticks: WorkQueue[tuple[str, str]] = WorkQueue()
         self._pool = ThreadPoolExecutor(
@@ -330,11 +329,6 @@ class Controller:
             queue.done(key)
             if done.requeue_after_s is not None:
                 queue.add_after(key, done.requeue_after_s)
-            if done.about is not None:
-                about = kopf.Body(done.about)
-                for event in done.events:
-                    post = kopf.warn if event.warning else kopf.info
-                    post(about, reason=event.reason, message=event.message)
 
     # The workers' side (threads): read the indices, decide, carry out.
 
@@ -389,9 +383,23 @@ class Controller:
             kube().apply(obj)
         for gone in outcome.delete:
             kube().delete(gone.api_version, gone.kind, gone.name, namespace)
+        self._post(body, outcome.events)
         if outcome.status is not None:
             self._write_status(key, body, outcome.status)
-        return Done(outcome.events, _reference(body), outcome.requeue_after_s)
+        return Done(outcome.requeue_after_s)
+
+    def _post(self, body: Mapping[str, Any], events: Iterable[Event]) -> None:
+        """Post Events before the status that records their cause (see `reconcile.events`).
+        Events are the API's best effort: one that cannot be posted is logged, and never holds
+        the status back."""
+        for event in events:
+            obj = event_object(body, event, now=_now(), instance=self.instance)
+            try:
+                kube().create(obj)
+            except Exception as error:
+                logger.warning(
+                    "could not post Event %s %s: %s", event.reason, obj["metadata"], error
+                )
 
     def _write_status(self, key: Key, body: dict[str, Any], status: dict[str, Any]) -> None:
         """Patch the status over the version it was computed from (`StaleObjectError` when
@@ -424,12 +432,10 @@ class Controller:
         )
         claims = {d: self.indices.claims(namespace, d) for d in deployments}
         result = tick(service, deployments, source, settings=settings, now=_now(), claims=claims)
+        self._post(body, (Event(*event) for event in result.events))
         self._write_status(service_key, body, result.status)
         self._ticked[key] = time.monotonic()
-        events = tuple(
-            Event(reason, message, warning) for reason, message, warning in result.events
-        )
-        return Done(events, _reference(body))
+        return Done()
 
 
 Model = TypeVar("Model", InferenceService, ModelDeployment)
@@ -442,16 +448,3 @@ def _readable(model: type[Model], body: Mapping[str, Any]) -> Model | None:
         with contextlib.suppress(ValidationError):
             return model.model_validate(candidate)
     return None
-
-
-def _reference(body: Mapping[str, Any]) -> kopf.RawBody:
-    metadata = body.get("metadata") or {}
-    return {
-        "apiVersion": str(body.get("apiVersion", f"{API_GROUP}/{API_VERSION}")),
-        "kind": str(body.get("kind", "")),
-        "metadata": {
-            "name": str(metadata.get("name", "")),
-            "namespace": str(metadata.get("namespace", "")),
-            "uid": str(metadata.get("uid", "")),
-        },
-    }

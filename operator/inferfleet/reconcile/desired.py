@@ -43,6 +43,7 @@ from inferfleet.api.pins import read_pin
 from inferfleet.autoscale.ownership import Claim, autoscaling_owner, recorded_autoscaler
 from inferfleet.engines import roles_of
 from inferfleet.planning.capacity import CapacityPlan, plan
+from inferfleet.reconcile.events import Event
 from inferfleet.reconcile.status import (
     Blocked,
     PinState,
@@ -90,13 +91,6 @@ class Child:
     role: Role | None = None
     progress: RoleProgress | None = None
     """A ModelDeployment's Deployment: its rollout."""
-
-
-@dataclass(frozen=True)
-class Event:
-    reason: str
-    message: str
-    warning: bool = False
 
 
 @dataclass(frozen=True)
@@ -335,11 +329,13 @@ def model_deployment_outcome(
         autoscaling=_autoscaling_record(owner, decided),
     ).to_wire()
     events = _condition_events(previous.get("conditions") or [], status["conditions"])
-    # Once per generation: with the status that records it, so an operator that dies between
-    # applying and recording posts it on its next reconcile, and never twice.
+    # Once per generation: until the status records it, every reconcile computes it again, and
+    # it is named by its generation, so one that dies between posting and recording, or that
+    # raced a change, posts it once.
     if objects and previous.get("observedGeneration") != generation:
         kinds = ", ".join(sorted(ObjectKey.of(o).describe() for o in objects))
-        events.insert(0, Event("Applied", f"generation {generation}: {kinds}"))
+        once = f"generation {generation}"
+        events.insert(0, Event("Applied", f"{once}: {kinds}", occurrence=once))
     return Outcome(
         apply=apply,
         delete=_to_delete(objects, space.children) if objects else (),
