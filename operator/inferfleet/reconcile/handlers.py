@@ -61,10 +61,12 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
 
 
 # Indices: kopf fills them from its watches before any handler runs, and keeps them current.
+# Coroutines, as every handler here is: kopf runs a plain function in a thread pool, a hop per
+# watch event that costs more than the function.
 
 
 @kopf.index(API_GROUP, API_VERSION, "modeldeployments")
-def model_deployments(
+async def model_deployments(
     namespace: str | None, name: str, body: kopf.Body, **_: Any
 ) -> dict[Any, Any]:
     if namespace is None:
@@ -73,7 +75,7 @@ def model_deployments(
 
 
 @kopf.index(API_GROUP, API_VERSION, "inferenceservices")
-def inference_services(
+async def inference_services(
     namespace: str | None, name: str, body: kopf.Body, **_: Any
 ) -> dict[Any, Any]:
     if namespace is None:
@@ -84,7 +86,7 @@ def inference_services(
     }
 
 
-def _index_children(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+async def _index_children(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any]:
     return child_entries(namespace, dict(body)) if namespace else {}
 
 
@@ -102,14 +104,13 @@ for _api_version, _kind in CHILD_KINDS:
 
 
 @kopf.index("", "v1", "pods", labels=MANAGED_BY_SELECTOR)
-def unschedulable_pods(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+async def unschedulable_pods(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any]:
     return unschedulable_entry(namespace, dict(body)) if namespace else {}
 
 
 def _controller(memo: kopf.Memo, indices: dict[str, Any]) -> Controller:
-    """The operator's controller, started by the first event: its workers are created from a
-    handler so that they post Events through kopf's own queue (kopf keeps it in the context
-    of the tasks that process events)."""
+    """The operator's controller, started by the first event (on the event loop kopf runs, with
+    the indices it fills)."""
     slot = memo.get("slot")
     if not isinstance(slot, _Slot):
         raise kopf.PermanentError("the operator's startup did not run")
