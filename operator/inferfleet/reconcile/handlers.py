@@ -16,6 +16,7 @@ deleted service autoscaled are reconciled back to their specs).
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,12 +51,41 @@ class _Slot:
     controller: Controller | None = None
 
 
+class _NoDiffBase(kopf.DiffBaseStorage):
+    """No handler here reacts to a diff (no create/update handlers): kopf need not copy every
+    object on every watch event to compute one, nor store a last-handled state in it."""
+
+    def build(
+        self, *, body: kopf.Body, extra_fields: Iterable[Any] | None = None
+    ) -> kopf.BodyEssence:
+        return kopf.BodyEssence()
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        return None
+
+
+def _group_version(api_version: str) -> tuple[str, str]:
+    group, _, version = api_version.rpartition("/")
+    return group, version
+
+
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     memo["slot"] = _Slot()
     settings.posting.level = logging.INFO
     settings.peering.standalone = True
     settings.watching.server_timeout = 270
+    settings.persistence.diffbase_storage = _NoDiffBase()
+    # Only what the operator made is streamed to it (filtered by the API server), however many
+    # pods, Deployments and Services the cluster runs besides.
+    managed = ",".join(f"{key}={value}" for key, value in MANAGED_BY_SELECTOR.items())
+    for api_version, kind in (*CHILD_KINDS, ("v1", "Pod")):
+        settings.watching.label_selectors[(*_group_version(api_version), child_index(kind))] = (
+            managed
+        )
     # Every event's handler succeeds by design: a line per event would be the whole log.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
 
@@ -88,11 +118,6 @@ async def inference_services(
 
 async def _index_children(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any]:
     return child_entries(namespace, dict(body)) if namespace else {}
-
-
-def _group_version(api_version: str) -> tuple[str, str]:
-    group, _, version = api_version.rpartition("/")
-    return group, version
 
 
 # One index per kind the operator renders, named as `Indices` reads it (deployments, ...).
