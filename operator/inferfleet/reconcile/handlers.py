@@ -86,6 +86,9 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         settings.watching.label_selectors[(*_group_version(api_version), child_index(kind))] = (
             managed
         )
+    # Of the pods, only those still waiting: a pod that leaves Pending leaves the stream (as a
+    # deletion) and the index with it; a serving pod's status changes are never sent.
+    settings.watching.field_selectors["", "v1", "pods"] = "status.phase=Pending"
     # Every event's handler succeeds by design: a line per event would be the whole log.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
 
