@@ -139,6 +139,33 @@ def test_a_name_another_resource_holds_is_refused_and_left_to_its_owner(
     assert wait_until(lambda: '"NameCollision"' in _events(kubectl, namespace), 15, 0.5)
 
 
+@pytest.mark.timeout(200)
+def test_an_object_inferfleet_did_not_create_is_never_taken_over(
+    operator: Operator, kubectl: Kubectl, namespace: str
+) -> None:
+    # A Service someone made by hand, under the name the engine Service would take.
+    kubectl.run("create", "service", "clusterip", "llama-aggregated", "--tcp=80", "-n", namespace)
+    before = _get(kubectl, namespace, "service", "llama-aggregated")
+    _apply(kubectl, namespace, _sim_deployment("llama"))
+
+    def ready() -> dict[str, Any]:
+        return _condition(_get(kubectl, namespace, "mdep", "llama"), "Ready")
+
+    assert wait_until(lambda: ready().get("reason") == "NameCollision", 30, 0.5), operator.tail()
+    assert "inferfleet did not create" in ready()["message"], ready()
+    assert '"NameCollision"' in _events(kubectl, namespace)
+    after = _get(kubectl, namespace, "service", "llama-aggregated")
+    assert "ownerReferences" not in after["metadata"]
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+    # No pod runs for a deployment that cannot be served (workloads are applied last).
+    assert kubectl.json("get", "deployments", "-n", namespace)["items"] == []
+    # Its owner removes it: the name is taken at the next look.
+    kubectl.run("delete", "service", "llama-aggregated", "-n", namespace)
+    assert wait_until(lambda: _ready(kubectl, namespace, "llama"), 120, 1), operator.tail()
+    owners = _get(kubectl, namespace, "service", "llama-aggregated")["metadata"]["ownerReferences"]
+    assert [(o["kind"], o["name"]) for o in owners] == [("ModelDeployment", "llama")]
+
+
 @pytest.mark.timeout(240)
 def test_the_api_server_stopped_for_30_s_mid_rollout_converges_without_a_crash(
     operator: Operator, kubectl: Kubectl, cluster: DevCluster, namespace: str

@@ -222,6 +222,29 @@ def test_a_name_another_resource_holds_is_refused() -> None:
     assert "Service/" in ready["message"]
 
 
+def test_names_are_created_only_where_free_and_one_held_by_a_foreign_object_is_refused() -> None:
+    body = _example("ModelDeployment")
+    first = _md_outcome(body)
+    # What the resource has not created yet is applied only if no object holds its name.
+    assert first.new == {ObjectKey.of(obj) for obj in first.apply}
+    children = _settled(body, first)
+    assert _md_outcome(body, children=children).new == frozenset()
+    # An object inferfleet did not create holds the Service's name: nothing is applied.
+    service = next(ObjectKey.of(o) for o in first.apply if o["kind"] == "Service")
+    fresh = _example("ModelDeployment")
+    space = Namespace(foreign=frozenset({service}))
+    outcome = model_deployment_outcome(
+        fresh, space=space, claims=(), unschedulable={}, install=INSTALL, now=NOW
+    )
+    assert outcome.apply == ()
+    ready = _condition(outcome.status, "Ready")
+    assert ready["reason"] == "NameCollision"
+    assert (
+        f"{service.describe()} already exist and inferfleet did not create them" in ready["message"]
+    )
+    assert [(e.reason, e.warning) for e in outcome.events] == [("NameCollision", True)]
+
+
 def test_a_role_that_went_away_is_pruned_and_nothing_else() -> None:
     body = _example("ModelDeployment")
     children = _settled(body, _md_outcome(body))

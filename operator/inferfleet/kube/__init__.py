@@ -21,6 +21,16 @@ class StaleObjectError(Exception):
     """The object changed since it was read: a write made from that read would undo the other."""
 
 
+class AlreadyExistsError(Exception):
+    """An object of that name exists: a create-only apply left it as it was."""
+
+
+CREATE_ONLY_PRECONDITION = "1"
+"""A resourceVersion no stored object has (etcd's first write is revision 2): as an apply's
+precondition, an object that exists fails it (409), and one being created ignores it. An apply
+that may only create, in one request."""
+
+
 class NoConfigurationError(Exception):
     """Neither a pod's service account nor a kubeconfig to reach an API server with."""
 
@@ -166,13 +176,25 @@ class Kube:
             raise
         return True
 
-    def apply(self, obj: dict[str, Any], field_manager: str = FIELD_MANAGER) -> dict[str, Any]:
-        """Server-side apply of one object; returns what the API server stored."""
+    def apply(
+        self, obj: dict[str, Any], field_manager: str = FIELD_MANAGER, *, create_only: bool = False
+    ) -> dict[str, Any]:
+        """Server-side apply of one object; returns what the API server stored.
+
+        `create_only`: only if no object of its name exists, else `AlreadyExistsError`."""
         resource = self.resource(obj["apiVersion"], obj["kind"])
         namespace = obj["metadata"].get("namespace") if resource.namespaced else None
+        if create_only:
+            metadata = {**obj["metadata"], "resourceVersion": CREATE_ONLY_PRECONDITION}
+            obj = {**obj, "metadata": metadata}
         # force: the operator owns what it renders, even fields another manager once set.
-        applied = resource.server_side_apply(
-            body=obj, field_manager=field_manager, namespace=namespace, force_conflicts=True
-        )
+        try:
+            applied = resource.server_side_apply(
+                body=obj, field_manager=field_manager, namespace=namespace, force_conflicts=True
+            )
+        except ApiException as error:
+            if create_only and error.status == 409:
+                raise AlreadyExistsError(str(error.reason)) from error
+            raise
         result: dict[str, Any] = applied.to_dict()
         return result

@@ -19,10 +19,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import dataclasses
 import functools
 import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -36,7 +38,7 @@ from inferfleet.api.inference_service import InferenceService
 from inferfleet.api.model_deployment import ModelDeployment, Role
 from inferfleet.autoscale.controller import AutoscalerSettings, PrometheusSource, tick
 from inferfleet.autoscale.ownership import Claim, claims_of
-from inferfleet.kube import Kube, StaleObjectError
+from inferfleet.kube import AlreadyExistsError, Kube, StaleObjectError
 from inferfleet.reconcile.desired import (
     APPLIED_HASH_ANNOTATION,
     Child,
@@ -70,6 +72,8 @@ they change and to know what exists without asking the API server."""
 RECONCILE_WORKERS = 8
 TICK_WORKERS = 4
 TICKER_PERIOD_S = 1.0
+FOREIGN_RECHECK_S = 60.0
+"""How long a name held by an object inferfleet did not create is taken as still held."""
 
 Key = tuple[str, str, str]
 """(kind, namespace, name)"""
@@ -235,6 +239,8 @@ class Controller:
         self._ticked: dict[tuple[str, str], float] = {}
         self._backends: dict[tuple[str, str], set[str]] = {}
         self._unschedulable: set[tuple[str, str]] = set()
+        self._foreign: dict[tuple[str, ObjectKey], float] = {}
+        self._foreign_lock = threading.Lock()  # workers are threads
         self._tasks: list[asyncio.Task[None]] = []
 
     # The event loop's side: keys in, workers out.
@@ -356,7 +362,8 @@ class Controller:
             self.reconciles.forget(key)
             return Done()
         uid = str(body["metadata"].get("uid", ""))
-        space = self.indices.namespace(namespace, uid)
+        foreign = self._foreign_in(namespace)
+        space = dataclasses.replace(self.indices.namespace(namespace, uid), foreign=foreign)
         if kind == MODEL_DEPLOYMENT:
             outcome = model_deployment_outcome(
                 body,
@@ -375,18 +382,49 @@ class Controller:
             outcome = inference_service_outcome(
                 body, space=space, backends=backends, install=self.install, now=_now()
             )
-        return self._carry_out(key, body, outcome)
+        done = self._carry_out(key, body, outcome)
+        if done is None:  # an object in the way, now known: what to do instead
+            return self._reconcile(key)
+        if foreign and done.requeue_after_s is None:
+            return Done(FOREIGN_RECHECK_S)
+        return done
 
-    def _carry_out(self, key: Key, body: dict[str, Any], outcome: Outcome) -> Done:
+    def _carry_out(self, key: Key, body: dict[str, Any], outcome: Outcome) -> Done | None:
+        """Apply, delete, post, write status; None when an object inferfleet did not create
+        holds a name to be created (nothing else done: reconcile again, knowing it)."""
         namespace = key[1]
         for obj in outcome.apply:
-            kube().apply(obj)
+            new = ObjectKey.of(obj)
+            try:
+                kube().apply(obj, create_only=new in outcome.new)
+            except AlreadyExistsError:
+                if self._ours(namespace, new):
+                    continue  # created a moment ago: its watch event follows
+                with self._foreign_lock:
+                    self._foreign[namespace, new] = time.monotonic() + FOREIGN_RECHECK_S
+                return None
         for gone in outcome.delete:
             kube().delete(gone.api_version, gone.kind, gone.name, namespace)
         self._post(body, outcome.events)
         if outcome.status is not None:
             self._write_status(key, body, outcome.status)
         return Done(outcome.requeue_after_s)
+
+    def _ours(self, namespace: str, key: ObjectKey) -> bool:
+        """Whether inferfleet created the object (its index may not hold it yet)."""
+        found = kube().get(key.api_version, key.kind, key.name, namespace)
+        if found is None:
+            raise StaleObjectError(f"{key.describe()} went away while created")
+        return bool(child_entries(namespace, found))
+
+    def _foreign_in(self, namespace: str) -> frozenset[ObjectKey]:
+        """The names of `namespace` found held by objects inferfleet did not create, until it
+        is time to look again."""
+        now = time.monotonic()
+        with self._foreign_lock:
+            for expired in [k for k, until in self._foreign.items() if until <= now]:
+                del self._foreign[expired]
+            return frozenset(key for ns, key in self._foreign if ns == namespace)
 
     def _post(self, body: Mapping[str, Any], events: Iterable[Event]) -> None:
         """Post Events before the status that records their cause (see `reconcile.events`).

@@ -100,6 +100,9 @@ class Outcome:
     status: dict[str, Any] | None = None
     """The status patch (a merge patch: null removes a field); None: status is as desired."""
     events: tuple[Event, ...] = ()
+    new: frozenset[ObjectKey] = frozenset()
+    """Those of `apply` the resource has not created yet: applied only where no object of
+    the name exists (one inferfleet did not create is never taken over)."""
     requeue_after_s: float | None = None
     """Reconcile again after this long even if nothing changes (a pin that expires)."""
 
@@ -112,6 +115,8 @@ class Namespace:
     """The objects this resource created (its uid is their controller)."""
     holder: Callable[[ObjectKey], str | None] = field(default=lambda _key: None)
     """The uid of the inferfleet resource that created the object of that name, if one did."""
+    foreign: frozenset[ObjectKey] = frozenset()
+    """Names held by objects inferfleet did not create (found when creating one was refused)."""
 
 
 def stamped(obj: Mapping[str, Any]) -> dict[str, Any]:
@@ -138,7 +143,9 @@ def _to_apply(
             or (replicas is not None and child.replicas != replicas)
         ):
             changed.append(stamped(obj))
-    return tuple(changed)
+    # Workloads last: what their pods use (a service account, a config map) exists before the
+    # pods are created, and a name found taken stops the apply before any pod runs.
+    return tuple(sorted(changed, key=lambda obj: obj["kind"] == "Deployment"))
 
 
 def _to_delete(
@@ -148,14 +155,33 @@ def _to_delete(
     return tuple(sorted(child.key for child in children if child.key not in wanted))
 
 
-def _collisions(objects: Sequence[Mapping[str, Any]], uid: str, space: Namespace) -> list[str]:
-    """Objects this resource would render whose names another inferfleet resource holds."""
-    taken = []
-    for obj in objects:
-        holder = space.holder(ObjectKey.of(obj))
-        if holder is not None and holder != uid:
-            taken.append(ObjectKey.of(obj).describe())
-    return taken
+def _new(objects: Sequence[Mapping[str, Any]], children: Sequence[Child]) -> frozenset[ObjectKey]:
+    held = {child.key for child in children}
+    return frozenset(key for obj in objects if (key := ObjectKey.of(obj)) not in held)
+
+
+def _collisions(objects: Sequence[Mapping[str, Any]], uid: str, space: Namespace) -> str | None:
+    """What holds names this resource would render (another inferfleet resource, or objects
+    inferfleet did not create), as a condition's message; None when nothing does."""
+    keys = [ObjectKey.of(obj) for obj in objects]
+    foreign = [key.describe() for key in keys if key in space.foreign]
+    taken = [
+        key.describe()
+        for key in keys
+        if (holder := space.holder(key)) is not None and holder != uid
+    ]
+    problems = []
+    if taken:
+        problems.append(
+            f"{', '.join(taken)} already belong to another inferfleet resource of this "
+            "namespace; rename one of the two"
+        )
+    if foreign:
+        problems.append(
+            f"{', '.join(foreign)} already exist and inferfleet did not create them; rename "
+            "this resource or remove them (checked again every minute)"
+        )
+    return f"not applied: {'; '.join(problems)}" if problems else None
 
 
 def status_patch(
@@ -339,6 +365,7 @@ def model_deployment_outcome(
     return Outcome(
         apply=apply,
         delete=_to_delete(objects, space.children) if objects else (),
+        new=_new(objects, space.children),
         status=status_patch(previous, status, owned=MODEL_DEPLOYMENT_STATUS_FIELDS),
         events=tuple(events),
         requeue_after_s=(pin.until - now).total_seconds() if pin and pinned else None,
@@ -364,17 +391,10 @@ def _rendered(
         )
     except UnsupportedSpecError as error:
         return [], Blocked("SpecNotApplied", f"not applied: {error}")
-    taken = _collisions(objects, uid, space)
-    if taken:
-        return [], Blocked("NameCollision", _collision_message(taken))
+    collision = _collisions(objects, uid, space)
+    if collision is not None:
+        return [], Blocked("NameCollision", collision)
     return objects, None
-
-
-def _collision_message(taken: Sequence[str]) -> str:
-    return (
-        f"not applied: {', '.join(taken)} already belong to another inferfleet resource of "
-        "this namespace; rename one of the two"
-    )
 
 
 def _autoscaling_record(
@@ -469,11 +489,11 @@ def inference_service_outcome(
     except MissingReferenceError as error:
         objects, verdict = [], (False, "MissingDeployment", str(error))
     else:
-        taken = _collisions(objects, uid, space)
+        collision = _collisions(objects, uid, space)
         url = f"http://{name}.{namespace}.svc.cluster.local"
-        if taken:
+        if collision is not None:
             objects, url = [], None
-            verdict = (False, "NameCollision", _collision_message(taken))
+            verdict = (False, "NameCollision", collision)
         else:
             verdict = _backends_verdict(sorted(referenced), ready_backends)
     previous = stored_status(body, InferenceServiceStatus)
@@ -495,6 +515,7 @@ def inference_service_outcome(
     return Outcome(
         apply=_to_apply(objects, space.children),
         delete=_to_delete(objects, space.children) if objects else (),
+        new=_new(objects, space.children),
         status=status_patch(previous, desired),
         events=tuple(_condition_events(conditions, after)),
     )
