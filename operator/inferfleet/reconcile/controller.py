@@ -215,6 +215,8 @@ class Done:
     """What a finished reconcile leaves for the event loop."""
 
     requeue_after_s: float | None = None
+    gone: bool = False
+    """The object no longer exists: its retries and failure count are dropped."""
 
 
 class Controller:
@@ -240,6 +242,8 @@ class Controller:
         self._backends: dict[tuple[str, str], set[str]] = {}
         self._unschedulable: set[tuple[str, str]] = set()
         self._foreign: dict[tuple[str, ObjectKey], float] = {}
+        self._children: dict[tuple[str, str], Child] = {}
+        """What the indices held of each created object when its owner was last queued."""
         self._foreign_lock = threading.Lock()  # workers are threads
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -282,6 +286,24 @@ class Controller:
             self._backends.pop((namespace, name), None)
         else:
             self._backends[(namespace, name)] = backends
+
+    def child_changed(self, namespace: str, obj: Mapping[str, Any], *, gone: bool) -> None:
+        """An object the operator created: its owner is reconciled when what the indices hold
+        of it changed (a status write that changes nothing the owner reads costs nothing)."""
+        held = child_entries(namespace, obj)
+        child = next((value for key, value in held.items() if key[0] == "owner"), None)
+        if not isinstance(child, Child):
+            return
+        seen = (namespace, str((obj.get("metadata") or {}).get("uid", "")))
+        if gone:
+            self._children.pop(seen, None)
+        elif self._children.get(seen) == child:
+            return
+        else:
+            self._children[seen] = child
+        for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
+            if ref.get("uid") == child.owner_uid:
+                self.add(str(ref["kind"]), namespace, str(ref["name"]))
 
     def pod_changed(self, namespace: str, name: str, labels: Mapping[str, str]) -> None:
         """An engine pod that is, or was, unschedulable: its deployment says so, or not."""
@@ -333,6 +355,8 @@ class Controller:
                 queue.done(key, failed=True)
                 continue
             queue.done(key)
+            if done.gone:
+                queue.forget(key)  # here, on the loop that owns the queue
             if done.requeue_after_s is not None:
                 queue.add_after(key, done.requeue_after_s)
 
@@ -359,8 +383,7 @@ class Controller:
         kind, namespace, name = key
         body = self._body(key)
         if body is None:  # gone: owner references take its children with it
-            self.reconciles.forget(key)
-            return Done()
+            return Done(gone=True)
         uid = str(body["metadata"].get("uid", ""))
         foreign = self._foreign_in(namespace)
         space = dataclasses.replace(self.indices.namespace(namespace, uid), foreign=foreign)
@@ -451,8 +474,7 @@ class Controller:
         service_key = (INFERENCE_SERVICE, namespace, name)
         body = self._body(service_key)
         if body is None:
-            self.ticks.forget(key)
-            return Done()
+            return Done(gone=True)
         service = _readable(InferenceService, body)
         if service is None:
             return Done()  # its reconcile reports the spec

@@ -27,8 +27,6 @@ from inferfleet.autoscale.controller import AutoscalerSettings
 from inferfleet.autoscale.ownership import claims_of
 from inferfleet.reconcile.controller import (
     CHILD_KINDS,
-    INFERENCE_SERVICE,
-    MODEL_DEPLOYMENT,
     Controller,
     child_entries,
     child_index,
@@ -177,13 +175,10 @@ async def inference_service_event(
 
 
 async def _child_event(
-    *, namespace: str | None, body: kopf.Body, memo: kopf.Memo, **indices: Any
+    *, type: str | None, namespace: str | None, body: kopf.Body, memo: kopf.Memo, **indices: Any
 ) -> None:
-    if namespace is None:
-        return
-    for owner in body.metadata.get("ownerReferences") or []:
-        if owner.get("controller") and owner.get("kind") in (MODEL_DEPLOYMENT, INFERENCE_SERVICE):
-            _controller(memo, indices).add(str(owner["kind"]), namespace, str(owner["name"]))
+    if namespace is not None:
+        _controller(memo, indices).child_changed(namespace, dict(body), gone=type == "DELETED")
 
 
 for _api_version, _kind in CHILD_KINDS:
