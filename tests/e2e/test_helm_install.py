@@ -338,6 +338,16 @@ def test_uninstall_leaves_nothing_of_the_operator_and_keeps_the_crds(install: In
     ).stdout  # fmt: skip
     assert not left.strip(), left
     assert wait_until(lambda: not _operator_argv(ip), 60, 1.0), "the operator still runs"
+    # The Lease the operator created goes with its Deployment, its owner.
+    assert wait_until(
+        lambda: (
+            not install.kubectl.run(
+                "get", "lease", OPERATOR, "-n", NAMESPACE, "--ignore-not-found", "-o", "name"
+            ).stdout.strip()
+        ),
+        60,
+        1.0,
+    ), "the operator's Lease is still there"
     listed = install.helm("list", "--namespace", NAMESPACE, "-o", "json").stdout
     assert json.loads(listed) == []
     assert "not found" in install.helm("status", RELEASE, "-n", NAMESPACE, check=False).stderr

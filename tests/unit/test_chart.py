@@ -25,7 +25,7 @@ from inferfleet.api.crd import crd_files
 from inferfleet.devcluster.tools import TOOLS_DIR, cached_tool
 from inferfleet.render.rbac import (
     CRD_RULE,
-    LEASE_RULE,
+    LEADER_ELECTION_RULES,
     NAMESPACED_RULES,
     NAMESPACES_RULE,
     Rule,
@@ -125,7 +125,7 @@ def rules_file_text() -> str:
         "namespaced": NAMESPACED_RULES,
         "crdReader": (CRD_RULE,),
         "clusterScopeOnly": (NAMESPACES_RULE,),
-        "leaderElection": (LEASE_RULE,),
+        "leaderElection": LEADER_ELECTION_RULES,
     }
     header = [
         "# Generated from operator/inferfleet/render/rbac.py. Do not edit; regenerate with",
@@ -247,7 +247,7 @@ def test_two_leader_elected_replicas_on_different_nodes_by_default() -> None:
     assert budget["spec"] == {"minAvailable": 1, "selector": {"matchLabels": selector}}
     role = find(objects, "Role", f"{OPERATOR}-leader-election")
     assert role["metadata"]["namespace"] == NAMESPACE
-    assert role["rules"] == [LEASE_RULE.to_wire()]
+    assert role["rules"] == [rule.to_wire() for rule in LEADER_ELECTION_RULES]
     binding = find(objects, "RoleBinding", f"{OPERATOR}-leader-election")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert binding["subjects"] == [

@@ -175,8 +175,12 @@ def test_leader_election_reads_and_writes_leases_only_in_the_operators_namespace
 ) -> None:
     role = kind(objects, "Role", LEADER_ELECTION_NAME)
     assert role["metadata"]["namespace"] == "inferfleet-system"
-    # Read, create, renew by replace at a resourceVersion: no patch, list, watch or delete.
-    assert grants(role["rules"]) == {("coordination.k8s.io", "leases"): {"create", "get", "update"}}
+    # Read, create, renew by replace at a resourceVersion: no patch, list, watch or delete;
+    # and read the operator's own Deployment, the Lease's owner.
+    assert grants(role["rules"]) == {
+        ("coordination.k8s.io", "leases"): {"create", "get", "update"},
+        ("apps", "deployments"): {"get"},
+    }
     binding = kind(objects, "RoleBinding", LEADER_ELECTION_NAME)
     assert binding["metadata"]["namespace"] == "inferfleet-system"
     assert binding["roleRef"] == {

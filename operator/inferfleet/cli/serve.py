@@ -237,6 +237,13 @@ def run_command(
     leader_election_id: Annotated[
         str, typer.Option(help="Name of the Lease; replicas with the same one take turns.")
     ] = DEFAULT_ELECTION_ID,
+    leader_election_owner: Annotated[
+        str | None,
+        typer.Option(
+            help="The operator's Deployment, in the Lease's namespace: the Lease's owner, so "
+            "that removing the operator removes the Lease.",
+        ),
+    ] = None,
 ) -> None:
     """Run the operator: reconcile ModelDeployments and InferenceServices into workloads, and
     autoscale the services with `autoscaling.policy: goodput` from Prometheus."""
@@ -262,7 +269,9 @@ def run_command(
     )
     election = (
         LeaderElection(
-            namespace=leader_election_namespace or default_namespace(), name=leader_election_id
+            namespace=leader_election_namespace or default_namespace(),
+            name=leader_election_id,
+            owner=leader_election_owner,
         )
         if leader_elect
         else None

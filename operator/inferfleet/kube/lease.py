@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -20,6 +21,9 @@ class LeaseRecord:
     acquire_time: datetime | None = None
     renew_time: datetime | None = None
     transitions: int = 0
+
+
+logger = logging.getLogger(__name__)
 
 
 class LeaseConflictError(Exception):
@@ -53,21 +57,66 @@ def _resource_version(lease: client.V1Lease) -> str:
 class KubernetesLeaseStore:
     """The Lease through the official client's CoordinationV1Api."""
 
-    def __init__(self, api_client: client.ApiClient, namespace: str, name: str) -> None:
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        namespace: str,
+        name: str,
+        owner_deployment: str | None = None,
+    ) -> None:
         self._api = client.CoordinationV1Api(api_client)
+        self._apps = client.AppsV1Api(api_client)
         self.namespace = namespace
         self.name = name
+        self.owner_deployment = owner_deployment
+        """The operator's Deployment (in the Lease's namespace): the Lease's owner, so that the
+        garbage collector removes the Lease with the operator (`helm uninstall`)."""
+        self._owner: client.V1OwnerReference | None = None
+        self._owner_looked_up = False
 
     @property
     def where(self) -> str:
         return f"{self.namespace}/{self.name}"
 
-    def _body(self, record: LeaseRecord, resource_version: str | None) -> client.V1Lease:
+    def _owner_reference(self, timeout_s: float) -> client.V1OwnerReference | None:
+        """The owner Deployment's reference, looked up once. One that cannot be read (RBAC of
+        an earlier release, a Deployment of another name) leaves the Lease without an owner,
+        said once in the log: leader election never waits on it."""
+        if self._owner_looked_up or not self.owner_deployment:
+            return self._owner
+        self._owner_looked_up = True
+        try:
+            deployment = self._apps.read_namespaced_deployment(
+                self.owner_deployment, self.namespace, _request_timeout=timeout_s
+            )
+        except (ApiException, urllib3.exceptions.HTTPError) as error:
+            logger.warning(
+                "leader election: the Lease gets no owner (Deployment %s/%s: %s); remove it by "
+                "hand if the operator is removed",
+                self.namespace,
+                self.owner_deployment,
+                getattr(error, "reason", error),
+            )
+            return None
+        uid = deployment.metadata.uid if deployment.metadata is not None else None
+        if uid:
+            self._owner = client.V1OwnerReference(
+                api_version="apps/v1", kind="Deployment", name=self.owner_deployment, uid=uid
+            )
+        return self._owner
+
+    def _body(
+        self, record: LeaseRecord, resource_version: str | None, timeout_s: float
+    ) -> client.V1Lease:
+        owner = self._owner_reference(timeout_s)
         return client.V1Lease(
             api_version="coordination.k8s.io/v1",
             kind="Lease",
             metadata=client.V1ObjectMeta(
-                name=self.name, namespace=self.namespace, resource_version=resource_version
+                name=self.name,
+                namespace=self.namespace,
+                resource_version=resource_version,
+                owner_references=[owner] if owner is not None else None,
             ),
             spec=lease_spec(record),
         )
@@ -94,7 +143,7 @@ class KubernetesLeaseStore:
     def create(self, record: LeaseRecord, timeout_s: float) -> str:
         try:
             created = self._api.create_namespaced_lease(
-                self.namespace, self._body(record, None), _request_timeout=timeout_s
+                self.namespace, self._body(record, None, timeout_s), _request_timeout=timeout_s
             )
         except ApiException as error:
             if error.status == 409:
@@ -107,7 +156,7 @@ class KubernetesLeaseStore:
             replaced = self._api.replace_namespaced_lease(
                 self.name,
                 self.namespace,
-                self._body(record, resource_version),
+                self._body(record, resource_version, timeout_s),
                 _request_timeout=timeout_s,
             )
         except ApiException as error:

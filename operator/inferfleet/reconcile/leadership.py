@@ -202,6 +202,9 @@ class LeaderElection:
 
     namespace: str
     name: str = DEFAULT_ELECTION_ID
+    owner: str | None = None
+    """The operator's Deployment in `namespace`, named as the Lease's owner (removing the
+    operator removes the Lease); None: the Lease outlives it."""
     identity: str = field(default_factory=default_identity)
     timing: ElectionTiming = field(default_factory=ElectionTiming)
 

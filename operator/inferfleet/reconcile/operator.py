@@ -62,7 +62,7 @@ def run(
         _run_kopf(namespaces, liveness_endpoint, install, autoscaler)
         return
     store = KubernetesLeaseStore(
-        Kube.from_environment().api_client, election.namespace, election.name
+        Kube.from_environment().api_client, election.namespace, election.name, election.owner
     )
     elector = LeaderElector(store, election.identity, election.timing)
     stop = threading.Event()

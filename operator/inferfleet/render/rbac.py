@@ -157,6 +157,14 @@ LEASE_RULE: Final = Rule(
     "leader election, in the operator's own namespace: read its Lease, create it, renew and "
     "release it by replace at the resourceVersion read",
 )
+LEASE_OWNER_RULE: Final = Rule(
+    ("apps",),
+    ("deployments",),
+    ("get",),
+    "leader election, in the operator's own namespace: its own Deployment, named as the "
+    "Lease's owner so that removing the operator removes its Lease",
+)
+LEADER_ELECTION_RULES: Final = (LEASE_RULE, LEASE_OWNER_RULE)
 
 
 def _meta(name: str, namespace: str | None = None) -> dict[str, Any]:
@@ -214,7 +222,7 @@ def cluster_wide(namespace: str = DEFAULT_NAMESPACE) -> list[dict[str, Any]]:
 def leader_election(namespace: str = DEFAULT_NAMESPACE) -> list[dict[str, Any]]:
     """The Lease grant, in the operator's own namespace, whatever it watches."""
     return [
-        role("Role", LEADER_ELECTION_NAME, (LEASE_RULE,), namespace),
+        role("Role", LEADER_ELECTION_NAME, LEADER_ELECTION_RULES, namespace),
         binding("RoleBinding", LEADER_ELECTION_NAME, "Role", namespace, namespace),
     ]
 
@@ -255,13 +263,13 @@ def rbac_files(namespace: str = DEFAULT_NAMESPACE) -> dict[str, str]:
     return {
         "cluster-wide.yaml": _header(
             f"The operator watching every namespace (ServiceAccount in {namespace}).",
-            (*NAMESPACED_RULES, CRD_RULE, NAMESPACES_RULE, LEASE_RULE),
+            (*NAMESPACED_RULES, CRD_RULE, NAMESPACES_RULE, *LEADER_ELECTION_RULES),
         )
         + _documents(cluster_wide(namespace)),
         "single-namespace.yaml": _header(
             f"The operator watching only {namespace}; the Role and RoleBinding go where it "
             "watches.",
-            (*NAMESPACED_RULES, CRD_RULE, LEASE_RULE),
+            (*NAMESPACED_RULES, CRD_RULE, *LEADER_ELECTION_RULES),
         )
         + _documents(single_namespace(namespace)),
     }
