@@ -164,10 +164,14 @@ class Kube:
         patched: dict[str, Any] = stored.to_dict()
         return patched
 
+    def _resource_of(self, obj: dict[str, Any]) -> tuple[Any, str | None]:
+        """The object's resource, and its namespace where the kind has one."""
+        resource = self.resource(obj["apiVersion"], obj["kind"])
+        return resource, obj["metadata"].get("namespace") if resource.namespaced else None
+
     def create(self, obj: dict[str, Any]) -> bool:
         """Create one object; False when one of its name is already there (left as it is)."""
-        resource = self.resource(obj["apiVersion"], obj["kind"])
-        namespace = obj["metadata"].get("namespace") if resource.namespaced else None
+        resource, namespace = self._resource_of(obj)
         try:
             resource.create(body=obj, namespace=namespace)
         except ApiException as error:
@@ -182,8 +186,7 @@ class Kube:
         """Server-side apply of one object; returns what the API server stored.
 
         `create_only`: only if no object of its name exists, else `AlreadyExistsError`."""
-        resource = self.resource(obj["apiVersion"], obj["kind"])
-        namespace = obj["metadata"].get("namespace") if resource.namespaced else None
+        resource, namespace = self._resource_of(obj)
         if create_only:
             metadata = {**obj["metadata"], "resourceVersion": CREATE_ONLY_PRECONDITION}
             obj = {**obj, "metadata": metadata}
