@@ -5,7 +5,6 @@ elsewhere (the controller, the fleet simulator), so the same policy drives both.
 from inferfleet.autoscale.policy import (
     Decision,
     LatencyFactors,
-    LatencyOffsets,
     PolicyHistory,
     PolicySpec,
     Reason,
@@ -19,7 +18,6 @@ from inferfleet.autoscale.snapshot import MetricsSnapshot, RoleMetrics, ServiceM
 __all__ = [
     "Decision",
     "LatencyFactors",
-    "LatencyOffsets",
     "MetricsSnapshot",
     "PolicyHistory",
     "PolicySpec",

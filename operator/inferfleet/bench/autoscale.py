@@ -520,8 +520,14 @@ def run_scenario(
     started = clock()
     oracle = per_window_oracle(requests, service, base, window_s)
     cpu = {"oracle": clock() - started}
+    # The static fleet to beat, and a start of the clairvoyant search: from the oracle's peak,
+    # down to the fluid bound's mean GPUs (no fewer can do the work within the load's duration).
     started = clock()
-    clairvoyant = clairvoyant_schedule(requests, service, base, oracle, window_s)
+    peak = static_counts(oracle.needs, service.roles, peak=True)
+    best = static_best(requests, service, base, peak, fluid.static_floor(horizon))
+    cpu["static-best"] = clock() - started
+    started = clock()
+    clairvoyant = clairvoyant_schedule(requests, service, base, oracle, window_s, static=best)
     cpu["clairvoyant"] = clock() - started
     mix = (
         max(1, round(sum(r.input_tokens for r in requests) / max(1, len(requests)))),
@@ -533,16 +539,11 @@ def run_scenario(
     runs: dict[str, FleetRun] = {}
     results: list[PolicyResult] = []
     goodput_decisions: list[tuple[float, str, str]] = []
-    best: StaticBest | None = None
     for policy in names:
         started = clock()
         if policy == "clairvoyant":
             run = clairvoyant.run
         elif policy == "static-best":
-            # From the oracle's peak, down to the fluid bound's mean GPUs (no fewer can do the
-            # work within the load's duration).
-            peak = static_counts(oracle.needs, service.roles, peak=True)
-            best = static_best(requests, service, base, peak, fluid.static_floor(horizon))
             run = best.run
         else:
             scaler, initial = build_scaler(
@@ -559,7 +560,7 @@ def run_scenario(
                     (at, decision.reason.value, decision.message)
                     for at, decision in scaler.decisions
                 ]
-        if policy != "clairvoyant":
+        if policy not in ("clairvoyant", "static-best"):
             cpu[policy] = clock() - started
         runs[policy] = run
         results.append(

@@ -23,7 +23,6 @@ from inferfleet.autoscale.policy.history import (
     DemandSample,
     LastDecision,
     LatencyFactors,
-    LatencyOffsets,
     MissFloor,
     PolicyHistory,
     Recommendation,
@@ -33,6 +32,7 @@ from inferfleet.autoscale.policy.learning import (
     attainment_feedback,
     calibrate,
     planning_slo,
+    tally_outcomes,
 )
 from inferfleet.autoscale.policy.sizing import Sizing, size_role
 from inferfleet.autoscale.policy.spec import PolicySpec, Reason
@@ -124,7 +124,7 @@ class _Sizer:
     spec: PolicySpec
     snapshot: MetricsSnapshot
     demand: Demand
-    calibration: LatencyOffsets
+    calibration: LatencyFactors
     tightening: LatencyFactors
     current: Mapping[Role, int]
 
@@ -223,10 +223,15 @@ def _miss_floors(
 ) -> tuple[dict[Role, int], dict[Role, MissFloor]]:
     """The fewest replicas each role may have now, and the floors remembered from misses.
 
-    A role whose target is missed does not shrink. A lesson adds replicas in proportion to the
-    shortfall (the share of requests that would have to meet the target and did not), at least
-    one; the count that answered a miss holds while the load that missed does."""
+    A role whose target is missed does not shrink below the replicas that served the miss
+    (those still starting were asked for to answer it, and the sizing says whether they are
+    still needed). A lesson adds replicas in proportion to the shortfall (the share of requests
+    that would have to meet the target and did not), at least one; the count that answered a
+    miss holds while the load that missed does."""
     now, roles = snapshot.taken_at_s, spec.role_names
+    serving = {
+        role: min(current[role], role_metrics(snapshot, role).ready_replicas) for role in roles
+    }
     attainment = snapshot.service.attainment
     shortfall = 0.0 if attainment is None else max(0.0, spec.attainment_target - attainment)
     answer = {
@@ -250,7 +255,7 @@ def _miss_floors(
         role: max(
             holding.get(role, 0),
             answer.get(role, 0),
-            current[role] if role in missed else 0,
+            serving[role] if role in missed else 0,
         )
         for role in roles
     }
@@ -355,5 +360,6 @@ def _decide_fresh(
         attainment_when_tightened=lesson.attainment_when_tightened,
         miss_floors=floors,
         last_decision=LastDecision(now, dict(replicas), reason),
+        outcomes=tally_outcomes(spec, snapshot, history),
     )
     return Decision(dict(replicas), reason, message, new_history, estimates)

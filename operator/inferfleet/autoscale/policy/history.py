@@ -54,6 +54,21 @@ class MixMemory:
 
 
 @dataclass(frozen=True)
+class OutcomeTally:
+    """Requests completed and requests that met the SLO, each an exponentially decayed sum over
+    `PolicySpec.attainment_memory_s`: the attainment the target is judged on, over far more
+    requests than one rate window holds."""
+
+    at_s: float
+    requests: float
+    met: float
+
+    @property
+    def attainment(self) -> float | None:
+        return self.met / self.requests if self.requests > 0 else None
+
+
+@dataclass(frozen=True)
 class LatencyFactors:
     """One factor per latency target; the planner plans against target / factor."""
 
@@ -69,21 +84,6 @@ class LatencyFactors:
 
 
 @dataclass(frozen=True)
-class LatencyOffsets:
-    """Measured minus predicted latency, seconds, per target."""
-
-    ttft_s: float = 0.0
-    tpot_s: float = 0.0
-
-    def to_wire(self) -> dict[str, float]:
-        return {"ttftS": self.ttft_s, "tpotS": self.tpot_s}
-
-    @classmethod
-    def from_wire(cls, data: Mapping[str, Any]) -> LatencyOffsets:
-        return cls(float(data.get("ttftS", 0.0)), float(data.get("tpotS", 0.0)))
-
-
-@dataclass(frozen=True)
 class PolicyHistory:
     """Small and immutable: recent recommendations and demand, when each role last grew, what
     the policy learned about latency, and the last decision taken on fresh metrics."""
@@ -91,8 +91,8 @@ class PolicyHistory:
     recommendations: tuple[Recommendation, ...] = ()
     demand: tuple[DemandSample, ...] = ()
     last_scale_up_s: Mapping[Role, float] = field(default_factory=dict)
-    calibration: LatencyOffsets = LatencyOffsets()
-    """Measured latency minus the planner's prediction at the running fleet (moving average):
+    calibration: LatencyFactors = LatencyFactors()
+    """Measured latency over the planner's prediction at the running fleet (moving average):
     a model optimistic for this workload is corrected before attainment suffers, and a
     pessimistic one stops holding GPUs it does not need."""
     tightening: LatencyFactors = LatencyFactors()
@@ -104,6 +104,7 @@ class PolicyHistory:
     miss_floors: Mapping[Role, MissFloor] = field(default_factory=dict)
     last_decision: LastDecision | None = None
     mix: MixMemory | None = None
+    outcomes: OutcomeTally | None = None
 
     def to_wire(self) -> dict[str, Any]:
         """Plain JSON-able data (camelCase), for an annotation."""
@@ -113,6 +114,7 @@ class PolicyHistory:
 
         last = self.last_decision
         mix = self.mix
+        outcomes = self.outcomes
         return {
             "recommendations": [
                 {"atS": r.at_s, "replicas": counts(r.replicas)} for r in self.recommendations
@@ -144,6 +146,9 @@ class PolicyHistory:
                 "inputTokens": mix.input_tokens,
                 "outputTokens": mix.output_tokens,
             },
+            "outcomes": None
+            if outcomes is None
+            else {"atS": outcomes.at_s, "requests": outcomes.requests, "met": outcomes.met},
         }
 
     @classmethod
@@ -155,6 +160,7 @@ class PolicyHistory:
 
         last = data.get("lastDecision")
         mix = data.get("mix")
+        outcomes = data.get("outcomes")
         tightened = data.get("tightenedAtS")
         taught = data.get("attainmentWhenTightened")
         return cls(
@@ -167,7 +173,7 @@ class PolicyHistory:
                 for d in data.get("demand", [])
             ),
             last_scale_up_s={Role(r): float(t) for r, t in data.get("lastScaleUpS", {}).items()},
-            calibration=LatencyOffsets.from_wire(data.get("calibration", {})),
+            calibration=LatencyFactors.from_wire(data.get("calibration", {})),
             tightening=LatencyFactors.from_wire(data.get("tightening", {})),
             tightened_at_s=None if tightened is None else float(tightened),
             attainment_when_tightened=None if taught is None else float(taught),
@@ -184,5 +190,10 @@ class PolicyHistory:
             if mix is None
             else MixMemory(
                 float(mix["atS"]), float(mix["inputTokens"]), float(mix["outputTokens"])
+            ),
+            outcomes=None
+            if outcomes is None
+            else OutcomeTally(
+                float(outcomes["atS"]), float(outcomes["requests"]), float(outcomes["met"])
             ),
         )

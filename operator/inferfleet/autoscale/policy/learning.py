@@ -10,24 +10,29 @@ from dataclasses import dataclass
 from inferfleet.api.model_deployment import Role
 from inferfleet.autoscale.policy.demand import Demand, role_metrics
 from inferfleet.autoscale.policy.explanation import ms
-from inferfleet.autoscale.policy.history import LatencyFactors, LatencyOffsets, PolicyHistory
+from inferfleet.autoscale.policy.history import (
+    LatencyFactors,
+    OutcomeTally,
+    PolicyHistory,
+)
 from inferfleet.autoscale.policy.sizing import operating_point_at, transfer_s
 from inferfleet.autoscale.policy.spec import DECODING_ROLES, PREFILLING_ROLES, PolicySpec, Reason
 from inferfleet.autoscale.snapshot import MetricsSnapshot
 from inferfleet.planning.capacity import Slo
 
 
-def planning_slo(spec: PolicySpec, offsets: LatencyOffsets, tightening: LatencyFactors) -> Slo:
-    """The targets the planner plans against: each less (a share of) what the model misses,
-    then tightened by what attainment taught."""
-    slo, weight = spec.slo, spec.calibration_weight
+def planning_slo(spec: PolicySpec, calibration: LatencyFactors, tightening: LatencyFactors) -> Slo:
+    """The targets the planner plans against: each over the ratio of measured to predicted
+    latency (what the model misses for this workload, its tail beyond the quantile the planner
+    predicts included), then over what attainment taught."""
+    slo = spec.slo
 
-    def target(value: float | None, offset: float, factor: float) -> float | None:
-        return None if value is None else (value - weight * offset) / factor
+    def target(value: float | None, ratio: float, factor: float) -> float | None:
+        return None if value is None else value / (ratio * factor)
 
     return Slo(
-        ttft_p95_s=target(slo.ttft_p95_s, offsets.ttft_s, tightening.ttft),
-        tpot_p95_s=target(slo.tpot_p95_s, offsets.tpot_s, tightening.tpot),
+        ttft_p95_s=target(slo.ttft_p95_s, calibration.ttft, tightening.ttft),
+        tpot_p95_s=target(slo.tpot_p95_s, calibration.tpot, tightening.tpot),
     )
 
 
@@ -45,10 +50,12 @@ def calibrate(
     current: Mapping[Role, int],
     history: PolicyHistory,
     demand: Demand,
-) -> LatencyOffsets:
-    """Update the calibration from this snapshot: the latencies measured over the window
-    against the planner's prediction for the replicas that served them (the ready ones) at the
-    measured load. Skipped when too few requests completed, when the planner sees that fleet
+) -> LatencyFactors:
+    """Update the calibration from this snapshot: the ratio of the latencies measured over the
+    window (at the quantile the attainment target is judged at) to the planner's prediction for
+    the replicas that served them (the ready ones) at the measured load. A ratio, because the
+    tail beyond the planner's quantile grows with the latency itself (batches that vary in
+    size and mix). Skipped when too few requests completed, when the planner sees that fleet
     overloaded (a backlog drains; no steady state to compare with), and while replicas that
     were asked for join (the window mixes two fleets)."""
     previous = history.calibration
@@ -72,16 +79,14 @@ def calibrate(
     elapsed = snapshot.taken_at_s - (history.last_decision.at_s if history.last_decision else 0)
     weight = min(1.0, max(0.0, elapsed) / snapshot.window_s)
 
-    def blend(
-        old: float, measured: float | None, predicted: float | None, target: float | None
-    ) -> float:
-        if measured is None or predicted is None or target is None:
+    def blend(old: float, measured: float | None, predicted: float | None) -> float:
+        if measured is None or predicted is None:
             return old
-        if not math.isfinite(predicted):
+        if not (math.isfinite(predicted) and predicted > 0):
             return old
-        limit = spec.calibration_limit * target
-        offset = min(limit, max(-limit, measured - predicted))
-        return old + weight * (offset - old)
+        limit = spec.calibration_limit
+        ratio = min(limit, max(1 / limit, measured / predicted))
+        return old + weight * (ratio - old)
 
     ttft_predicted: float | None = None
     tpot_predicted: float | None = None
@@ -94,19 +99,65 @@ def calibrate(
             ttft_predicted = point.ttft_p95_s + transfer_s(spec, policy, demand)
         if role in DECODING_ROLES:
             tpot_predicted = point.tpot_s
-    return LatencyOffsets(
-        ttft_s=blend(
-            previous.ttft_s,
-            _observed_latency(spec, service.ttft_p95_s, service.ttft_p99_s),
+    return LatencyFactors(
+        ttft=blend(
+            previous.ttft,
+            _observed_latency(spec, service.ttft_p95_s, service.ttft_p99_s)
+            if spec.slo.ttft_p95_s is not None
+            else None,
             ttft_predicted,
-            spec.slo.ttft_p95_s,
         ),
-        tpot_s=blend(
-            previous.tpot_s,
-            _observed_latency(spec, service.tpot_p95_s, service.tpot_p99_s),
+        tpot=blend(
+            previous.tpot,
+            _observed_latency(spec, service.tpot_p95_s, service.tpot_p99_s)
+            if spec.slo.tpot_p95_s is not None
+            else None,
             tpot_predicted,
-            spec.slo.tpot_p95_s,
         ),
+    )
+
+
+def tally_outcomes(
+    spec: PolicySpec, snapshot: MetricsSnapshot, history: PolicyHistory
+) -> OutcomeTally:
+    """The decayed tally of completed and met requests, this tick's share of the window added:
+    the requests completed since the last tally (at most one rate window's)."""
+    now = snapshot.taken_at_s
+    previous = history.outcomes
+    service = snapshot.service
+    if previous is None:
+        elapsed, requests, met = snapshot.window_s, 0.0, 0.0
+    else:
+        elapsed = min(snapshot.window_s, max(0.0, now - previous.at_s))
+        keep = math.exp(-max(0.0, now - previous.at_s) / spec.attainment_memory_s)
+        requests, met = previous.requests * keep, previous.met * keep
+    if service.attainment is None:
+        return OutcomeTally(now, requests, met)
+    completed = service.requests_per_s * spec.traffic_share * elapsed
+    return OutcomeTally(now, requests + completed, met + completed * service.attainment)
+
+
+def below_target(spec: PolicySpec, attainment: float, requests: float) -> bool:
+    """Attainment below the target by more than `miss_significance` binomial standard errors
+    of `requests` requests."""
+    target = spec.attainment_target
+    if requests <= 0 or attainment >= target:
+        return False
+    error = math.sqrt(target * (1 - target) / requests)
+    return attainment < target - spec.miss_significance * error
+
+
+def _missed(
+    spec: PolicySpec, snapshot: MetricsSnapshot, history: PolicyHistory, attainment: float
+) -> bool:
+    """The window's attainment is below the target, and not by chance: beyond the window's
+    noise, or with the longer tally below the target too."""
+    if attainment >= spec.attainment_target:
+        return False
+    window_requests = snapshot.service.requests_per_s * spec.traffic_share * snapshot.window_s
+    tally = tally_outcomes(spec, snapshot, history)
+    return below_target(spec, attainment, window_requests) or (
+        tally.attainment is not None and below_target(spec, tally.attainment, tally.requests)
     )
 
 
@@ -138,7 +189,7 @@ def attainment_feedback(
     service = snapshot.service
     attainment = service.attainment
     previous = history.tightening
-    if attainment is None or attainment >= spec.attainment_target:
+    if attainment is None or not _missed(spec, snapshot, history, attainment):
         elapsed = snapshot.taken_at_s - (
             history.last_decision.at_s if history.last_decision else snapshot.taken_at_s
         )

@@ -89,7 +89,7 @@ class PolicySpec:
     """Share of the service's traffic this deployment receives (its weight over the total)."""
     stale_after_s: float = 120.0
     """Metrics older than this are not acted on."""
-    load_margin: float = 0.1
+    load_margin: float = 0.0
     """Pools are sized for this fraction more than the forecast load (burstiness above Poisson)."""
     scale_down_margin: float = 0.1
     """A pool shrinks only to a count that holds this fraction more load again (hysteresis)."""
@@ -100,7 +100,7 @@ class PolicySpec:
     """How long the prompt/output lengths are remembered (an exponential average)."""
     trend_tolerance: float = 0.15
     """A rising trend is acted on when it adds more than this fraction within a cold start."""
-    max_trend_growth: float = 1.5
+    max_trend_growth: float = 1.2
     """The forecast never exceeds this multiple of the current demand."""
     kv_target_usage: float = 0.85
     """Measured KV-cache usage above this asks for more replicas of the role."""
@@ -113,19 +113,24 @@ class PolicySpec:
     tightening_half_life_s: float = 1800.0
     """How fast a tightening relaxes towards 1 while the attainment target is met."""
     calibrate: bool = True
-    """Plan against the targets less the measured-minus-predicted latency (see
+    """Plan against the targets over the measured-to-predicted latency ratio (see
     PolicyHistory.calibration)."""
-    calibration_limit: float = 0.5
-    """The calibration offset stays within this fraction of its target, either way."""
-    calibration_weight: float = 0.5
-    """The share of the offset planned against: it is measured at p95 over a window that takes
-    in bursts, and attainment feedback tightens further where that is not enough."""
+    calibration_limit: float = 3.0
+    """The calibration ratio stays within [1 / limit, limit]."""
     miss_memory_s: float = 1800.0
     """After a miss taught a lesson, the role keeps the count that answered it this long while
     the load stays (so the target is not lost again as soon as the lesson relaxes)."""
     max_calibrated_growth: float = 2.0
     """Calibration and tightening together never ask for more than this multiple of the
     planner's own count for the raw targets (a bound on what a wrong lesson can cost)."""
+    attainment_memory_s: float = 1800.0
+    """How long completed requests count towards the attainment the policy judges itself on
+    (an exponentially decayed tally): a window's shortfall within its noise teaches only when
+    this longer tally is below the target too."""
+    miss_significance: float = 2.0
+    """A window's attainment is a miss by itself only when it is this many binomial standard
+    errors below the target for the requests it counted (about 2.5% of windows at the target
+    read lower by chance)."""
     min_requests_to_calibrate: float = 50.0
     """Completed requests in the rate window below which latency quantiles are too noisy."""
     efficiency: EfficiencyTerms = DEFAULT_EFFICIENCY
