@@ -29,9 +29,12 @@ from inferfleet.autoscale.policy import (
     DemandSample,
     LastDecision,
     LatencyFactors,
+    OutcomeTally,
     Recommendation,
     planning_slo,
 )
+from inferfleet.autoscale.policy.demand import growth_headroom
+from inferfleet.autoscale.policy.learning import planned_attainment
 from inferfleet.planning.capacity import Slo, Workload, plan_replica
 from inferfleet.planning.load import operating_point
 from inferfleet.planning.replica import ReplicaConfig
@@ -915,3 +918,103 @@ def test_deterministic(scenario: Scenario) -> None:
     first: Decision = decide(spec, observed, current, history, pins=pins)
     again = decide(spec, observed, dict(current), history, pins=dict(pins))
     assert first == again
+
+
+# What the policy judges itself on: attainment over all requests, not per window.
+
+
+SE_30K = math.sqrt(0.99 * 0.01 / 30_000)
+
+
+def tally(requests: float, attainment: float, at_s: float = NOW - 15) -> PolicyHistory:
+    return replace(
+        recommended(at_s, AGG_HIGH),
+        outcomes=OutcomeTally(at_s, requests, requests * attainment),
+    )
+
+
+@pytest.mark.parametrize(
+    ("history", "want"),
+    [
+        (PolicyHistory(), 0.99),
+        (tally(30_000, 0.99), 0.99),
+        (tally(30_000, 0.9), 0.99),
+        # The whole budget to spare, less two standard errors of the tally: nearly the lowest.
+        (tally(30_000, 1.0), 0.99 - (0.01 - 2 * SE_30K) / 0.01 * 0.04),
+        # Half the budget spent.
+        (tally(30_000, 0.995), 0.99 - (0.005 - 2 * SE_30K) / 0.01 * 0.04),
+        # A few requests prove nothing.
+        (tally(100, 0.999), 0.99),
+    ],
+    ids=["no tally", "at target", "below target", "all met", "half spent", "too few"],
+)
+def test_planned_attainment_spends_only_the_budget_the_tally_proves(
+    history: PolicyHistory, want: float
+) -> None:
+    assert planned_attainment(AGG, history) == pytest.approx(want)
+
+
+def test_a_shortfall_within_the_windows_noise_teaches_nothing() -> None:
+    """0.985 over a window of 160 req/s for 60 s is 2.6 standard errors below 0.99 (a miss);
+    over a window of 5 req/s it is noise, unless the longer tally is below the target too."""
+    spec = AGG_FEEDBACK
+    small = {Role.AGGREGATED: 1}
+    quiet = decide(
+        spec, snapshot(5.0, small, attainment=0.985), small, recommended(NOW - 30, small)
+    )
+    assert quiet.history.tightening == LatencyFactors()
+    assert quiet.reason not in (Reason.SCALE_UP_TTFT, Reason.SCALE_UP_TPOT)
+    behind = replace(recommended(NOW - 30, small), outcomes=OutcomeTally(NOW - 15, 20_000, 19_700))
+    taught = decide(spec, snapshot(5.0, small, attainment=0.985), small, behind)
+    assert taught.history.tightening != LatencyFactors()
+    busy = decide(
+        spec, snapshot(HIGH, AGG_HIGH, attainment=0.985), AGG_HIGH, recommended(NOW - 30, AGG_HIGH)
+    )
+    assert busy.history.tightening != LatencyFactors()
+
+
+def test_a_missed_role_holds_the_replicas_that_served_the_miss_not_those_starting() -> None:
+    """Replicas asked for to answer a miss are not held by it: once the load that asked for
+    them is gone, the sizing alone says whether they are still needed."""
+    ready = AGG_LOW[Role.AGGREGATED]
+    asked = {Role.AGGREGATED: ready + 6}
+    observed = snapshot(LOW, {Role.AGGREGATED: ready}, attainment=0.5)
+    history = replace(recommended(NOW - 400, asked), last_scale_up_s={Role.AGGREGATED: NOW - 30})
+    decision = decide(AGG_FEEDBACK, observed, asked, history)
+    assert decision.replicas[Role.AGGREGATED] < asked[Role.AGGREGATED]
+    assert decision.replicas[Role.AGGREGATED] >= ready
+
+
+def demand_samples(rates: list[float], every_s: float = 15.0) -> tuple[DemandSample, ...]:
+    start = NOW - every_s * len(rates)
+    return tuple(DemandSample(start + i * every_s, r, 0.0) for i, r in enumerate(rates))
+
+
+@pytest.mark.parametrize(
+    ("rates", "want"),
+    [
+        # Flat: no headroom.
+        ([100.0] * 60, 0.0),
+        # 10% more every cold start (120 s, 8 ticks), steadily: 10%.
+        ([100.0 * 1.1 ** (i / 8) for i in range(60)], 0.1),
+        # Faster than the forecast may go: capped at max_trend_growth.
+        ([100.0 * 1.5 ** (i / 8) for i in range(60)], AGG.max_trend_growth - 1),
+        # Falling: none.
+        ([100.0 * 0.9 ** (i / 8) for i in range(60)], 0.0),
+        # Too short a history to measure: none.
+        ([100.0 * 1.1 ** (i / 8) for i in range(12)], 0.0),
+    ],
+    ids=["flat", "steady growth", "capped", "falling", "too short"],
+)
+def test_growth_headroom_is_measured_from_the_demands_own_history(
+    rates: list[float], want: float
+) -> None:
+    assert growth_headroom(AGG, demand_samples(rates)) == pytest.approx(want, abs=1e-6)
+
+
+def test_a_load_that_grew_fast_before_is_sized_with_headroom() -> None:
+    """The same demand now, sized with the growth this load showed within a cold start."""
+    grew = demand_samples([HIGH * 0.9 ** ((60 - i) / 8) for i in range(60)])
+    history = replace(recommended(NOW - 30, AGG_HIGH), demand=grew[:-1])
+    decision = decide(AGG, snapshot(HIGH, AGG_HIGH), AGG_HIGH, history)
+    assert decision.replicas[Role.AGGREGATED] > AGG_HIGH[Role.AGGREGATED]

@@ -8,23 +8,27 @@ One tick, in order:
    in flight), the rate that drains the engines' queues within `backlog_drain_s`, and the
    prompt/output mix (router means, else engine token rates, else the expected load),
    remembered over `mix_memory_s` because a window's mean reads short while the load rises. A
-   least-squares trend over recent ticks projects the demand to now + cold start, since a
-   replica ordered now serves only then.
+   replica ordered now serves only after a cold start, so the demand is sized that far ahead:
+   a least-squares trend over recent ticks when the load keeps rising, and at least the
+   `growth_quantile` of the growth this load showed within a cold start over
+   `growth_memory_s` (headroom measured, not assumed).
 2. Feed-forward. Each pool is sized with the planner (`inferfleet.planning.load`) for that
    demand: the prefill pool on TTFT (prefill service, queueing, KV transfer), the decode pool on
    TPOT, its batch limit and its KV cache, an aggregated pool on both. Measured concurrency and
    KV-cache usage give floors of their own (the decode pool must hold the sequences running
    now). As the mix shifts, each pool follows its own half of the work: prefill:decode rebalances.
-3. Calibration and feedback. The planner plans against (target - weight x offset) /
-   tightening. The offset is measured latency minus predicted latency at the replicas that
-   served it (what the model misses for this workload; additive, so a fixed overhead the
-   planner leaves out does not make more replicas look useful). The tightening is learned from
-   attainment: a miss tightens the latency that missed (TTFT -> prefill or aggregated, TPOT ->
-   decode or aggregated), with replicas added in proportion to the attainment shortfall
-   (`lesson_gain`, at least one) for the roles it concerns, once per
-   cold start and only while the last lesson helped; it relaxes slowly while the target is met,
-   and the count that answered the miss holds while the load that missed does
-   (`miss_memory_s`), so attainment at the edge of its target does not cycle.
+3. Calibration and feedback. The planner plans against target / (calibration x tightening).
+   The calibration is measured latency over predicted latency at the replicas that served it,
+   read at the quantile of the planned attainment: the attainment target, lowered while the
+   decayed tally of all requests (`attainment_memory_s`) holds the target with misses to
+   spare, since the target is judged over all requests, not per window. The tightening is
+   learned from misses beyond the window's noise (`miss_significance` binomial standard
+   errors) or with the tally below target: a miss tightens the latency that missed (TTFT ->
+   prefill or aggregated, TPOT -> decode or aggregated), with replicas added in proportion to
+   the shortfall (`lesson_gain`, at least one) for the roles it concerns, once per cold start
+   and only while the last lesson helped; it relaxes slowly while the target is met, and the
+   count that answered the miss holds while the load that missed does (`miss_memory_s`). A
+   role that misses keeps the replicas that served the miss (not those still starting).
 4. Scale-down stabilisation, as the HPA does: a role shrinks only to the highest recommendation
    of the last `scale_down_stabilization_s`, and only to a count that holds `scale_down_margin`
    more load (hysteresis), so steady load never oscillates. What a queue or a rising trend asks
@@ -44,6 +48,7 @@ from inferfleet.autoscale.policy.history import (
     LastDecision,
     LatencyFactors,
     MissFloor,
+    OutcomeTally,
     PolicyHistory,
     Recommendation,
 )
@@ -65,6 +70,7 @@ __all__ = [
     "LastDecision",
     "LatencyFactors",
     "MissFloor",
+    "OutcomeTally",
     "PolicyHistory",
     "PolicySpec",
     "Reason",

@@ -275,7 +275,9 @@ def _next_history(
     demand samples its trend and mix read, this tick's added (the rest is the caller's)."""
     now = snapshot.taken_at_s
     in_flight = snapshot.service.in_flight_requests * spec.traffic_share
-    keep_after = now - max(spec.scale_down_stabilization_s, trend_window_s(spec, snapshot))
+    keep_after = now - max(
+        spec.scale_down_stabilization_s, trend_window_s(spec, snapshot), spec.growth_memory_s
+    )
     return PolicyHistory(
         recommendations=(*past, Recommendation(now, remembered)),
         demand=(

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from inferfleet.api.model_deployment import Role
@@ -136,6 +137,26 @@ def _sustained_rise(samples: list[DemandSample]) -> float:
     return max(0.0, min(slope, seen))
 
 
+def growth_headroom(spec: PolicySpec, samples: Sequence[DemandSample]) -> float:
+    """The `growth_quantile` of the demand's growth within a cold start, over the samples
+    (ticks at least a cold start apart, each paired with the first one a cold start later),
+    less one; 0 with fewer than `min_growth_samples` pairs or when it never grew."""
+    growths: list[float] = []
+    later = 0
+    for sample in samples:
+        due = sample.at_s + spec.cold_start_s
+        later = max(later, bisect.bisect_left(samples, due, key=lambda s: s.at_s))
+        if later >= len(samples):
+            break
+        if sample.requests_per_s > 0:
+            growths.append(samples[later].requests_per_s / sample.requests_per_s)
+    if len(growths) < spec.min_growth_samples:
+        return 0.0
+    growths.sort()
+    rank = min(len(growths) - 1, math.ceil(spec.growth_quantile * len(growths)) - 1)
+    return min(spec.max_trend_growth, max(1.0, growths[rank])) - 1
+
+
 def estimate_demand(spec: PolicySpec, snapshot: MetricsSnapshot, history: PolicyHistory) -> Demand:
     service = snapshot.service
     share = spec.traffic_share
@@ -180,7 +201,10 @@ def estimate_demand(spec: PolicySpec, snapshot: MetricsSnapshot, history: Policy
     forecast, growth = current, 1.0
     if current > 0 and rise > spec.trend_tolerance * current:
         growth = min(1 + rise / current, spec.max_trend_growth)
-        forecast = current * growth
+    # Headroom for how fast this load has grown within a cold start before.
+    measured = [*(s for s in history.demand if s.at_s < snapshot.taken_at_s), recent[-1]]
+    growth = max(growth, 1 + growth_headroom(spec, measured))
+    forecast = current * growth
     return Demand(
         requests_per_s=arriving,
         forecast_requests_per_s=forecast,

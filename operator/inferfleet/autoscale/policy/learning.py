@@ -36,12 +36,35 @@ def planning_slo(spec: PolicySpec, calibration: LatencyFactors, tightening: Late
     )
 
 
-def _observed_latency(spec: PolicySpec, p95: float | None, p99: float | None) -> float | None:
-    """The measured latency at the quantile the attainment target is judged at (p99 when the
-    target asks for 99% and the router reports it), else p95."""
-    if spec.attainment_target >= 0.99 and p99 is not None:
-        return p99
-    return p95
+# The quantiles the router's histograms are read at (`ServiceMetrics`).
+_MEASURED_QUANTILES = (0.95, 0.99)
+
+
+def planned_attainment(spec: PolicySpec, history: PolicyHistory) -> float:
+    """The share of a window's requests the fleet is sized to serve within the targets: the
+    attainment target, lowered while the decayed tally holds the target with misses to spare
+    (beyond its noise), in proportion to the share of the miss budget unspent, down to
+    `lowest_planned_attainment`. The target is judged over all requests, not per window: a
+    fleet that meets it in every window holds GPUs for misses it could have afforded."""
+    target = spec.attainment_target
+    lowest = min(target, spec.lowest_planned_attainment)
+    tally = history.outcomes
+    if tally is None or tally.attainment is None or tally.requests <= 0 or target >= 1:
+        return target
+    error = math.sqrt(target * (1 - target) / tally.requests)
+    spare = (tally.attainment - target - spec.miss_significance * error) / (1 - target)
+    return target - min(1.0, max(0.0, spare)) * (target - lowest)
+
+
+def _observed_latency(quantile: float, p95: float | None, p99: float | None) -> float | None:
+    """The measured latency at `quantile`: log-linear between the p95 and p99 the router
+    reports, held at the nearer of the two outside them (p95 alone without a p99)."""
+    if p95 is None or p99 is None or p95 <= 0 or p99 <= 0:
+        return p95 if p95 is not None else p99
+    low, high = _MEASURED_QUANTILES
+    share = min(1.0, max(0.0, (quantile - low) / (high - low)))
+    latency: float = p95 * (p99 / p95) ** share
+    return latency
 
 
 def calibrate(
@@ -52,7 +75,7 @@ def calibrate(
     demand: Demand,
 ) -> LatencyFactors:
     """Update the calibration from this snapshot: the ratio of the latencies measured over the
-    window (at the quantile the attainment target is judged at) to the planner's prediction for
+    window (at the quantile of `planned_attainment`) to the planner's prediction for
     the replicas that served them (the ready ones) at the measured load. A ratio, because the
     tail beyond the planner's quantile grows with the latency itself (batches that vary in
     size and mix). Skipped when too few requests completed, when the planner sees that fleet
@@ -61,6 +84,7 @@ def calibrate(
     previous = history.calibration
     service = snapshot.service
     now = snapshot.taken_at_s
+    quantile = planned_attainment(spec, history)
     completed = service.requests_per_s * spec.traffic_share * snapshot.window_s
     ready = {r: role_metrics(snapshot, r).ready_replicas for r in spec.role_names}
     joining = any(
@@ -102,14 +126,14 @@ def calibrate(
     return LatencyFactors(
         ttft=blend(
             previous.ttft,
-            _observed_latency(spec, service.ttft_p95_s, service.ttft_p99_s)
+            _observed_latency(quantile, service.ttft_p95_s, service.ttft_p99_s)
             if spec.slo.ttft_p95_s is not None
             else None,
             ttft_predicted,
         ),
         tpot=blend(
             previous.tpot,
-            _observed_latency(spec, service.tpot_p95_s, service.tpot_p99_s)
+            _observed_latency(quantile, service.tpot_p95_s, service.tpot_p99_s)
             if spec.slo.tpot_p95_s is not None
             else None,
             tpot_predicted,
@@ -137,27 +161,30 @@ def tally_outcomes(
     return OutcomeTally(now, requests + completed, met + completed * service.attainment)
 
 
-def below_target(spec: PolicySpec, attainment: float, requests: float) -> bool:
-    """Attainment below the target by more than `miss_significance` binomial standard errors
-    of `requests` requests."""
-    target = spec.attainment_target
+def below_target(target: float, attainment: float, requests: float, significance: float) -> bool:
+    """Attainment below `target` by more than `significance` binomial standard errors of
+    `requests` requests."""
     if requests <= 0 or attainment >= target:
         return False
     error = math.sqrt(target * (1 - target) / requests)
-    return attainment < target - spec.miss_significance * error
+    return attainment < target - significance * error
 
 
 def _missed(
     spec: PolicySpec, snapshot: MetricsSnapshot, history: PolicyHistory, attainment: float
 ) -> bool:
-    """The window's attainment is below the target, and not by chance: beyond the window's
-    noise, or with the longer tally below the target too."""
-    if attainment >= spec.attainment_target:
+    """The window's attainment is below what the fleet was sized for (`planned_attainment`),
+    and not by chance: beyond the window's noise, or with the longer tally below the target."""
+    planned = planned_attainment(spec, history)
+    if attainment >= planned:
         return False
     window_requests = snapshot.service.requests_per_s * spec.traffic_share * snapshot.window_s
     tally = tally_outcomes(spec, snapshot, history)
-    return below_target(spec, attainment, window_requests) or (
-        tally.attainment is not None and below_target(spec, tally.attainment, tally.requests)
+    return below_target(planned, attainment, window_requests, spec.miss_significance) or (
+        tally.attainment is not None
+        and below_target(
+            spec.attainment_target, tally.attainment, tally.requests, spec.miss_significance
+        )
     )
 
 

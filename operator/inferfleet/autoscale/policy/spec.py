@@ -90,7 +90,9 @@ class PolicySpec:
     stale_after_s: float = 120.0
     """Metrics older than this are not acted on."""
     load_margin: float = 0.0
-    """Pools are sized for this fraction more than the forecast load (burstiness above Poisson)."""
+    """A fixed fraction of load sized for on top of the forecast. None by default: headroom
+    comes from the growth measured within a cold start (`growth_quantile`) and the tail from
+    the calibration at the planned attainment's quantile."""
     scale_down_margin: float = 0.1
     """A pool shrinks only to a count that holds this fraction more load again (hysteresis)."""
     backlog_drain_s: float = 30.0
@@ -101,6 +103,16 @@ class PolicySpec:
     trend_tolerance: float = 0.15
     """A rising trend is acted on when it adds more than this fraction within a cold start."""
     max_trend_growth: float = 1.2
+    growth_memory_s: float = 1800.0
+    """How far back the demand's growth within a cold start is measured (see
+    `growth_quantile`)."""
+    growth_quantile: float = 0.9
+    """The fleet holds headroom for this quantile of the growth the demand showed within a
+    cold start over `growth_memory_s`: a replica ordered now serves only after one, and how
+    fast this load moves is measured, not assumed."""
+    min_growth_samples: int = 8
+    """Growth measurements (pairs of ticks a cold start apart) below which no headroom is
+    held for it (a trend is still acted on)."""
     """The forecast never exceeds this multiple of the current demand."""
     kv_target_usage: float = 0.85
     """Measured KV-cache usage above this asks for more replicas of the role."""
@@ -127,6 +139,12 @@ class PolicySpec:
     """How long completed requests count towards the attainment the policy judges itself on
     (an exponentially decayed tally): a window's shortfall within its noise teaches only when
     this longer tally is below the target too."""
+    lowest_planned_attainment: float = 0.95
+    """While the decayed tally holds the attainment target with misses to spare, windows are
+    sized to serve as few as this share of their requests within the targets (in proportion
+    to the share of the miss budget unspent): the target is judged over all requests, and a
+    fleet sized to meet it in every window holds GPUs for misses it could afford. 0.95: the
+    lowest quantile the router reports."""
     miss_significance: float = 2.0
     """A window's attainment is a miss by itself only when it is this many binomial standard
     errors below the target for the requests it counted (about 2.5% of windows at the target
