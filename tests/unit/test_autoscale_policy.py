@@ -1018,3 +1018,15 @@ def test_a_load_that_grew_fast_before_is_sized_with_headroom() -> None:
     history = replace(recommended(NOW - 30, AGG_HIGH), demand=grew[:-1])
     decision = decide(AGG, snapshot(HIGH, AGG_HIGH), AGG_HIGH, history)
     assert decision.replicas[Role.AGGREGATED] > AGG_HIGH[Role.AGGREGATED]
+
+
+def test_a_lesson_is_sized_by_the_tallys_shortfall_not_one_windows() -> None:
+    """A burst that one window missed almost entirely, on a fleet whose tally is near the
+    target: one lesson, not a doubled fleet."""
+    count = AGG_HIGH[Role.AGGREGATED]
+    history = replace(
+        recommended(NOW - 30, AGG_HIGH), outcomes=OutcomeTally(NOW - 15, 50_000, 49_450)
+    )
+    decision = decide(AGG_FEEDBACK, snapshot(HIGH, AGG_HIGH, attainment=0.5), AGG_HIGH, history)
+    assert decision.history.tightening != LatencyFactors()
+    assert count < decision.replicas[Role.AGGREGATED] <= count + max(2, count // 4)

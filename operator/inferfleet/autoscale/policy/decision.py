@@ -225,14 +225,17 @@ def _miss_floors(
 
     A role whose target is missed does not shrink below the replicas that served the miss
     (those still starting were asked for to answer it, and the sizing says whether they are
-    still needed). A lesson adds replicas in proportion to the shortfall (the share of requests
-    that would have to meet the target and did not), at least one; the count that answered a
-    miss holds while the load that missed does."""
+    still needed). A lesson adds replicas in proportion to the shortfall of the decayed tally
+    of all requests (what the target is judged on; a burst that one window missed entirely is
+    not a fleet short by half), at least one; the count that answered a miss holds while the
+    load that missed does."""
     now, roles = snapshot.taken_at_s, spec.role_names
     serving = {
         role: min(current[role], role_metrics(snapshot, role).ready_replicas) for role in roles
     }
-    attainment = snapshot.service.attainment
+    attainment = tally_outcomes(spec, snapshot, history).attainment
+    if attainment is None:
+        attainment = snapshot.service.attainment
     shortfall = 0.0 if attainment is None else max(0.0, spec.attainment_target - attainment)
     answer = {
         role: current[role] + max(1, round(current[role] * min(1.0, spec.lesson_gain * shortfall)))
