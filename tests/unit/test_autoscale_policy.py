@@ -923,9 +923,6 @@ def test_deterministic(scenario: Scenario) -> None:
 # What the policy judges itself on: attainment over all requests, not per window.
 
 
-SE_30K = math.sqrt(0.99 * 0.01 / 30_000)
-
-
 def tally(requests: float, attainment: float, at_s: float = NOW - 15) -> PolicyHistory:
     return replace(
         recommended(at_s, AGG_HIGH),
@@ -939,16 +936,16 @@ def tally(requests: float, attainment: float, at_s: float = NOW - 15) -> PolicyH
         (PolicyHistory(), 0.99),
         (tally(30_000, 0.99), 0.99),
         (tally(30_000, 0.9), 0.99),
-        # The whole budget to spare, less two standard errors of the tally: nearly the lowest.
-        (tally(30_000, 1.0), 0.99 - (0.01 - 2 * SE_30K) / 0.01 * 0.04),
-        # Half the budget spent.
-        (tally(30_000, 0.995), 0.99 - (0.005 - 2 * SE_30K) / 0.01 * 0.04),
-        # A few requests prove nothing.
-        (tally(100, 0.999), 0.99),
+        # The whole budget to spare: the lowest planned.
+        (tally(30_000, 1.0), 0.95),
+        # Half the budget spent: halfway.
+        (tally(30_000, 0.995), 0.97),
+        # Too few requests to tell spare misses from noise (fewer than 4 x 0.99 / 0.01).
+        (tally(390, 1.0), 0.99),
     ],
     ids=["no tally", "at target", "below target", "all met", "half spent", "too few"],
 )
-def test_planned_attainment_spends_only_the_budget_the_tally_proves(
+def test_planned_attainment_spends_the_budget_the_tally_leaves(
     history: PolicyHistory, want: float
 ) -> None:
     assert planned_attainment(AGG, history) == pytest.approx(want)
@@ -1010,6 +1007,16 @@ def test_growth_headroom_is_measured_from_the_demands_own_history(
     rates: list[float], want: float
 ) -> None:
     assert growth_headroom(AGG, demand_samples(rates)) == pytest.approx(want, abs=1e-6)
+
+
+def test_growth_within_counting_noise_holds_no_headroom() -> None:
+    """5 req/s counted over a minute (300 requests) reads +-4% by chance: no headroom for it;
+    the same swing at 500 req/s is real growth."""
+    swing = [1.04 if (i // 8) % 2 else 0.96 for i in range(60)]
+    noisy = demand_samples([5.0 * f for f in swing])
+    assert growth_headroom(AGG, noisy, WINDOW_S) == 0.0
+    busy = demand_samples([500.0 * f for f in swing])
+    assert growth_headroom(AGG, busy, WINDOW_S) > 0.05
 
 
 def test_a_load_that_grew_fast_before_is_sized_with_headroom() -> None:

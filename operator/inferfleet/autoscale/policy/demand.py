@@ -7,6 +7,7 @@ import itertools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 
 from inferfleet.api.model_deployment import Role
 from inferfleet.autoscale.policy.history import DemandSample, MixMemory, PolicyHistory
@@ -137,11 +138,16 @@ def _sustained_rise(samples: list[DemandSample]) -> float:
     return max(0.0, min(slope, seen))
 
 
-def growth_headroom(spec: PolicySpec, samples: Sequence[DemandSample]) -> float:
+def growth_headroom(
+    spec: PolicySpec, samples: Sequence[DemandSample], window_s: float = math.inf
+) -> float:
     """The `growth_quantile` of the demand's growth within a cold start, over the samples
-    (ticks at least a cold start apart, each paired with the first one a cold start later),
-    less one; 0 with fewer than `min_growth_samples` pairs or when it never grew."""
+    (each paired with the first one a cold start later), less one and less the growth that
+    counting noise alone gives at that quantile (two rates, each counted over a `window_s`
+    window, of a load that does not move: a normal approximation of Poisson counts); 0 with
+    fewer than `min_growth_samples` pairs or when it never grew beyond the noise."""
     growths: list[float] = []
+    counted: list[float] = []
     later = 0
     for sample in samples:
         due = sample.at_s + spec.cold_start_s
@@ -150,11 +156,14 @@ def growth_headroom(spec: PolicySpec, samples: Sequence[DemandSample]) -> float:
             break
         if sample.requests_per_s > 0:
             growths.append(samples[later].requests_per_s / sample.requests_per_s)
+            counted.append(sample.requests_per_s * window_s)
     if len(growths) < spec.min_growth_samples:
         return 0.0
     growths.sort()
     rank = min(len(growths) - 1, math.ceil(spec.growth_quantile * len(growths)) - 1)
-    return min(spec.max_trend_growth, max(1.0, growths[rank])) - 1
+    requests = sum(counted) / len(counted)
+    noise = NormalDist().inv_cdf(spec.growth_quantile) * math.sqrt(2 / requests)
+    return min(spec.max_trend_growth - 1, max(0.0, growths[rank] - 1 - noise))
 
 
 def estimate_demand(spec: PolicySpec, snapshot: MetricsSnapshot, history: PolicyHistory) -> Demand:
@@ -203,7 +212,7 @@ def estimate_demand(spec: PolicySpec, snapshot: MetricsSnapshot, history: Policy
         growth = min(1 + rise / current, spec.max_trend_growth)
     # Headroom for how fast this load has grown within a cold start before.
     measured = [*(s for s in history.demand if s.at_s < snapshot.taken_at_s), recent[-1]]
-    growth = max(growth, 1 + growth_headroom(spec, measured))
+    growth = max(growth, 1 + growth_headroom(spec, measured, snapshot.window_s))
     forecast = current * growth
     return Demand(
         requests_per_s=arriving,

@@ -42,17 +42,20 @@ _MEASURED_QUANTILES = (0.95, 0.99)
 
 def planned_attainment(spec: PolicySpec, history: PolicyHistory) -> float:
     """The share of a window's requests the fleet is sized to serve within the targets: the
-    attainment target, lowered while the decayed tally holds the target with misses to spare
-    (beyond its noise), in proportion to the share of the miss budget unspent, down to
+    attainment target, lowered while the decayed tally holds the target with misses to spare,
+    in proportion to the share of the miss budget unspent, down to
     `lowest_planned_attainment`. The target is judged over all requests, not per window: a
     fleet that meets it in every window holds GPUs for misses it could have afforded."""
     target = spec.attainment_target
     lowest = min(target, spec.lowest_planned_attainment)
     tally = history.outcomes
-    if tally is None or tally.attainment is None or tally.requests <= 0 or target >= 1:
+    if tally is None or tally.attainment is None or target >= 1:
         return target
-    error = math.sqrt(target * (1 - target) / tally.requests)
-    spare = (tally.attainment - target - spec.miss_significance * error) / (1 - target)
+    # Too few requests to tell the spare misses from noise: one standard error of the tally
+    # must be within half the miss share.
+    if tally.requests < 4 * target / (1 - target):
+        return target
+    spare = (tally.attainment - target) / (1 - target)
     return target - min(1.0, max(0.0, spare)) * (target - lowest)
 
 

@@ -122,7 +122,7 @@ class PolicySpec:
     """A lesson adds this multiple of the attainment shortfall, as a share of the replicas
     running (at least one replica): 0.5 below target on 10 replicas adds 10."""
     max_tightening: float = 3.0
-    tightening_half_life_s: float = 1800.0
+    tightening_half_life_s: float = 600.0
     """How fast a tightening relaxes towards 1 while the attainment target is met."""
     calibrate: bool = True
     """Plan against the targets over the measured-to-predicted latency ratio (see
