@@ -26,6 +26,7 @@ from inferfleet.autoscale import (
     policy_spec,
 )
 from inferfleet.autoscale.policy import (
+    Calibration,
     DemandSample,
     LastDecision,
     LatencyFactors,
@@ -573,7 +574,7 @@ def test_steady_noisy_load_never_changes_direction(spec: PolicySpec) -> None:
         assert all(s > 0 for s in steps) or all(s < 0 for s in steps), series
         assert len(steps) <= 2, series
     # The model misses a fifth of the latency: the calibration learns it is optimistic.
-    assert history.calibration.tpot > 1
+    assert history.calibration.tpot_ratio > 1
     slo = planning_slo(spec, history.calibration, history.tightening)
     for role in spec.role_names:
         low = planned(spec, HIGH * 0.92, slo=slo)[role]
@@ -682,7 +683,7 @@ def test_calibration_learns_an_optimistic_model() -> None:
     decision = run_with_model_error(TIGHT, error, ticks=12)
     final = decision.replicas[Role.AGGREGATED]
     # What the model misses at the fleet it settled on, and the count that covers it.
-    assert decision.history.calibration.tpot == pytest.approx(error, rel=0.03)
+    assert decision.history.calibration.tpot_ratio == pytest.approx(error, rel=0.03)
     covering = planned(TIGHT, HIGH, slo=calibrated(TIGHT, decision))[Role.AGGREGATED]
     assert covering > planned(TIGHT, HIGH)[Role.AGGREGATED]
     # Scale-down hysteresis may hold one replica over the count that covers it, never fewer.
@@ -691,8 +692,8 @@ def test_calibration_learns_an_optimistic_model() -> None:
 
 def test_calibration_relaxes_a_pessimistic_model() -> None:
     decision = run_with_model_error(TIGHT, 0.3, ticks=12)
-    assert decision.history.calibration.tpot < 1
-    assert decision.history.calibration.ttft < 1
+    assert decision.history.calibration.tpot_ratio < 1
+    assert decision.history.calibration.ttft_offset_s < 0
     relaxed = planned(TIGHT, HIGH, slo=calibrated(TIGHT, decision))[Role.AGGREGATED]
     assert relaxed < planned(TIGHT, HIGH)[Role.AGGREGATED]
     # The fleet shrinks to the relaxed count unless scale-down hysteresis holds one more.
@@ -744,7 +745,7 @@ def test_calibration_compares_with_the_replicas_that_served() -> None:
     )
     history = replace(recommended(NOW - WINDOW_S, asked), last_scale_up_s={Role.AGGREGATED: NOW})
     decision = decide(AGG, observed, asked, history)
-    assert decision.history.calibration.tpot == pytest.approx(error, rel=0.03)
+    assert decision.history.calibration.tpot_ratio == pytest.approx(error, rel=0.03)
 
 
 def test_calibration_skips_the_window_in_which_replicas_join() -> None:
@@ -756,7 +757,7 @@ def test_calibration_skips_the_window_in_which_replicas_join() -> None:
         recommended(NOW - WINDOW_S, AGG_HIGH), last_scale_up_s={Role.AGGREGATED: joined}
     )
     decision = decide(AGG, observed, AGG_HIGH, history)
-    assert decision.history.calibration == LatencyFactors()
+    assert decision.history.calibration == Calibration()
 
 
 def test_a_load_at_the_edge_between_two_counts_does_not_shrink() -> None:

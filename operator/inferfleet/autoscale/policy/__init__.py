@@ -17,8 +17,9 @@ One tick, in order:
    TPOT, its batch limit and its KV cache, an aggregated pool on both. Measured concurrency and
    KV-cache usage give floors of their own (the decode pool must hold the sequences running
    now). As the mix shifts, each pool follows its own half of the work: prefill:decode rebalances.
-3. Calibration and feedback. The planner plans against target / (calibration x tightening).
-   The calibration is measured latency over predicted latency at the replicas that served it,
+3. Calibration and feedback. The planner plans against the targets corrected by the
+   calibration (measured TTFT less predicted, measured TPOT over predicted, at the replicas
+   that served them), then over the tightening. Latencies are
    read at the quantile of the planned attainment: the attainment target, lowered while the
    decayed tally of all requests (`attainment_memory_s`) holds the target with misses to
    spare, since the target is judged over all requests, not per window. The tightening is
@@ -44,6 +45,7 @@ Stale or missing metrics hold the last decision.
 from inferfleet.autoscale.policy.decision import Decision, decide
 from inferfleet.autoscale.policy.explanation import RoleEstimate
 from inferfleet.autoscale.policy.history import (
+    Calibration,
     DemandSample,
     LastDecision,
     LatencyFactors,
@@ -65,6 +67,7 @@ from inferfleet.autoscale.policy.spec import (
 __all__ = [
     "DECODING_ROLES",
     "PREFILLING_ROLES",
+    "Calibration",
     "Decision",
     "DemandSample",
     "LastDecision",

@@ -20,6 +20,7 @@ from inferfleet.autoscale.policy.explanation import (
     role_estimate,
 )
 from inferfleet.autoscale.policy.history import (
+    Calibration,
     DemandSample,
     LastDecision,
     LatencyFactors,
@@ -124,7 +125,7 @@ class _Sizer:
     spec: PolicySpec
     snapshot: MetricsSnapshot
     demand: Demand
-    calibration: LatencyFactors
+    calibration: Calibration
     tightening: LatencyFactors
     current: Mapping[Role, int]
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from inferfleet.api.model_deployment import Role
 from inferfleet.autoscale.policy.constraints import Constrained
 from inferfleet.autoscale.policy.demand import Demand
-from inferfleet.autoscale.policy.history import LatencyFactors
+from inferfleet.autoscale.policy.history import Calibration
 from inferfleet.autoscale.policy.sizing import Sizing, operating_point_at, transfer_s
 from inferfleet.autoscale.policy.spec import (
     DECODING_ROLES,
@@ -53,16 +53,16 @@ def role_estimate(
     sizing: Sizing,
     recommended: int,
     count: int,
-    calibration: LatencyFactors,
+    calibration: Calibration,
 ) -> RoleEstimate:
     rate = demand.forecast_requests_per_s
     point = operating_point_at(spec, policy, rate, count, demand) if rate > 0 else None
     ttft = tpot = None
     if point is not None and point.stable:
         if policy.role in PREFILLING_ROLES:
-            ttft = (point.ttft_p95_s + transfer_s(spec, policy, demand)) * calibration.ttft
+            ttft = point.ttft_p95_s + transfer_s(spec, policy, demand) + calibration.ttft_offset_s
         if policy.role in DECODING_ROLES:
-            tpot = point.tpot_s * calibration.tpot
+            tpot = point.tpot_s * calibration.tpot_ratio
     return RoleEstimate(
         role=policy.role,
         needed=sizing.needed,

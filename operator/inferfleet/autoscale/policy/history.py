@@ -84,6 +84,24 @@ class LatencyFactors:
 
 
 @dataclass(frozen=True)
+class Calibration:
+    """What the planner misses for this workload, measured at the running fleet: TTFT as an
+    offset (waiting the model leaves out, in the router, the queue or the hand-off, does not
+    shrink with more replicas), TPOT as a ratio (the spread of decode steps around the mean
+    the planner predicts grows with the step)."""
+
+    ttft_offset_s: float = 0.0
+    tpot_ratio: float = 1.0
+
+    def to_wire(self) -> dict[str, float]:
+        return {"ttftOffsetS": self.ttft_offset_s, "tpotRatio": self.tpot_ratio}
+
+    @classmethod
+    def from_wire(cls, data: Mapping[str, Any]) -> Calibration:
+        return cls(float(data.get("ttftOffsetS", 0.0)), float(data.get("tpotRatio", 1.0)))
+
+
+@dataclass(frozen=True)
 class PolicyHistory:
     """Small and immutable: recent recommendations and demand, when each role last grew, what
     the policy learned about latency, and the last decision taken on fresh metrics."""
@@ -91,8 +109,8 @@ class PolicyHistory:
     recommendations: tuple[Recommendation, ...] = ()
     demand: tuple[DemandSample, ...] = ()
     last_scale_up_s: Mapping[Role, float] = field(default_factory=dict)
-    calibration: LatencyFactors = LatencyFactors()
-    """Measured latency over the planner's prediction at the running fleet (moving average):
+    calibration: Calibration = Calibration()
+    """Measured latency against the planner's prediction at the running fleet (moving average):
     a model optimistic for this workload is corrected before attainment suffers, and a
     pessimistic one stops holding GPUs it does not need."""
     tightening: LatencyFactors = LatencyFactors()
@@ -173,7 +191,7 @@ class PolicyHistory:
                 for d in data.get("demand", [])
             ),
             last_scale_up_s={Role(r): float(t) for r, t in data.get("lastScaleUpS", {}).items()},
-            calibration=LatencyFactors.from_wire(data.get("calibration", {})),
+            calibration=Calibration.from_wire(data.get("calibration", {})),
             tightening=LatencyFactors.from_wire(data.get("tightening", {})),
             tightened_at_s=None if tightened is None else float(tightened),
             attainment_when_tightened=None if taught is None else float(taught),

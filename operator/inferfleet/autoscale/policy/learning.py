@@ -11,6 +11,7 @@ from inferfleet.api.model_deployment import Role
 from inferfleet.autoscale.policy.demand import Demand, role_metrics
 from inferfleet.autoscale.policy.explanation import ms
 from inferfleet.autoscale.policy.history import (
+    Calibration,
     LatencyFactors,
     OutcomeTally,
     PolicyHistory,
@@ -21,18 +22,16 @@ from inferfleet.autoscale.snapshot import MetricsSnapshot
 from inferfleet.planning.capacity import Slo
 
 
-def planning_slo(spec: PolicySpec, calibration: LatencyFactors, tightening: LatencyFactors) -> Slo:
-    """The targets the planner plans against: each over the ratio of measured to predicted
-    latency (what the model misses for this workload, its tail beyond the quantile the planner
-    predicts included), then over what attainment taught."""
+def planning_slo(spec: PolicySpec, calibration: Calibration, tightening: LatencyFactors) -> Slo:
+    """The targets the planner plans against: each corrected by what the model misses for this
+    workload (its tail beyond the quantile the planner predicts included), then over what
+    attainment taught."""
     slo = spec.slo
-
-    def target(value: float | None, ratio: float, factor: float) -> float | None:
-        return None if value is None else value / (ratio * factor)
-
+    ttft = slo.ttft_p95_s
+    tpot = slo.tpot_p95_s
     return Slo(
-        ttft_p95_s=target(slo.ttft_p95_s, calibration.ttft, tightening.ttft),
-        tpot_p95_s=target(slo.tpot_p95_s, calibration.tpot, tightening.tpot),
+        ttft_p95_s=None if ttft is None else (ttft - calibration.ttft_offset_s) / tightening.ttft,
+        tpot_p95_s=None if tpot is None else tpot / (calibration.tpot_ratio * tightening.tpot),
     )
 
 
@@ -76,14 +75,13 @@ def calibrate(
     current: Mapping[Role, int],
     history: PolicyHistory,
     demand: Demand,
-) -> LatencyFactors:
-    """Update the calibration from this snapshot: the ratio of the latencies measured over the
-    window (at the quantile of `planned_attainment`) to the planner's prediction for
-    the replicas that served them (the ready ones) at the measured load. A ratio, because the
-    tail beyond the planner's quantile grows with the latency itself (batches that vary in
-    size and mix). Skipped when too few requests completed, when the planner sees that fleet
-    overloaded (a backlog drains; no steady state to compare with), and while replicas that
-    were asked for join (the window mixes two fleets)."""
+) -> Calibration:
+    """Update the calibration from this snapshot: the latencies measured over the window (at
+    the quantile of `planned_attainment`) against the planner's prediction for the replicas
+    that served them (the ready ones) at the measured load, TTFT as the difference and TPOT as
+    the ratio (`Calibration`), each within its limit. Skipped when too few requests completed,
+    when the planner sees that fleet overloaded (a backlog drains; no steady state to compare
+    with), and while replicas that were asked for join (the window mixes two fleets)."""
     previous = history.calibration
     service = snapshot.service
     now = snapshot.taken_at_s
@@ -106,14 +104,8 @@ def calibrate(
     elapsed = snapshot.taken_at_s - (history.last_decision.at_s if history.last_decision else 0)
     weight = min(1.0, max(0.0, elapsed) / snapshot.window_s)
 
-    def blend(old: float, measured: float | None, predicted: float | None) -> float:
-        if measured is None or predicted is None:
-            return old
-        if not (math.isfinite(predicted) and predicted > 0):
-            return old
-        limit = spec.calibration_limit
-        ratio = min(limit, max(1 / limit, measured / predicted))
-        return old + weight * (ratio - old)
+    def blend(old: float, new: float | None) -> float:
+        return old if new is None else old + weight * (new - old)
 
     ttft_predicted: float | None = None
     tpot_predicted: float | None = None
@@ -126,21 +118,18 @@ def calibrate(
             ttft_predicted = point.ttft_p95_s + transfer_s(spec, policy, demand)
         if role in DECODING_ROLES:
             tpot_predicted = point.tpot_s
-    return LatencyFactors(
-        ttft=blend(
-            previous.ttft,
-            _observed_latency(quantile, service.ttft_p95_s, service.ttft_p99_s)
-            if spec.slo.ttft_p95_s is not None
-            else None,
-            ttft_predicted,
-        ),
-        tpot=blend(
-            previous.tpot,
-            _observed_latency(quantile, service.tpot_p95_s, service.tpot_p99_s)
-            if spec.slo.tpot_p95_s is not None
-            else None,
-            tpot_predicted,
-        ),
+    ttft = _observed_latency(quantile, service.ttft_p95_s, service.ttft_p99_s)
+    tpot = _observed_latency(quantile, service.tpot_p95_s, service.tpot_p99_s)
+    ttft_offset = tpot_ratio = None
+    if ttft is not None and ttft_predicted is not None and spec.slo.ttft_p95_s is not None:
+        limit = spec.ttft_offset_limit * spec.slo.ttft_p95_s
+        ttft_offset = min(limit, max(-limit, ttft - ttft_predicted))
+    if tpot is not None and tpot_predicted and spec.slo.tpot_p95_s is not None:
+        limit = spec.tpot_ratio_limit
+        tpot_ratio = min(limit, max(1 / limit, tpot / tpot_predicted))
+    return Calibration(
+        ttft_offset_s=blend(previous.ttft_offset_s, ttft_offset),
+        tpot_ratio=blend(previous.tpot_ratio, tpot_ratio),
     )
 
 

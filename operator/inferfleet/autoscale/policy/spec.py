@@ -125,10 +125,12 @@ class PolicySpec:
     tightening_half_life_s: float = 600.0
     """How fast a tightening relaxes towards 1 while the attainment target is met."""
     calibrate: bool = True
-    """Plan against the targets over the measured-to-predicted latency ratio (see
+    """Plan against the targets corrected by what the planner misses (see
     PolicyHistory.calibration)."""
-    calibration_limit: float = 3.0
-    """The calibration ratio stays within [1 / limit, limit]."""
+    ttft_offset_limit: float = 0.5
+    """The TTFT calibration offset stays within this fraction of the TTFT target, either way."""
+    tpot_ratio_limit: float = 3.0
+    """The TPOT calibration ratio stays within [1 / limit, limit]."""
     miss_memory_s: float = 1800.0
     """After a miss taught a lesson, the role keeps the count that answered it this long while
     the load stays (so the target is not lost again as soon as the lesson relaxes)."""
