@@ -532,18 +532,12 @@ def clairvoyant_schedule(
                        max_simulations=max_simulations)  # fmt: skip
     if static is None or static.run.gpu_seconds() >= searched.run.gpu_seconds():
         return searched
-    flat = [dict(static.replicas) for _ in oracle.needs]
-    from_static = _search(requests, service, config, oracle, start=flat, start_run=static.run,
-                          window_s=window_s, margin=margin,
-                          max_simulations=max_simulations)  # fmt: skip
-    from_static = replace(
-        from_static,
-        simulations=from_static.simulations + searched.simulations,
-        started_from="the static-best fleet",
-    )
-    if from_static.run.gpu_seconds() < searched.run.gpu_seconds():
-        return from_static
-    return replace(searched, simulations=from_static.simulations)
+    flat = [static.replicas] * len(oracle.needs)
+    again = _search(requests, service, config, oracle, start=flat, start_run=static.run,
+                    window_s=window_s, margin=margin, max_simulations=max_simulations,
+                    started_from="the static-best fleet")  # fmt: skip
+    cheaper = again if again.run.gpu_seconds() < searched.run.gpu_seconds() else searched
+    return replace(cheaper, simulations=searched.simulations + again.simulations)
 
 
 def _search(
@@ -557,6 +551,7 @@ def _search(
     window_s: float,
     margin: float,
     max_simulations: int | None,
+    started_from: str = "the per-window oracle",
 ) -> Clairvoyant:
     """One search of `clairvoyant_schedule`, from `start` (whose run is `start_run`)."""
     horizon = config.horizon_s or max((r.arrival_s for r in requests), default=0.0)
@@ -667,7 +662,7 @@ def _search(
         exhausted.clear()
         passes.append(SearchPass(role, len(lowered), len(accepted), predicted, misses(run),
                                  run.gpu_seconds() / 3600))  # fmt: skip
-    return Clairvoyant(needs, run, oracle, simulations, allowed, aimed, passes)
+    return Clairvoyant(needs, run, oracle, simulations, allowed, aimed, passes, started_from)
 
 
 def _better(candidate: FleetRun, current: FleetRun, allowed: int) -> bool:

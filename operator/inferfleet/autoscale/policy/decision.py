@@ -25,6 +25,7 @@ from inferfleet.autoscale.policy.history import (
     LastDecision,
     LatencyFactors,
     MissFloor,
+    OutcomeTally,
     PolicyHistory,
     Recommendation,
 )
@@ -221,6 +222,7 @@ def _miss_floors(
     current: Mapping[Role, int],
     learned: frozenset[Role],
     missed: frozenset[Role],
+    tally: OutcomeTally,
 ) -> tuple[dict[Role, int], dict[Role, MissFloor]]:
     """The fewest replicas each role may have now, and the floors remembered from misses.
 
@@ -234,7 +236,7 @@ def _miss_floors(
     serving = {
         role: min(current[role], role_metrics(snapshot, role).ready_replicas) for role in roles
     }
-    attainment = tally_outcomes(spec, snapshot, history).attainment
+    attainment = tally.attainment
     if attainment is None:
         attainment = snapshot.service.attainment
     shortfall = 0.0 if attainment is None else max(0.0, spec.attainment_target - attainment)
@@ -303,7 +305,8 @@ def _decide_fresh(
     roles = spec.role_names
     current_counts = {r: max(0, current.get(r, 0)) for r in roles}
     demand = estimate_demand(spec, snapshot, history)
-    feedback = attainment_feedback(spec, snapshot, current_counts, history)
+    tally = tally_outcomes(spec, snapshot, history)
+    feedback = attainment_feedback(spec, snapshot, current_counts, history, tally)
     calibration = calibrate(spec, snapshot, current_counts, history, demand)
     untaught = _Sizer(spec, snapshot, demand, calibration, feedback.tightening, current_counts)
     lesson, sizings = _learn(untaught, feedback, history)
@@ -317,6 +320,7 @@ def _decide_fresh(
         current=current_counts,
         learned=learned,
         missed=feedback.missed,
+        tally=tally,
     )
     past = _stabilisation_window(spec, history, now, current_counts)
     raw = {role: max(sizings[role].needed, floors_now[role]) for role in roles}
@@ -366,6 +370,6 @@ def _decide_fresh(
         attainment_when_tightened=lesson.attainment_when_tightened,
         miss_floors=floors,
         last_decision=LastDecision(now, dict(replicas), reason),
-        outcomes=tally_outcomes(spec, snapshot, history),
+        outcomes=tally,
     )
     return Decision(dict(replicas), reason, message, new_history, estimates)

@@ -163,7 +163,11 @@ def below_target(target: float, attainment: float, requests: float, significance
 
 
 def _missed(
-    spec: PolicySpec, snapshot: MetricsSnapshot, history: PolicyHistory, attainment: float
+    spec: PolicySpec,
+    snapshot: MetricsSnapshot,
+    history: PolicyHistory,
+    attainment: float,
+    tally: OutcomeTally,
 ) -> bool:
     """The window's attainment is below what the fleet was sized for (`planned_attainment`),
     and not by chance: beyond the window's noise, or with the longer tally below the target."""
@@ -171,7 +175,6 @@ def _missed(
     if attainment >= planned:
         return False
     window_requests = snapshot.service.requests_per_s * spec.traffic_share * snapshot.window_s
-    tally = tally_outcomes(spec, snapshot, history)
     return below_target(planned, attainment, window_requests, spec.miss_significance) or (
         tally.attainment is not None
         and below_target(
@@ -204,11 +207,12 @@ def attainment_feedback(
     snapshot: MetricsSnapshot,
     current: Mapping[Role, int],
     history: PolicyHistory,
+    tally: OutcomeTally,
 ) -> Feedback:
     service = snapshot.service
     attainment = service.attainment
     previous = history.tightening
-    if attainment is None or not _missed(spec, snapshot, history, attainment):
+    if attainment is None or not _missed(spec, snapshot, history, attainment, tally):
         elapsed = snapshot.taken_at_s - (
             history.last_decision.at_s if history.last_decision else snapshot.taken_at_s
         )

@@ -90,7 +90,7 @@ class PolicySpec:
     stale_after_s: float = 120.0
     """Metrics older than this are not acted on."""
     load_margin: float = 0.0
-    """A fixed fraction of load sized for on top of the forecast. None by default: headroom
+    """A fixed fraction of load sized for on top of the forecast; 0 by default: headroom
     comes from the growth measured within a cold start (`growth_quantile`) and the tail from
     the calibration at the planned attainment's quantile."""
     scale_down_margin: float = 0.1
@@ -103,6 +103,7 @@ class PolicySpec:
     trend_tolerance: float = 0.15
     """A rising trend is acted on when it adds more than this fraction within a cold start."""
     max_trend_growth: float = 1.2
+    """The forecast never exceeds this multiple of the current demand."""
     growth_memory_s: float = 1800.0
     """How far back the demand's growth within a cold start is measured (see
     `growth_quantile`)."""
@@ -113,7 +114,6 @@ class PolicySpec:
     min_growth_samples: int = 8
     """Growth measurements (pairs of ticks a cold start apart) below which no headroom is
     held for it (a trend is still acted on)."""
-    """The forecast never exceeds this multiple of the current demand."""
     kv_target_usage: float = 0.85
     """Measured KV-cache usage above this asks for more replicas of the role."""
     feedback_gain: float = 1.15
