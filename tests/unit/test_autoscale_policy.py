@@ -972,15 +972,23 @@ def test_a_shortfall_within_the_windows_noise_teaches_nothing() -> None:
 
 
 def test_a_missed_role_holds_the_replicas_that_served_the_miss_not_those_starting() -> None:
-    """Replicas asked for to answer a miss are not held by it: once the load that asked for
-    them is gone, the sizing alone says whether they are still needed."""
+    """Replicas asked for to answer a miss are not held by it: once they have been seen
+    serving (a cold start and a rate window after they were asked for) and the load that asked
+    for them is gone, the sizing alone says whether they are still needed. Before that, the
+    fleet is not shrunk: what it last grew by has not been measured yet."""
     ready = AGG_LOW[Role.AGGREGATED]
     asked = {Role.AGGREGATED: ready + 6}
     observed = snapshot(LOW, {Role.AGGREGATED: ready}, attainment=0.5)
-    history = replace(recommended(NOW - 400, asked), last_scale_up_s={Role.AGGREGATED: NOW - 30})
-    decision = decide(AGG_FEEDBACK, observed, asked, history)
-    assert decision.replicas[Role.AGGREGATED] < asked[Role.AGGREGATED]
-    assert decision.replicas[Role.AGGREGATED] >= ready
+    for ordered_s, held in ((30.0, True), (AGG_FEEDBACK.cold_start_s + WINDOW_S, False)):
+        history = replace(
+            recommended(NOW - 400, asked), last_scale_up_s={Role.AGGREGATED: NOW - ordered_s}
+        )
+        decision = decide(AGG_FEEDBACK, observed, asked, history)
+        if held:
+            assert dict(decision.replicas) == asked
+        else:
+            assert decision.replicas[Role.AGGREGATED] < asked[Role.AGGREGATED]
+            assert decision.replicas[Role.AGGREGATED] >= ready
 
 
 def demand_samples(rates: list[float], every_s: float = 15.0) -> tuple[DemandSample, ...]:
@@ -1038,3 +1046,96 @@ def test_a_lesson_is_sized_by_the_tallys_shortfall_not_one_windows() -> None:
     decision = decide(AGG_FEEDBACK, snapshot(HIGH, AGG_HIGH, attainment=0.5), AGG_HIGH, history)
     assert decision.history.tightening != LatencyFactors()
     assert count < decision.replicas[Role.AGGREGATED] <= count + max(2, count // 4)
+
+
+def counted(
+    base: MetricsSnapshot,
+    *,
+    arrivals: float,
+    recent: float | None = None,
+    recent_window_s: float | None = None,
+) -> MetricsSnapshot:
+    """`base` from a router that counts arrivals: over the rate window, and over a short one."""
+    service = replace(base.service, arrivals_per_s=arrivals, recent_arrivals_per_s=recent)
+    return replace(base, service=service, recent_window_s=recent_window_s)
+
+
+def test_counted_arrivals_are_the_load_while_a_backlog_drains() -> None:
+    """Completions and prefilled prompts run ahead of arrivals while engines work through a
+    backlog: a router that counts arrivals says what the load is."""
+    draining = snapshot(2 * HIGH, AGG_HIGH)
+    decision = decide(
+        AGG, counted(draining, arrivals=HIGH), AGG_HIGH, recommended(NOW - 30, AGG_HIGH)
+    )
+    assert dict(decision.replicas) == AGG_HIGH
+
+
+RECENT_WINDOW_S = 15.0
+
+
+def recent_lower_bound(rate: float, window_s: float = RECENT_WINDOW_S) -> float:
+    counted_requests = rate * window_s
+    return (counted_requests - AGG.recent_significance * math.sqrt(counted_requests)) / window_s
+
+
+def test_a_step_in_the_recent_window_is_sized_for_before_the_rate_window_sees_it() -> None:
+    """Fifteen seconds after a step from LOW to HIGH the rate window still reads mostly LOW;
+    the recent window shows HIGH, and the fleet is sized for what it shows beyond its noise."""
+    step = snapshot(LOW, AGG_LOW)
+    rate_window = LOW + (HIGH - LOW) * RECENT_WINDOW_S / WINDOW_S
+    seen = counted(step, arrivals=rate_window, recent=HIGH, recent_window_s=RECENT_WINDOW_S)
+    decision = decide(AGG, seen, AGG_LOW, recommended(NOW - 30, AGG_LOW))
+    assert dict(decision.replicas) == planned(AGG, recent_lower_bound(HIGH))
+    assert decision.replicas[Role.AGGREGATED] > planned(AGG, rate_window)[Role.AGGREGATED]
+
+
+@pytest.mark.parametrize("rate", [0.5, 3.0, 20.0, 150.0])
+@pytest.mark.parametrize("window_s", [5.0, 15.0, 30.0])
+def test_a_recent_window_reading_high_by_chance_raises_no_demand(
+    rate: float, window_s: float
+) -> None:
+    """A load that does not move reads one standard error high in a sixth of its short
+    windows: such a reading stays below the load itself, so it never scales up."""
+    noisy = rate + math.sqrt(rate / window_s)
+    step = counted(snapshot(rate, AGG_LOW), arrivals=rate, recent=noisy, recent_window_s=window_s)
+    plain = counted(snapshot(rate, AGG_LOW), arrivals=rate)
+    history = recommended(NOW - 30, AGG_LOW)
+    assert (
+        decide(AGG, step, AGG_LOW, history).replicas
+        == decide(AGG, plain, AGG_LOW, history).replicas
+    )
+
+
+@pytest.mark.parametrize(
+    ("why", "waiting", "tpot_p95_s", "floor"),
+    [
+        ("no request queues: the replicas running them hold them", 0.0, 0.04, False),
+        ("requests queue at target speed: they must fit somewhere", 50.0, 0.04, True),
+        (
+            "requests queue behind steps slower than the target: the sequences last longer "
+            "than the load needs at target speed",
+            50.0,
+            0.06,
+            False,
+        ),
+    ],
+)
+def test_the_sequences_in_the_engines_set_a_floor_only_while_requests_queue_at_target_speed(
+    why: str, waiting: float, tpot_p95_s: float, floor: bool
+) -> None:
+    """Ten times the sequences the load holds at its rate, in engines whose KV cache is full
+    (as when a step left long sequences behind)."""
+    running = 10 * running_at(HIGH)
+    base = snapshot(HIGH, AGG_HIGH, waiting=waiting, kv_cache_usage=0.8, tpot_p95_s=tpot_p95_s)
+    roles = {
+        role: replace(metrics, running_requests=running) for role, metrics in base.roles.items()
+    }
+    decision = decide(
+        AGG, counted(replace(base, roles=roles), arrivals=HIGH), AGG_HIGH,
+        recommended(NOW - 30, AGG_HIGH),
+    )  # fmt: skip
+    drained = planned(AGG, HIGH + waiting / AGG.backlog_drain_s)
+    if floor:
+        assert decision.replicas[Role.AGGREGATED] > drained[Role.AGGREGATED], why
+    else:
+        assert dict(decision.replicas) == drained, why

@@ -23,7 +23,12 @@ from inferfleet.autoscale.controller import (
     PrometheusSource,
     tick,
 )
-from inferfleet.autoscale.queries import MalformedAnswerError, instant_value, role_queries
+from inferfleet.autoscale.queries import (
+    MalformedAnswerError,
+    instant_value,
+    role_queries,
+    service_queries,
+)
 from inferfleet.render import render_model_deployment
 from inferfleet.render.common import LABEL_MODEL_DEPLOYMENT
 from tests.unit.golden.specs import disaggregated_spec
@@ -298,3 +303,11 @@ def test_a_short_name_is_matched_as_itself() -> None:
     )
     assert re.fullmatch(matcher, "llama-3.v2")
     assert not re.fullmatch(matcher, "llama-3xv2")  # the dot is escaped, not any character
+
+
+def test_the_recent_arrival_rate_is_read_over_its_own_window() -> None:
+    queries = service_queries("chat", "serving", 60.0, 30.0)
+    assert queries["recent_arrivals_per_s"].endswith("[30s]))")
+    assert queries["arrivals_per_s"].endswith("[60s]))")
+    # Without a short window, the recent rate is the rate window's.
+    assert service_queries("chat", "serving", 60.0)["recent_arrivals_per_s"].endswith("[60s]))")

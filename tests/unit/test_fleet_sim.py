@@ -285,6 +285,28 @@ def test_arrivals_show_a_load_before_it_completes() -> None:
     assert snapshot.service.requests_per_s < 0.8 * arrivals
 
 
+def test_the_recent_window_shows_a_step_the_rate_window_still_averages() -> None:
+    """Twenty seconds after a step from 2 to 20 req/s the 60 s rate window reads between the
+    two; the recent window (two scrapes) reads the new rate."""
+    requests = traces.step(
+        2.0, 20.0, 120.0, switch_s=100.0, input_tokens=800, output_tokens=100, seed=4
+    )
+    scaler = Schedule([], interval_s=10.0)
+    config = FleetConfig(
+        replica(max_model_length=8192), SLO, initial_replicas={Role.AGGREGATED: 4},
+        scrape_interval_s=5.0,
+    )  # fmt: skip
+    simulate(requests, config, scaler)
+    [snapshot] = [s for s in scaler.snapshots if s is not None and s.taken_at_s == 120.0]
+    assert snapshot.recent_window_s == 10.0
+    recent = snapshot.service.recent_arrivals_per_s
+    arrivals = snapshot.service.arrivals_per_s
+    assert recent is not None
+    assert arrivals is not None
+    assert recent == pytest.approx(20.0, rel=0.3)
+    assert arrivals < 0.6 * recent
+
+
 def test_a_scrape_delay_ages_the_snapshot() -> None:
     requests = poisson_load(4.0, 200.0)
     scaler = Schedule([], interval_s=50.0)

@@ -79,6 +79,9 @@ class AutoscalerSettings:
     interval_s: float = 15.0
     window_s: float = 60.0
     """The rate window of every `rate()` the snapshot takes."""
+    recent_window_s: float = 30.0
+    """The short window of the recent arrival rate (the fast path on a load step): at least
+    two of Prometheus's scrape intervals (30 s for the default 15 s)."""
     query_budget_s: float = 5.0
     """Longest a tick waits on Prometheus, all its queries together."""
     metrics: OperatorMetrics | None = field(default=None, compare=False)
@@ -233,7 +236,12 @@ def _service_reading(
             {}, ("NoMetricsSource", "the operator was started without --prometheus-url")
         )
     try:
-        return _Reading(source.answers(service_queries(name, namespace, settings.window_s)), None)
+        return _Reading(
+            source.answers(
+                service_queries(name, namespace, settings.window_s, settings.recent_window_s)
+            ),
+            None,
+        )
     except MetricsUnavailableError as error:
         return _Reading({}, (error.reason, str(error)))
 
@@ -260,7 +268,11 @@ def _snapshot(
         reading.problem = (error.reason, str(error))
         return None
     snapshot = snapshot_from_answers(
-        reading.service_answers, role_answers, taken_at_s=now_s, window_s=settings.window_s
+        reading.service_answers,
+        role_answers,
+        taken_at_s=now_s,
+        window_s=settings.window_s,
+        recent_window_s=settings.recent_window_s,
     )
     if snapshot is None:
         reading.problem = ("NoRouterMetrics", "no router series in Prometheus yet")

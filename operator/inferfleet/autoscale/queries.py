@@ -52,6 +52,7 @@ def render(
     deployment: str = "",
     role: Role | None = None,
     window_s: float = 60.0,
+    recent_window_s: float | None = None,
 ) -> str:
     """A query of `autoscale.snapshot` with its `$` placeholders filled in."""
     values = {
@@ -64,6 +65,7 @@ def render(
         "$MD": _quoted(re.escape(label_value(deployment))),
         "$R": "" if role is None else role.value,
         "$w": _window(window_s),
+        "$r": _window(window_s if recent_window_s is None else recent_window_s),
     }
     # Longest first: `$S` must not eat the start of another placeholder.
     for key in sorted(values, key=len, reverse=True):
@@ -71,10 +73,18 @@ def render(
     return template
 
 
-def service_queries(service: str, namespace: str, window_s: float) -> dict[str, str]:
+def service_queries(
+    service: str, namespace: str, window_s: float, recent_window_s: float | None = None
+) -> dict[str, str]:
     """Field -> PromQL for the router's view of a service, and its staleness."""
     queries = {
-        name: render(query, service=service, namespace=namespace, window_s=window_s)
+        name: render(
+            query,
+            service=service,
+            namespace=namespace,
+            window_s=window_s,
+            recent_window_s=recent_window_s,
+        )
         for name, query in SERVICE_QUERIES.items()
     }
     queries[STALENESS] = render(STALENESS_QUERY, service=service, namespace=namespace)
@@ -169,6 +179,7 @@ def snapshot_from_answers(
     *,
     taken_at_s: float,
     window_s: float,
+    recent_window_s: float | None = None,
 ) -> MetricsSnapshot | None:
     """The snapshot the answers describe; None when the router has no series at all (nothing
     scraped yet, or the service has no router)."""
@@ -192,6 +203,7 @@ def snapshot_from_answers(
         mean_output_tokens=answer("mean_output_tokens"),
         arrivals_per_s=answer("arrivals_per_s"),
         mean_arrival_prompt_tokens=answer("mean_arrival_prompt_tokens"),
+        recent_arrivals_per_s=answer("recent_arrivals_per_s"),
     )
     roles = {}
     for role, answers in role_answers.items():
@@ -211,6 +223,7 @@ def snapshot_from_answers(
     return MetricsSnapshot(
         taken_at_s=taken_at_s, window_s=window_s, newest_sample_age_s=age,
         service=service, roles=roles,
+        recent_window_s=None if recent_window_s is None else min(recent_window_s, window_s),
     )  # fmt: skip
 
 

@@ -69,6 +69,9 @@ SERVICE_QUERIES: Mapping[str, str] = {
         f" / sum(rate(inferfleet_router_requests_total{{{ROUTER_SELECTOR}}}[$w]))"
     ),
     "arrivals_per_s": f"sum(rate(inferfleet_router_arrivals_total{{{ROUTER_SELECTOR}}}[$w]))",
+    "recent_arrivals_per_s": (
+        f"sum(rate(inferfleet_router_arrivals_total{{{ROUTER_SELECTOR}}}[$r]))"
+    ),
     "mean_arrival_prompt_tokens": (
         f"sum(rate(inferfleet_router_arrival_prompt_tokens_total{{{ROUTER_SELECTOR}}}[$w]))"
         f" / sum(rate(inferfleet_router_arrivals_total{{{ROUTER_SELECTOR}}}[$w]))"
@@ -171,6 +174,12 @@ class ServiceMetrics:
     """Mean prompt length of arriving requests, as the router estimates it:
     `sum(rate(inferfleet_router_arrival_prompt_tokens_total{service="$S"}[$w]))
     / sum(rate(inferfleet_router_arrivals_total{service="$S"}[$w]))`."""
+    recent_arrivals_per_s: float | None = None
+    """Requests arriving per second over the short window `$r`
+    (`MetricsSnapshot.recent_window_s`): a step in the load shows here a few scrapes after it
+    happens, where the rate window `$w` still averages it with the load before it:
+    `sum(rate(inferfleet_router_arrivals_total{service="$S"}[$r]))`; None from a router
+    without the counter."""
 
     def __post_init__(self) -> None:
         _check_non_negative(
@@ -186,6 +195,7 @@ class ServiceMetrics:
             mean_output_tokens=self.mean_output_tokens,
             arrivals_per_s=self.arrivals_per_s,
             mean_arrival_prompt_tokens=self.mean_arrival_prompt_tokens,
+            recent_arrivals_per_s=self.recent_arrivals_per_s,
         )
         if self.attainment is not None and self.attainment > 1:
             raise ValueError(f"attainment is a fraction, 0..1 (got {self.attainment})")
@@ -206,12 +216,18 @@ class MetricsSnapshot:
     service: ServiceMetrics
     roles: Mapping[Role, RoleMetrics] = field(default_factory=dict)
     """The engine metrics of each role that has replicas (aggregated, or prefill and decode)."""
+    recent_window_s: float | None = None
+    """The short window `$r` of `ServiceMetrics.recent_arrivals_per_s`, in seconds (None:
+    not measured)."""
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.taken_at_s):
             raise ValueError(f"taken_at_s must be finite (got {self.taken_at_s})")
         if not (self.window_s > 0 and math.isfinite(self.window_s)):
             raise ValueError(f"window_s must be > 0 (got {self.window_s})")
+        recent = self.recent_window_s
+        if recent is not None and not (0 < recent <= self.window_s):
+            raise ValueError(f"recent_window_s must be in (0, window_s] (got {recent})")
         _check_non_negative("MetricsSnapshot", newest_sample_age_s=self.newest_sample_age_s)
         for role, metrics in self.roles.items():
             if metrics.role != role:

@@ -188,6 +188,19 @@ SimEngineImage = Annotated[
         help="Image of `sim` engines whose spec names none (engine.version picks its tag).",
     ),
 ]
+AutoscaleInterval = Annotated[
+    float, typer.Option(help="Seconds between autoscaling ticks of a service.")
+]
+MetricsWindow = Annotated[
+    float, typer.Option(help="Rate window of the autoscaler's queries, seconds.")
+]
+RecentMetricsWindow = Annotated[
+    float,
+    typer.Option(
+        help="Short window of the recent arrival rate, seconds (the fast path on a load step): "
+        "at least two Prometheus scrape intervals.",
+    ),
+]
 LeaderElect = Annotated[
     bool,
     typer.Option(
@@ -217,12 +230,9 @@ def run_command(
         str | None,
         typer.Option(help="Prometheus that scrapes routers and engines (autoscaling reads it)."),
     ] = None,
-    autoscale_interval: Annotated[
-        float, typer.Option(help="Seconds between autoscaling ticks of a service.")
-    ] = 15.0,
-    metrics_window: Annotated[
-        float, typer.Option(help="Rate window of the autoscaler's queries, seconds.")
-    ] = 60.0,
+    autoscale_interval: AutoscaleInterval = 15.0,
+    metrics_window: MetricsWindow = 60.0,
+    recent_metrics_window: RecentMetricsWindow = 30.0,
     metrics_port: MetricsPort = 8080,
     metrics_address: MetricsAddress = "127.0.0.1",
     router_image: RouterImage = DEFAULT_ROUTER_IMAGE,
@@ -259,7 +269,10 @@ def run_command(
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(1) from None
     autoscaler = AutoscalerSettings(
-        prometheus_url=prometheus_url, interval_s=autoscale_interval, window_s=metrics_window
+        prometheus_url=prometheus_url,
+        interval_s=autoscale_interval,
+        window_s=metrics_window,
+        recent_window_s=min(recent_metrics_window, metrics_window),
     )
     autoscaler = operator.serve_metrics(autoscaler, metrics_address, metrics_port)
     install = InstallSettings(

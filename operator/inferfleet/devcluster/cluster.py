@@ -66,6 +66,8 @@ TOKEN_LIFETIME_S = 7 * 24 * 3600
 MONITORING_NAMESPACE = "monitoring"
 PROMETHEUS_ACCOUNT = "prometheus"
 SCRAPE_INTERVAL_S = 1.0
+# The autoscaler's recent arrival rate, over five of those scrapes.
+RECENT_METRICS_WINDOW_S = 5 * SCRAPE_INTERVAL_S
 OPERATOR_IMAGE = f"inferfleet/operator:{__version__}"
 # The alerting and recording rules the chart ships, evaluated by the fleet's Prometheus too
 # (in a checkout; an installed package has no chart beside it).
@@ -545,6 +547,7 @@ class DevCluster:
                 "--prometheus-url", prometheus.url,
                 "--autoscale-interval", f"{autoscale_interval_s:g}",
                 "--metrics-window", f"{metrics_window_s:g}",
+                "--recent-metrics-window", f"{RECENT_METRICS_WINDOW_S:g}",
             )  # fmt: skip
             self._wait_healthy("fleet-agent", state, certs, timeout_s)
             # Last: it reads the metrics of the services it autoscales from that Prometheus.

@@ -90,6 +90,9 @@ class FleetConfig:
     scrape_delay_s: float = 0.0
     """Seconds between a scrape and the moment queries see it."""
     metrics_window_s: float = 60.0
+    recent_window_s: float | None = None
+    """The short window of the recent arrival rate; default: two scrape intervals (the
+    shortest a rate can be read over), within `metrics_window_s`."""
     horizon_s: float | None = None
     """GPUs are counted over [0, horizon_s]; default: until the last arrival."""
     drain_limit_s: float = 1800.0
@@ -99,6 +102,13 @@ class FleetConfig:
     @property
     def roles(self) -> tuple[Role, ...]:
         return (Role.PREFILL, Role.DECODE) if self.disaggregated else (Role.AGGREGATED,)
+
+    @property
+    def recent_window(self) -> float:
+        window = self.recent_window_s
+        if window is None:
+            window = 2 * self.scrape_interval_s
+        return min(window, self.metrics_window_s)
 
     @property
     def entry_role(self) -> Role:
@@ -639,10 +649,14 @@ class FleetSimulator:
             return None
         newest = samples[last]
         window = self.config.metrics_window_s
-        first = last
-        while first > 0 and samples[first - 1].time_s > now - window:
-            first -= 1
+        first = _first_within(samples, last, now - window)
         oldest = samples[first] if first < last else None
+        recent_window = self.config.recent_window
+        recent_first = _first_within(samples, last, now - recent_window)
+        recent_arrivals: float | None = None
+        if recent_first < last:
+            recent = samples[recent_first]
+            recent_arrivals = (newest.arrivals - recent.arrivals) / (newest.time_s - recent.time_s)
         span = newest.time_s - oldest.time_s if oldest is not None else 0.0
 
         def rate(new: float, old: float) -> float:
@@ -689,6 +703,7 @@ class FleetSimulator:
                     if arrived
                     else None
                 ),
+                recent_arrivals_per_s=recent_arrivals,
             )
         self._snapshots += 1
         return MetricsSnapshot(
@@ -697,6 +712,7 @@ class FleetSimulator:
             newest_sample_age_s=max(0.0, now - newest.time_s),
             service=service,
             roles=roles,
+            recent_window_s=recent_window,
         )
 
     def _tick(self, now: float) -> None:
@@ -777,6 +793,14 @@ class FleetSimulator:
             kv_capacity_blocks={r.replica_id: r.core.kv_capacity_blocks for r in self._replicas},
             snapshots=self._snapshots,
         )
+
+
+def _first_within(samples: Sequence[_Sample], last: int, after_s: float) -> int:
+    """The oldest of `samples[: last + 1]` taken after `after_s` (a rate window's first)."""
+    first = last
+    while first > 0 and samples[first - 1].time_s > after_s:
+        first -= 1
+    return first
 
 
 def _cumulative(counts: Sequence[int]) -> list[int]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -139,7 +140,15 @@ class _Sizer:
             slo=planning_slo(self.spec, self.calibration, self.tightening),
             margin=self.spec.load_margin + extra_margin,
             transient=transient,
+            steps_too_slow=self.steps_too_slow,
         )
+
+    @property
+    def steps_too_slow(self) -> bool:
+        """The router's p95 TPOT misses the target: engines run batches larger than the
+        target allows, and their sequences last longer than the load needs at target speed."""
+        measured, target = self.snapshot.service.tpot_p95_s, self.spec.slo.tpot_p95_s
+        return measured is not None and target is not None and measured > target
 
     def with_hysteresis(self, role: Role, sizing: Sizing, *, transient: bool) -> Sizing:
         """A pool shrinks only to a count that would hold a little more load than it is sized
@@ -294,6 +303,30 @@ def _next_history(
     )
 
 
+def _recommended(
+    spec: PolicySpec,
+    snapshot: MetricsSnapshot,
+    history: PolicyHistory,
+    *,
+    raw: Mapping[Role, int],
+    current: Mapping[Role, int],
+    past: Sequence[Recommendation],
+) -> dict[Role, int]:
+    """Each role's sizing after scale-down stabilisation; and no role shrinks before what it
+    last grew by has been seen serving: replicas ordered serve after a cold start and are
+    measured a rate window later (cancelling them sooner turns every forecast that did not
+    come true into two direction changes)."""
+    since_growth = spec.cold_start_s + snapshot.window_s
+    recommended = {}
+    for role in spec.role_names:
+        count = stabilised(spec, role, raw[role], current[role], past)
+        grew_at = history.last_scale_up_s.get(role, -math.inf)
+        if snapshot.taken_at_s - grew_at < since_growth:
+            count = max(count, current[role])
+        recommended[role] = count
+    return recommended
+
+
 def _decide_fresh(
     spec: PolicySpec,
     snapshot: MetricsSnapshot,
@@ -326,9 +359,7 @@ def _decide_fresh(
     raw = {role: max(sizings[role].needed, floors_now[role]) for role in roles}
     # What stabilisation remembers: the sizing without what a queue or a trend adds.
     remembered = {role: max(steady[role].needed, floors_now[role]) for role in roles}
-    recommended = {
-        role: stabilised(spec, role, raw[role], current_counts[role], past) for role in roles
-    }
+    recommended = _recommended(spec, snapshot, history, raw=raw, current=current_counts, past=past)
 
     constrained = constrain(spec, recommended, pins, feedback.missed)
     replicas = constrained.replicas

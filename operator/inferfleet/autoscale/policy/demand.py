@@ -166,6 +166,31 @@ def growth_headroom(
     return min(spec.max_trend_growth - 1, max(0.0, growths[rank] - 1 - noise))
 
 
+def _arriving_from_completions(
+    snapshot: MetricsSnapshot,
+    history: PolicyHistory,
+    *,
+    share: float,
+    completed: float,
+    prompt_tokens_per_s: float,
+    input_tokens: int,
+) -> float:
+    """Arrivals, from a router that does not count them: completions lag arrivals when the
+    fleet falls behind, and what piles up in flight also arrived. Measured against a sample at
+    least a rate window old, as noisy as the rates themselves."""
+    in_flight = snapshot.service.in_flight_requests * share
+    baseline = next(
+        (s for s in reversed(history.demand) if s.at_s <= snapshot.taken_at_s - snapshot.window_s),
+        None,
+    )
+    growing = 0.0
+    if baseline is not None:
+        growing = max(
+            0.0, (in_flight - baseline.in_flight_requests) / (snapshot.taken_at_s - baseline.at_s)
+        )
+    return max(completed + growing, prompt_tokens_per_s / input_tokens)
+
+
 def estimate_demand(spec: PolicySpec, snapshot: MetricsSnapshot, history: PolicyHistory) -> Demand:
     service = snapshot.service
     share = spec.traffic_share
@@ -177,22 +202,16 @@ def estimate_demand(spec: PolicySpec, snapshot: MetricsSnapshot, history: Policy
     input_tokens, output_tokens, mix = _mix(
         spec, snapshot, history, completed=completed, prefill=prefill, decode=decode
     )
-    # Completions lag arrivals when the fleet falls behind: what piles up in flight also arrived.
-    # Measured against a sample at least a rate window old, as noisy as the rates themselves.
-    in_flight = service.in_flight_requests * share
-    baseline = next(
-        (s for s in reversed(history.demand) if s.at_s <= snapshot.taken_at_s - snapshot.window_s),
-        None,
-    )
-    growing = 0.0
-    if baseline is not None:
-        growing = max(
-            0.0, (in_flight - baseline.in_flight_requests) / (snapshot.taken_at_s - baseline.at_s)
-        )
-    arriving = max(completed + growing, prefill.prompt_tokens_per_s / input_tokens)
     if service.arrivals_per_s is not None:
-        # Counted as they arrive, by a router that has the counter.
-        arriving = max(arriving, service.arrivals_per_s * share)
+        # Counted as they arrive, by a router that has the counter. Completions and prefilled
+        # prompts say less: both run ahead of arrivals while a backlog drains.
+        arriving = service.arrivals_per_s * share
+    else:
+        arriving = _arriving_from_completions(
+            snapshot, history, share=share, completed=completed,
+            prompt_tokens_per_s=prefill.prompt_tokens_per_s, input_tokens=input_tokens,
+        )  # fmt: skip
+    arriving = max(arriving, recent_arrivals(spec, snapshot) * share)
     # Queued requests are drained within `backlog_drain_s`: everyone queued behind them waits
     # until then. (The growth of the requests in flight is not a queue: more arrive per second,
     # so more are in flight at once.)
@@ -224,6 +243,19 @@ def estimate_demand(spec: PolicySpec, snapshot: MetricsSnapshot, history: Policy
         growth=growth,
         mix=mix,
     )
+
+
+def recent_arrivals(spec: PolicySpec, snapshot: MetricsSnapshot) -> float:
+    """What the short window's arrival rate shows beyond its counting noise: its lower bound at
+    `recent_significance` Poisson standard errors (0 when not measured). A step shows here a
+    few scrapes after it happens, where the rate window still averages it with the load before
+    it; a load that does not move reads below its mean, so only a real rise raises demand."""
+    rate = snapshot.service.recent_arrivals_per_s
+    window = snapshot.recent_window_s
+    if rate is None or window is None or rate <= 0:
+        return 0.0
+    counted = rate * window
+    return max(0.0, counted - spec.recent_significance * math.sqrt(counted)) / window
 
 
 def trend_window_s(spec: PolicySpec, snapshot: MetricsSnapshot) -> float:

@@ -186,11 +186,15 @@ def size_role(
     slo: Slo,
     margin: float,
     transient: bool = True,
+    steps_too_slow: bool = False,
 ) -> Sizing:
     """Replicas the forecast load needs: the planner's count for the SLO it is planned against
     (the targets over the calibration), and floors from the sequences and KV cache in use.
     `transient`: for the forecast (the trend a cold start ahead) and with the rate that drains
-    the queued requests (`Demand.drain_requests_per_s`); else for the demand arriving now."""
+    the queued requests (`Demand.drain_requests_per_s`); else for the demand arriving now.
+    `steps_too_slow`: the measured TPOT misses its target, so the sequences running are more
+    than the load holds at target speed (each takes longer): they set no floor; nor do they
+    while no request queues in the engines."""
     rate = (demand.forecast_requests_per_s if transient else demand.requests_per_s) * (1 + margin)
     draining = demand.drain_requests_per_s if transient else 0.0
     rate += draining
@@ -205,15 +209,13 @@ def size_role(
     if draining >= 0.01 * rate:
         why += f" ({draining:.3g} of them draining {demand.backlog_requests:.0f} queued)"
     needed = by_model
-    if policy.role in DECODING_ROLES:
-        # The sequences running and queued now, grown as the load is, must fit somewhere.
+    if policy.role in DECODING_ROLES and metrics.waiting_requests > 0 and not steps_too_slow:
+        # Requests queue in the engines: the sequences running and queued now, grown as the
+        # load is, must fit somewhere. (With no queue, the replicas running them hold them;
+        # the planner sizes for what arrives.)
         sequences = (metrics.running_requests + metrics.waiting_requests) * demand.growth
         slots = sequences_per_replica(spec, policy, demand, slo)
-        if (
-            metrics.ready_replicas > 0
-            and metrics.waiting_requests > 0
-            and metrics.kv_cache_usage >= spec.kv_target_usage
-        ):
+        if metrics.ready_replicas > 0 and metrics.kv_cache_usage >= spec.kv_target_usage:
             # A full KV cache with a queue behind it shows what a replica really holds, whatever
             # the lengths of the requests still running (the mean of those completed so far
             # reads short while the load rises): size so the cache is back at its target.

@@ -151,6 +151,9 @@ class PolicySpec:
     """A window's attainment is a miss by itself only when it is this many binomial standard
     errors below the target for the requests it counted (about 2.5% of windows at the target
     read lower by chance)."""
+    recent_significance: float = 2.0
+    """The recent arrival rate (a short window) raises the demand only by what it shows beyond
+    this many Poisson standard errors of its count."""
     min_requests_to_calibrate: float = 50.0
     """Completed requests in the rate window below which latency quantiles are too noisy."""
     efficiency: EfficiencyTerms = DEFAULT_EFFICIENCY
