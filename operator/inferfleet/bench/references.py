@@ -792,7 +792,7 @@ def references_line(fluid: FluidBound, clairvoyant: Clairvoyant) -> str:
         f"References: fluid bound {fluid.gpu_hours:.2f} GPU-h; clairvoyant schedule "
         f"{clairvoyant.run.gpu_seconds() / 3600:.2f} GPU-h at attainment "
         f"{attainment(clairvoyant.run):.4f}, searched in {clairvoyant.simulations} simulations "
-        f"from {clairvoyant.started_from} (the per-window oracle: "
-        f"{oracle.run.gpu_seconds() / 3600:.2f} GPU-h at {attainment(oracle.run):.4f}, "
-        f"{oracle.simulations} simulations)."
+        f"from {clairvoyant.started_from}; the per-window oracle needs "
+        f"{oracle.run.gpu_seconds() / 3600:.2f} GPU-h at {attainment(oracle.run):.4f} "
+        f"({oracle.simulations} simulations)."
     )
