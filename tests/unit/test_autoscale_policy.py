@@ -34,8 +34,9 @@ from inferfleet.autoscale.policy import (
     Recommendation,
     planning_slo,
 )
-from inferfleet.autoscale.policy.demand import growth_headroom
+from inferfleet.autoscale.policy.demand import Demand, growth_headroom
 from inferfleet.autoscale.policy.learning import planned_attainment
+from inferfleet.autoscale.policy.sizing import sequences_per_replica, size_role
 from inferfleet.planning.capacity import Slo, Workload, plan_replica
 from inferfleet.planning.load import operating_point
 from inferfleet.planning.replica import ReplicaConfig
@@ -1139,3 +1140,18 @@ def test_the_sequences_in_the_engines_set_a_floor_only_while_requests_queue_at_t
         assert decision.replicas[Role.AGGREGATED] > drained[Role.AGGREGATED], why
     else:
         assert dict(decision.replicas) == drained, why
+
+
+def test_the_sequence_floor_fits_them_at_the_targets_decode_step_not_the_tightened_one() -> None:
+    """What calibration and attainment taught act through the planner's count; the floor asks
+    only whether the sequences fit (KV cache, batch limit, the target's decode step)."""
+    pool = AGG.role(Role.AGGREGATED)
+    demand = Demand(LOW, LOW, 1000, 200, 50.0, 0.0, 1.0)
+    metrics = RoleMetrics(Role.AGGREGATED, 2, 1000.0, 50.0, 0.5, LOW * 1000, LOW * 200)
+    sizing = size_role(
+        AGG, pool, demand=demand, metrics=metrics, slo=tightened(tpot=4.0), margin=0.0
+    )
+    fits = sequences_per_replica(AGG, pool, demand, AGG.slo)
+    assert fits > sequences_per_replica(AGG, pool, demand, tightened(tpot=4.0))
+    assert sizing.needed == math.ceil(1050.0 / fits)
+    assert "sequences running or queued" in sizing.why

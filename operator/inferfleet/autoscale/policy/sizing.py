@@ -212,9 +212,11 @@ def size_role(
     if policy.role in DECODING_ROLES and metrics.waiting_requests > 0 and not steps_too_slow:
         # Requests queue in the engines: the sequences running and queued now, grown as the
         # load is, must fit somewhere. (With no queue, the replicas running them hold them;
-        # the planner sizes for what arrives.)
+        # the planner sizes for what arrives.) Fit within the KV cache, the batch limit and
+        # the target's decode step: the calibration and what attainment taught act through
+        # the planner's count above, and would count twice here.
         sequences = (metrics.running_requests + metrics.waiting_requests) * demand.growth
-        slots = sequences_per_replica(spec, policy, demand, slo)
+        slots = sequences_per_replica(spec, policy, demand, spec.slo)
         if metrics.ready_replicas > 0 and metrics.kv_cache_usage >= spec.kv_target_usage:
             # A full KV cache with a queue behind it shows what a replica really holds, whatever
             # the lengths of the requests still running (the mean of those completed so far
