@@ -21,9 +21,9 @@ from inferfleet.sim.fleet import (
     FleetConfig,
     FleetRun,
     RequestRecord,
-    histogram_quantile,
     simulate,
 )
+from inferfleet.sim.rates import histogram_quantile
 from inferfleet.sim.scheduler import EngineCore, EngineRequest
 from inferfleet.slo import TTFT_BUCKETS_S, Outcome, Slo
 from tests.unit.planning_fixtures import replica

@@ -20,7 +20,7 @@ What is modelled:
   scaler's `MetricsSnapshot` is computed from the scraped samples visible `scrape_delay_s`
   later, exactly as the live controller's PromQL would (see `autoscale.snapshot`): rates over
   the window between its first and last samples, gauges from the last one, p95 by
-  `histogram_quantile` over bucket counts.
+  `histogram_quantile` over bucket counts (`sim.rates`).
 
 Simplified: per-role counters are summed over every replica that ever ran (Prometheus' `sum of
 rate` also survives replicas coming and going, except for the first scrape of a new one); a
@@ -43,6 +43,7 @@ from inferfleet.autoscale.snapshot import MetricsSnapshot, RoleMetrics, ServiceM
 from inferfleet.planning.memory import KV_BLOCK_TOKENS
 from inferfleet.planning.performance import DEFAULT_EFFICIENCY, EfficiencyTerms
 from inferfleet.planning.replica import ReplicaConfig
+from inferfleet.sim.rates import cumulative, first_within, histogram_quantile
 from inferfleet.sim.scheduler import EngineCore, EngineRequest, RequestRejectedError, StepResult
 from inferfleet.sim.workload import DEFAULT_HASH_BLOCK_TOKENS, TraceRequest
 from inferfleet.slo import TPOT_BUCKETS_S, TTFT_BUCKETS_S, Outcome, Slo
@@ -293,28 +294,6 @@ class _Sample:
     in_flight: int
     arrivals: int
     arrival_prompt_tokens: int
-
-
-def histogram_quantile(
-    quantile: float, bounds: Sequence[float], cumulative: Sequence[float]
-) -> float | None:
-    """Prometheus' `histogram_quantile`: `cumulative[i]` counts observations <= `bounds[i]`,
-    and its last entry (one more than `bounds`) counts all of them (+Inf). Linear within the
-    bucket; in the +Inf bucket, the highest finite bound. None without observations."""
-    total = cumulative[-1]
-    if total <= 0:
-        return None
-    rank = quantile * total
-    index = bisect.bisect_left(cumulative, rank)
-    if index >= len(bounds):
-        return bounds[-1]
-    upper = bounds[index]
-    lower = bounds[index - 1] if index > 0 else 0.0
-    below = cumulative[index - 1] if index > 0 else 0.0
-    inside = cumulative[index] - below
-    if inside <= 0:
-        return upper
-    return lower + (upper - lower) * (rank - below) / inside
 
 
 def _prefix_keys(request: TraceRequest) -> list[int]:
@@ -629,8 +608,8 @@ class FleetSimulator:
                 waiting,
                 kv_sum,
                 dict(self._outcomes),
-                _cumulative(self._ttft_counts),
-                _cumulative(self._tpot_counts),
+                cumulative(self._ttft_counts),
+                cumulative(self._tpot_counts),
                 self._router_prompt_tokens,
                 self._router_output_tokens,
                 self._open,
@@ -649,10 +628,10 @@ class FleetSimulator:
             return None
         newest = samples[last]
         window = self.config.metrics_window_s
-        first = _first_within(samples, last, now - window)
+        first = first_within(samples, last, now - window)
         oldest = samples[first] if first < last else None
         recent_window = self.config.recent_window
-        recent_first = _first_within(samples, last, now - recent_window)
+        recent_first = first_within(samples, last, now - recent_window)
         recent_arrivals: float | None = None
         if recent_first < last:
             recent = samples[recent_first]
@@ -793,23 +772,6 @@ class FleetSimulator:
             kv_capacity_blocks={r.replica_id: r.core.kv_capacity_blocks for r in self._replicas},
             snapshots=self._snapshots,
         )
-
-
-def _first_within(samples: Sequence[_Sample], last: int, after_s: float) -> int:
-    """The oldest of `samples[: last + 1]` taken after `after_s` (a rate window's first)."""
-    first = last
-    while first > 0 and samples[first - 1].time_s > after_s:
-        first -= 1
-    return first
-
-
-def _cumulative(counts: Sequence[int]) -> list[int]:
-    total = 0
-    out: list[int] = []
-    for count in counts:
-        total += count
-        out.append(total)
-    return out
 
 
 def simulate(
