@@ -16,6 +16,7 @@ from inferfleet.router.config import Backend, RouterConfig, RouterConfigError, p
 from inferfleet.router.discovery import ready_urls
 from inferfleet.router.requests import (
     BadRequestError,
+    CharsPerToken,
     HandoffError,
     decode_body,
     prefill_body,
@@ -185,6 +186,29 @@ def test_a_prompt_is_estimated_and_its_prefix_hashed() -> None:
     assert (ids.prompt_tokens_estimate, ids.max_tokens_estimate) == (3, 16)
     given_hashes = {"prompt": "a", "inferfleet": {"prefix_hashes": [5, 6]}}
     assert read_request(given_hashes, chat=False).prefix_blocks == (5, 6)
+
+
+def test_characters_per_token_are_learned_from_the_engines_counts() -> None:
+    """A prompt of single-token words runs about 5.5 characters a token: at a fixed 4 every
+    arriving prompt would read 1.4x long, and the autoscaler would size for it."""
+    learned = CharsPerToken(memory=4)
+    assert learned.value == 4.0
+    text = "people " * 1000
+    first = read_request({"prompt": text}, chat=False, chars_per_token=learned.value)
+    assert first.prompt_chars == len(text)
+    assert first.prompt_tokens_estimate == 7000 // 4 + 1
+    for _ in range(10):
+        learned.observe(len(text), 1000)
+    assert learned.value == pytest.approx(len(text) / 1000)
+    again = read_request({"prompt": text}, chat=False, chars_per_token=learned.value)
+    assert again.prompt_tokens_estimate == pytest.approx(1000, abs=1)
+    # The ratio follows a change of traffic, a few `memory` reports on.
+    for _ in range(40):
+        learned.observe(3000, 1000)
+    assert learned.value == pytest.approx(3.0, rel=0.01)
+    learned.observe(1, 10_000)  # a pathological report is bounded
+    assert learned.value >= 1.0
+    assert read_request({"prompt": [1, 2]}, chat=False).prompt_chars is None
 
 
 @pytest.mark.parametrize(

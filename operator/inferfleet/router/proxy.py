@@ -48,6 +48,7 @@ from inferfleet.router.config import Backend, RouterConfig
 from inferfleet.router.metrics import RouterMetrics
 from inferfleet.router.requests import (
     BadRequestError,
+    CharsPerToken,
     HandoffError,
     RoutedRequest,
     decode_body,
@@ -120,6 +121,7 @@ class _Timing:
     last_token: float | None = None
     tokens: int = 0
     prompt_tokens: int | None = None
+    prompt_chars: int | None = None
     streamed: bool = False
 
 
@@ -129,6 +131,7 @@ class Router:
     def __init__(self, config: RouterConfig, metrics: RouterMetrics | None = None) -> None:
         self.config = config
         self.metrics = metrics or RouterMetrics(config.service)
+        self.chars_per_token = CharsPerToken()
         self.balancer = Balancer(
             {name: config.roles_of(name)[0].weight for name in config.deployments()},
             slack_tokens=config.affinity_slack_tokens,
@@ -253,10 +256,13 @@ class Router:
                 "RequestEntityTooLargeError",
             )
         try:
-            routed = read_request(json.loads(raw), chat=chat)
+            routed = read_request(
+                json.loads(raw), chat=chat, chars_per_token=self.chars_per_token.value
+            )
         except (ValueError, BadRequestError) as error:
             self.metrics.rejected.labels(service, "bad_request").inc()
             return error_response(str(error), 400, "BadRequestError")
+        timing.prompt_chars = routed.prompt_chars
         deployment = self.balancer.choose_deployment()
         if deployment is None:
             return self._unavailable("no replica of any deployment is healthy")
@@ -313,6 +319,8 @@ class Router:
             metrics.tpot.labels(*labels).observe(tpot)
         if timing.prompt_tokens is not None:
             metrics.prompt_tokens.labels(*labels).inc(timing.prompt_tokens)
+            if timing.prompt_chars is not None:
+                self.chars_per_token.observe(timing.prompt_chars, timing.prompt_tokens)
         if timing.tokens:
             metrics.output_tokens.labels(*labels).inc(timing.tokens)
 

@@ -1,9 +1,12 @@
 """What the router reads from an OpenAI request body, and how it rewrites it for the prefill
 -> decode hand-off. Pure.
 
-The router does not tokenize: it estimates a prompt at `CHARS_PER_TOKEN` characters a token
-(a list of token ids counts exactly), which is all load balancing needs, and takes the exact
-counts from the engine's usage report for its metrics.
+The router does not tokenize: it estimates a prompt from its characters (a list of token ids
+counts exactly), which is all load balancing and the arrivals' prompt-token counter need, and
+takes the exact counts from the engine's usage report for its metrics. Characters per token
+start at `CHARS_PER_TOKEN` and are learned from those reports (`CharsPerToken`): text and
+tokenizers differ (single-token English words run about 5.5 characters with their space), and
+a fixed ratio would misstate every arriving prompt by as much.
 
 Prefix blocks, for affinity: the `inferfleet.prefix_hashes` extension when the client sends
 it (already chained block ids), else chained hashes of the prompt text in blocks of
@@ -54,6 +57,33 @@ class RoutedRequest:
     prompt_tokens_estimate: int
     max_tokens_estimate: int
     prefix_blocks: tuple[int, ...]
+    prompt_chars: int | None = None
+    """The prompt text's length, for learning characters per token; None for token ids."""
+
+
+class CharsPerToken:
+    """Characters per prompt token, learned from the engines' exact counts: sums that decay by
+    `1 - 1 / memory` per report, so the ratio follows a change of traffic within a few
+    `memory` requests, and no single odd prompt moves it far."""
+
+    def __init__(self, memory: int = 256, low: float = 1.0, high: float = 16.0) -> None:
+        self._keep = 1 - 1 / memory
+        self._bounds = (low, high)
+        self._chars = 0.0
+        self._tokens = 0.0
+
+    @property
+    def value(self) -> float:
+        if self._tokens <= 0:
+            return float(CHARS_PER_TOKEN)
+        low, high = self._bounds
+        return min(high, max(low, self._chars / self._tokens))
+
+    def observe(self, chars: int, tokens: int) -> None:
+        if chars <= 0 or tokens <= 0:
+            return
+        self._chars = self._chars * self._keep + chars
+        self._tokens = self._tokens * self._keep + tokens
 
 
 def _text_of(body: Mapping[str, Any], chat: bool) -> tuple[str, int | None]:
@@ -99,7 +129,9 @@ def _chained_hashes(text: str) -> tuple[int, ...]:
     return tuple(blocks)
 
 
-def read_request(body: object, *, chat: bool) -> RoutedRequest:
+def read_request(
+    body: object, *, chat: bool, chars_per_token: float = CHARS_PER_TOKEN
+) -> RoutedRequest:
     if not isinstance(body, dict):
         raise BadRequestError("the request body must be a JSON object")
     stream = body.get("stream", False)
@@ -108,7 +140,9 @@ def read_request(body: object, *, chat: bool) -> RoutedRequest:
     options = body.get("stream_options")
     wants_usage = isinstance(options, dict) and options.get("include_usage") is True
     text, exact_tokens = _text_of(body, chat)
-    prompt_tokens = exact_tokens if exact_tokens is not None else len(text) // CHARS_PER_TOKEN + 1
+    prompt_tokens = (
+        exact_tokens if exact_tokens is not None else int(len(text) / chars_per_token) + 1
+    )
     limit = body.get("max_completion_tokens") if chat else None
     if limit is None:
         limit = body.get("max_tokens")
@@ -130,6 +164,7 @@ def read_request(body: object, *, chat: bool) -> RoutedRequest:
         prompt_tokens_estimate=prompt_tokens,
         max_tokens_estimate=max(1, limit),
         prefix_blocks=prefix_blocks,
+        prompt_chars=len(text) if exact_tokens is None else None,
     )
 
 
