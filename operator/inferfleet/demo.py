@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import yaml
 
+from inferfleet.api.model_deployment import ModelDeploymentSpec
 from inferfleet.bench import loadgen, traces
 from inferfleet.bench.report import summarize
 from inferfleet.devcluster.binaries import ensure_binaries
@@ -37,7 +38,7 @@ class DemoSettings:
     """None: the built-in chat load (`traces.builtin_chat`)."""
     rate_multiplier: float = 1.0
     start_s: float = 0.0
-    duration_s: float = 120.0
+    duration_s: float = 240.0
     pools: str = "L4-24GB=2"
     print_every_s: float = 5.0
 
@@ -66,19 +67,23 @@ def _router_ip(kube: Kube, service: str) -> str | None:
     return None
 
 
-def _line(kube: Kube, service: str, deployment: str, elapsed_s: float, sent: int) -> str:
-    found = kube.get("inferfleet.io/v1alpha1", "InferenceService", service, NAMESPACE) or {}
-    status = found.get("status") or {}
-    observed = status.get("observed") or {}
-    replicas = {
-        (d.get("metadata") or {}).get("labels", {}).get("inferfleet.io/role", "?"): (
-            d.get("spec") or {}
-        ).get("replicas")
+def _replicas(kube: Kube, deployment: str) -> dict[str, int]:
+    """Replicas ordered per role of the ModelDeployment."""
+    return {
+        (d.get("metadata") or {}).get("labels", {}).get("inferfleet.io/role", "?"): int(
+            (d.get("spec") or {}).get("replicas") or 0
+        )
         for d in kube.list(
             "apps/v1", "Deployment", namespace=NAMESPACE,
             label_selector=f"inferfleet.io/model-deployment={deployment}",
         )
     }  # fmt: skip
+
+
+def _line(kube: Kube, service: str, replicas: dict[str, int], elapsed_s: float, sent: int) -> str:
+    found = kube.get("inferfleet.io/v1alpha1", "InferenceService", service, NAMESPACE) or {}
+    status = found.get("status") or {}
+    observed = status.get("observed") or {}
     decision = status.get("lastDecision") or {}
 
     def shown(value: Any, unit: str = "") -> str:
@@ -91,6 +96,38 @@ def _line(kube: Kube, service: str, deployment: str, elapsed_s: float, sent: int
         f"TPOT {shown(observed.get('tpotP95Ms'), ' ms')}  "
         f"last decision {shown(decision.get('reason'))}"
     )
+
+
+@dataclass
+class GpuTime:
+    """GPUs the fleet ordered (replicas x tensor x pipeline, whether the engines are real or
+    emulated), sampled as the demo prints: what the autoscaled fleet cost, against a static
+    fleet held at the largest size it reached for the whole run."""
+
+    gpus_per_replica: int
+    gpu_seconds: float = 0.0
+    peak_gpus: int = 0
+    span_s: float = 0.0
+    _last: tuple[float, int] | None = None
+
+    def sample(self, elapsed_s: float, replicas: dict[str, int]) -> None:
+        gpus = sum(replicas.values()) * self.gpus_per_replica
+        if self._last is not None:
+            since, held = self._last
+            self.gpu_seconds += held * (elapsed_s - since)
+            self.span_s = elapsed_s
+        self.peak_gpus = max(self.peak_gpus, gpus)
+        self._last = (elapsed_s, gpus)
+
+    def to_text(self) -> str:
+        static = self.peak_gpus * self.span_s
+        if static <= 0:
+            return "GPU-seconds: not sampled"
+        return (
+            f"GPU-seconds: {self.gpu_seconds:.0f} over {self.span_s:.0f} s (sampled every few "
+            f"seconds); a static fleet at the peak of {self.peak_gpus} GPUs: {static:.0f} "
+            f"({self.gpu_seconds / static:.2f}x)"
+        )
 
 
 def run_demo(settings: DemoSettings, state_dir: Path, echo: Callable[[str], None]) -> int:
@@ -171,17 +208,24 @@ def _drive(
     thread = threading.Thread(target=replay, daemon=True)
     started = time.monotonic()
     thread.start()
+    model_deployment = next(d for d in documents if d["kind"] == "ModelDeployment")
+    parallelism = ModelDeploymentSpec.model_validate(model_deployment["spec"]).parallelism
+    gpu_time = GpuTime(parallelism.gpus_per_replica)
     while thread.is_alive():
         elapsed = time.monotonic() - started
         sent = sum(1 for r in requests if r.arrival_s <= elapsed)
-        echo(_line(kube, service, deployment, elapsed, min(sent, len(requests))))
+        replicas = _replicas(kube, deployment)
+        gpu_time.sample(elapsed, replicas)
+        echo(_line(kube, service, replicas, elapsed, min(sent, len(requests))))
         thread.join(settings.print_every_s)
+    gpu_time.sample(time.monotonic() - started, _replicas(kube, deployment))
     run = outcome.get("run")
     if run is None:
         echo("the replay failed")
         return 1
     report = summarize(run.results, slo=slo, duration_s=run.duration_s, client=run.client)
     echo(report.to_text())
+    echo(gpu_time.to_text())
     events = kube.list("v1", "Event", namespace=NAMESPACE)
     decisions = [
         e for e in events

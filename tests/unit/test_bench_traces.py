@@ -24,6 +24,7 @@ from inferfleet.bench.traces import (
     builtin_chat,
     burst,
     burst_segments,
+    linear_segments,
     load_azure_csv,
     load_mooncake_jsonl,
     load_trace,
@@ -376,13 +377,32 @@ def test_length_distributions_and_their_command_line_forms() -> None:
         Empirical(())
 
 
+def test_a_linear_rate_is_sliced_at_midpoint_rates() -> None:
+    segments = linear_segments([(0.0, 1.0), (10.0, 1.0), (14.0, 3.0)], slice_s=1.0)
+    assert segments == [
+        (0.0, 10.0, 1.0),
+        (10.0, 11.0, 1.25),
+        (11.0, 12.0, 1.75),
+        (12.0, 13.0, 2.25),
+        (13.0, 14.0, 2.75),
+    ]
+    with pytest.raises(ValueError, match="time order"):
+        linear_segments([(5.0, 1.0), (4.0, 1.0)])
+
+
 def test_the_builtin_chat_load_follows_its_profile_and_chat_lengths() -> None:
     duration = 2000.0
     requests = builtin_chat(duration, rate_multiplier=2.0, seed=3)
-    for start, end, rate in CHAT_RATE_PROFILE:
+    for (start, low), (end, high) in itertools.pairwise(CHAT_RATE_PROFILE):
         count = sum(1 for r in requests if start * duration <= r.arrival_s < end * duration)
-        expected = 2.0 * rate * (end - start) * duration
+        expected = 2.0 * (low + high) / 2 * (end - start) * duration
         assert count == pytest.approx(expected, rel=0.1)
+    # The rise is gradual: its first half carries less than its second.
+    (_, _), (rise_start, _), (rise_end, _) = CHAT_RATE_PROFILE[:3]
+    middle = (rise_start + rise_end) / 2 * duration
+    first = sum(1 for r in requests if rise_start * duration <= r.arrival_s < middle)
+    second = sum(1 for r in requests if middle <= r.arrival_s < rise_end * duration)
+    assert second > 1.3 * first
     inputs = sorted(r.input_tokens for r in requests)
     outputs = sorted(r.output_tokens for r in requests)
     assert 800 < inputs[len(inputs) // 2] < 1300

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import enum
+import itertools
 import json
 import math
 import random
@@ -513,13 +514,39 @@ CHAT_OUTPUT_TOKENS = LogNormal(210, 1.0, 1000)
 with a long tail, as published for production chat traffic (Patel et al., Splitwise, ISCA
 2024: conversation prompts median 1020 tokens, outputs median 129); capped to fit an 8k
 context."""
-CHAT_RATE_PROFILE: tuple[tuple[float, float, float], ...] = (
-    (0.0, 0.25, 1.0),
-    (0.25, 0.75, 3.0),
-    (0.75, 1.0, 1.5),
+CHAT_RATE_PROFILE: tuple[tuple[float, float], ...] = (
+    (0.0, 1.0),
+    (0.125, 1.0),
+    (0.375, 3.0),
+    (0.6875, 3.0),
+    (0.8125, 1.5),
+    (1.0, 1.5),
 )
-"""(start, end) as fractions of the duration, and requests/s: quiet, a peak at three times
-that, an ebb: the shape of a day of chat traffic, compressed into minutes."""
+"""(moment as a fraction of the duration, requests/s), the rate linear in between: quiet, a
+rise to a peak at three times that, an ebb to half the peak: the shape of a day of chat
+traffic, compressed into minutes. A day's rise takes hours, far longer than a cold start;
+compressed, it still takes a quarter of the duration (the `step` benchmark scenario is the
+load that jumps at once)."""
+
+
+def linear_segments(knots: Sequence[tuple[float, float]], slice_s: float = 1.0) -> list[Segment]:
+    """A rate linear between (moment_s, rate) knots, as constant segments: one per flat stretch,
+    and slices of at most `slice_s` at their midpoint rate where it changes."""
+    segments: list[Segment] = []
+    for (start, low), (end, high) in itertools.pairwise(knots):
+        if end < start:
+            raise ValueError(f"knots must be in time order, got {start} before {end}")
+        slices = 1 if low == high else max(1, math.ceil((end - start) / slice_s))
+        width = (end - start) / slices
+        segments.extend(
+            (
+                start + index * width,
+                start + (index + 1) * width,
+                low + (high - low) * (index + 0.5) / slices,
+            )
+            for index in range(slices)
+        )
+    return segments
 
 
 def builtin_chat(
@@ -531,11 +558,8 @@ def builtin_chat(
     if not rate_multiplier > 0:
         raise ValueError(f"rate_multiplier must be positive, got {rate_multiplier}")
     arrivals_rng, lengths_rng = _rngs(seed)
-    segments = [
-        (start * duration_s, end * duration_s, rate * rate_multiplier)
-        for start, end, rate in CHAT_RATE_PROFILE
-    ]
-    arrivals = _arrivals(segments, arrivals_rng)
+    knots = [(moment * duration_s, rate * rate_multiplier) for moment, rate in CHAT_RATE_PROFILE]
+    arrivals = _arrivals(linear_segments(knots), arrivals_rng)
     return _build(arrivals, lengths_rng, [(0.0, CHAT_INPUT_TOKENS, CHAT_OUTPUT_TOKENS)])
 
 

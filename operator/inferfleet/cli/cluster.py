@@ -194,7 +194,9 @@ def demo_command(
     ] = None,
     rate_multiplier: Annotated[float, typer.Option(help="Replay at N x the recorded rate.")] = 1.0,
     start: Annotated[float, typer.Option(help="Trace seconds to skip.")] = 0.0,
-    duration: Annotated[float, typer.Option(help="Seconds of trace to replay.")] = 120.0,
+    duration: Annotated[
+        float, typer.Option(help="Seconds of load to replay (built-in or trace).")
+    ] = 240.0,
     nodes: Annotated[str, typer.Option(help="GPU node pools.")] = "L4-24GB=2",
     state_dir: Annotated[
         Path | None, typer.Option("--dir", help="Where the fleet's state and logs go.")
