@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -162,6 +162,11 @@ def test_the_oracle_asks_for_a_window_a_cold_start_ahead() -> None:
     assert oracle.desired(239.0, None, {})[AGG] == 5
     # Past the step, only what the next cold start's windows need.
     assert oracle.desired(240.0, None, {})[AGG] == 2
+    # Without foresight, window 3 is asked for as it starts.
+    unforeseen = replace(oracle, lead_s=0.0)
+    assert unforeseen.desired(179.0, None, {})[AGG] == 1
+    assert unforeseen.desired(180.0, None, {})[AGG] == 5
+    assert unforeseen.desired(240.0, None, {})[AGG] == 2
 
 
 SCENARIO = tiny_scenario()

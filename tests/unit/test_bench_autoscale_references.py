@@ -30,6 +30,7 @@ from inferfleet.bench.references import (
     simulated_schedule,
     static_best,
     static_counts,
+    without_foresight,
 )
 from inferfleet.planning.memory import kv_bytes_per_token, plan_memory, weight_bytes_per_gpu
 from inferfleet.planning.performance import DEFAULT_EFFICIENCY
@@ -159,6 +160,11 @@ def test_the_clairvoyant_schedule_meets_the_overall_target_with_less_than_the_or
         need[AGG] <= before[AGG]
         for need, before in zip(clairvoyant.needs, oracle.needs, strict=True)
     )
+    # Without foresight the step's replicas serve a cold start late: more misses, no more GPUs.
+    unforeseen = without_foresight(requests, config, clairvoyant, 60.0).unforeseen
+    assert unforeseen is not None
+    assert misses(unforeseen) > misses(clairvoyant.run)
+    assert unforeseen.gpu_seconds() <= clairvoyant.run.gpu_seconds()
     # Nothing that serves every request uses less than the fluid bound.
     bound = fluid_bound(requests, service, horizon, 60.0)
     assert 0 < bound.gpu_hours < clairvoyant.run.gpu_seconds() / 3600

@@ -312,12 +312,16 @@ class ClairvoyantScaler:
     """Replays a per-window schedule (the clairvoyant schedule, or the per-window oracle it is
     searched from): `needs[i]` holds over [i * window_s, (i + 1) * window_s). A window's
     replicas are asked for a cold start (and one tick) ahead, so they serve from its first
-    second; replicas leave when no window within a cold start needs them."""
+    second; replicas leave when no window within a cold start needs them. `lead_s` 0 replays
+    it without foresight: each window's fleet is asked for as the window starts, and serves a
+    cold start late."""
 
     needs: Sequence[Mapping[Role, int]]
     window_s: float
     cold_start_s: float
     interval_s: float = 5.0
+    lead_s: float | None = None
+    """How far ahead windows are asked for; None: a cold start and one tick."""
 
     def desired(
         self, now_s: float, snapshot: MetricsSnapshot | None, current: Mapping[Role, int]
@@ -326,7 +330,8 @@ class ClairvoyantScaler:
         if not self.needs:
             return dict(current)
         first = int(now_s // self.window_s)
-        last = int((now_s + self.cold_start_s + self.interval_s) // self.window_s)
+        lead_s = self.cold_start_s + self.interval_s if self.lead_s is None else self.lead_s
+        last = int((now_s + lead_s) // self.window_s)
         window = [self.needs[min(i, len(self.needs) - 1)] for i in range(first, last + 1)]
         roles = {role for need in window for role in need}
         return {role: max(need.get(role, 1) for need in window) for role in roles}

@@ -53,6 +53,7 @@ from inferfleet.bench.references import (
     static_best,
     static_counts,
     window_scores,
+    without_foresight,
 )
 from inferfleet.bench.report import percentile
 from inferfleet.planning.replica import ReplicaConfig
@@ -527,7 +528,12 @@ def run_scenario(
     best = static_best(requests, service, base, peak, fluid.static_floor(horizon))
     cpu["static-best"] = clock() - started
     started = clock()
-    clairvoyant = clairvoyant_schedule(requests, service, base, oracle, window_s, static=best)
+    clairvoyant = without_foresight(
+        requests,
+        base,
+        clairvoyant_schedule(requests, service, base, oracle, window_s, static=best),
+        window_s,
+    )
     cpu["clairvoyant"] = clock() - started
     mix = (
         max(1, round(sum(r.input_tokens for r in requests) / max(1, len(requests)))),

@@ -321,9 +321,14 @@ def simulated_schedule(
     config: FleetConfig,
     needs: Sequence[Mapping[Role, int]],
     window_s: float,
+    *,
+    foresight: bool = True,
 ) -> FleetRun:
-    """The run of a per-window schedule, its first window's fleet warm at time 0."""
-    scaler = ClairvoyantScaler(needs, window_s, config.cold_start_s)
+    """The run of a per-window schedule, its first window's fleet warm at time 0; without
+    `foresight`, each window's fleet is asked for as the window starts."""
+    scaler = ClairvoyantScaler(
+        needs, window_s, config.cold_start_s, lead_s=None if foresight else 0.0
+    )
     first = scaler.desired(0.0, None, {})
     return simulate(requests, replace(config, initial_replicas=dict(first)), scaler)
 
@@ -491,6 +496,11 @@ class Clairvoyant:
     started_from: str = "the per-window oracle"
     """The schedule the search lowered: the per-window oracle's, or the static-best fleet held
     in every window when that needed fewer GPU-hours."""
+    unforeseen: FleetRun | None = None
+    """The same schedule without foresight: each window's fleet asked for as the window starts,
+    so it serves a cold start late. What a policy that knew each window's load the moment it
+    came, and no sooner, would get from these fleets: where it misses the target, no policy
+    that reacts to the load meets it with them, and the headroom to meet it is held ahead."""
 
     def served(self, window_s: float) -> list[dict[Role, int]]:
         return fleetper_window(self.run, window_s, len(self.needs))
@@ -538,6 +548,17 @@ def clairvoyant_schedule(
                     started_from="the static-best fleet")  # fmt: skip
     cheaper = again if again.run.gpu_seconds() < searched.run.gpu_seconds() else searched
     return replace(cheaper, simulations=searched.simulations + again.simulations)
+
+
+def without_foresight(
+    requests: Sequence[TraceRequest],
+    config: FleetConfig,
+    clairvoyant: Clairvoyant,
+    window_s: float = DEFAULT_ORACLE_WINDOW_S,
+) -> Clairvoyant:
+    """`clairvoyant` with its schedule also replayed without foresight (`unforeseen`)."""
+    run = simulated_schedule(requests, config, clairvoyant.needs, window_s, foresight=False)
+    return replace(clairvoyant, unforeseen=run)
 
 
 def _search(
@@ -762,6 +783,12 @@ def references_json(
             "simulations": clairvoyant.simulations,
             "startedFrom": clairvoyant.started_from,
             "passes": [p.to_dict() for p in clairvoyant.passes],
+            "withoutForesight": None
+            if clairvoyant.unforeseen is None
+            else {
+                "gpuHours": clairvoyant.unforeseen.gpu_seconds() / 3600,
+                "attainment": attainment(clairvoyant.unforeseen),
+            },
         },
         "perWindowOracle": {
             "gpuHours": oracle.run.gpu_seconds() / 3600,
@@ -794,5 +821,16 @@ def references_line(fluid: FluidBound, clairvoyant: Clairvoyant) -> str:
         f"{attainment(clairvoyant.run):.4f}, searched in {clairvoyant.simulations} simulations "
         f"from {clairvoyant.started_from}; the per-window oracle needs "
         f"{oracle.run.gpu_seconds() / 3600:.2f} GPU-h at {attainment(oracle.run):.4f} "
-        f"({oracle.simulations} simulations)."
+        f"({oracle.simulations} simulations).{_unforeseen_sentence(clairvoyant)}"
+    )
+
+
+def _unforeseen_sentence(clairvoyant: Clairvoyant) -> str:
+    run = clairvoyant.unforeseen
+    if run is None:
+        return ""
+    return (
+        f" Without foresight (each window's fleet asked for as the window starts, so it serves "
+        f"a cold start late) the same schedule attains {attainment(run):.4f} with "
+        f"{run.gpu_seconds() / 3600:.2f} GPU-h."
     )
