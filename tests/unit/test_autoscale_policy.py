@@ -11,7 +11,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inferfleet.api.catalog import GpuType
 from inferfleet.api.inference_service import InferenceServiceSpec
 from inferfleet.api.model_deployment import ModelDeploymentSpec, Role
 from inferfleet.autoscale import (
@@ -1156,23 +1155,3 @@ def test_the_sequence_floor_fits_them_at_the_targets_decode_step_not_the_tighten
     assert fits > sequences_per_replica(AGG, pool, demand, tightened(tpot=4.0))
     assert sizing.needed == math.ceil(1050.0 / fits)
     assert "sequences running or queued" in sizing.why
-
-
-def test_the_declared_lengths_are_the_prior_while_the_first_windows_read_short() -> None:
-    """The first windows' completions are the short requests: a fleet planned on their mean
-    falls behind. The lengths the service declares weigh in until the window has been seen long
-    enough to replace them."""
-    l4 = replica(gpu=GpuType.L4_24GB)  # the KV cache binds: lengths set the replicas
-    chat_slo = Slo(ttft_p95_s=2.0, tpot_p95_s=0.15)
-    declared = replace(policy(config=l4, expected_load=Workload(2.0, 1000, 400)), slo=chat_slo)
-    short_window = snapshot(2.0, {Role.AGGREGATED: 1}, output_tokens=100)
-    decision = decide(declared, short_window, {Role.AGGREGATED: 1}, PolicyHistory())
-    assert "1000/250 tokens" in decision.message
-    undeclared = decide(
-        replace(policy(config=l4), slo=chat_slo),
-        short_window,
-        {Role.AGGREGATED: 1},
-        PolicyHistory(),
-    )
-    assert "1000/100 tokens" in undeclared.message
-    assert decision.replicas[Role.AGGREGATED] > undeclared.replicas[Role.AGGREGATED]

@@ -81,12 +81,6 @@ def _mix(
         service.mean_output_tokens, decode.generation_tokens_per_s, completed
     )
     memory = history.mix
-    if memory is None and spec.expected_load is not None:
-        # The lengths the service declares are the prior: the first windows' completions are
-        # the short requests, and a fleet sized on them falls behind.
-        memory = MixMemory(
-            snapshot.taken_at_s, spec.expected_load.input_tokens, spec.expected_load.output_tokens
-        )
     input_tokens = _remembered(window_input, memory.input_tokens if memory else None)
     output_tokens = _remembered(window_output, memory.output_tokens if memory else None)
     remembered = memory
