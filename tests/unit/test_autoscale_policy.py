@@ -34,7 +34,7 @@ from inferfleet.autoscale.policy import (
     Recommendation,
     planning_slo,
 )
-from inferfleet.autoscale.policy.demand import Demand, growth_headroom
+from inferfleet.autoscale.policy.demand import Demand, burst_capacity, growth_headroom
 from inferfleet.autoscale.policy.learning import planned_attainment
 from inferfleet.autoscale.policy.sizing import sequences_per_replica, size_role
 from inferfleet.planning.capacity import Slo, Workload, plan_replica
@@ -1155,3 +1155,71 @@ def test_the_sequence_floor_fits_them_at_the_targets_decode_step_not_the_tighten
     assert fits > sequences_per_replica(AGG, pool, demand, tightened(tpot=4.0))
     assert sizing.needed == math.ceil(1050.0 / fits)
     assert "sequences running or queued" in sizing.why
+
+
+def _samples(
+    rates: list[float], forecasts: list[float] | None = None, every_s: float = 15.0
+) -> list[DemandSample]:
+    planned = forecasts or [5.0] * len(rates)
+    return [
+        DemandSample(i * every_s, rate, 0.0, rate, forecast)
+        for i, (rate, forecast) in enumerate(zip(rates, planned, strict=True))
+    ]
+
+
+def _burst(samples: list[DemandSample], **settings: float) -> float:
+    given = {
+        "lag_s": 30.0,
+        "slack": 0.0,
+        "wait_budget_s": 0.75,
+        "late_share": 0.005,
+        "min_samples": 8,
+    }
+    return burst_capacity(samples, **{**given, **settings})  # type: ignore[arg-type]
+
+
+def test_bursts_the_forecasts_missed_are_held_capacity_for_by_replaying_them() -> None:
+    """15 s bursts at 40 req/s over a load of 5 that the forecasts (5 req/s) never saw coming:
+    a fluid queue draining at C builds (40 - C) x 15 requests of backlog, which must drain
+    within the wait budget (0.75 s): C x 0.75 >= (40 - C) x 15, so C >= 38.1 req/s."""
+    bursty = _samples([5, 5, 5, 40, 5, 5, 5, 40, 5, 5, 5, 5, 5])
+    assert _burst(bursty) == pytest.approx(600 / 15.75, rel=1e-3)
+    # With 15 s to wait out a burst, half the burst's rate drains it in time: C >= 20.
+    assert _burst(bursty, wait_budget_s=15.0) == pytest.approx(20.0, rel=1e-3)
+    # A pool that serves a quarter more than it was sized for needs a quarter less held.
+    assert _burst(bursty, slack=0.25) == pytest.approx(600 / 15.75 / 1.25, rel=1e-3)
+    # Too few samples with a forecast a cold start before them: nothing.
+    assert _burst(bursty[:8]) == 0
+
+
+def test_a_load_the_forecasts_kept_up_with_asks_for_no_burst_capacity() -> None:
+    flat = _samples([10.0] * 13, [10.0] * 13)
+    assert _burst(flat) == 0
+    # A ramp whose forecasts ran ahead of it by the growth a cold start brings.
+    rising = [5.0 + i for i in range(13)]
+    assert _burst(_samples(rising, [rate + 2.5 for rate in rising])) == 0
+    # The same ramp, forecast at the rate it had then, queues a cold start behind; but it rose
+    # once: the trend answers it, not capacity held for bursts.
+    assert _burst(_samples(rising, rising)) == 0
+    # One burst is a step as far as anyone can tell.
+    assert _burst(_samples([5, 5, 5, 40, 5, 5, 5, 5, 5, 5, 5, 5, 5])) == 0
+
+
+def test_a_bursty_load_keeps_capacity_between_its_bursts() -> None:
+    spec = policy(cold_start_s=30.0)
+    quiet = snapshot(5.0, {Role.AGGREGATED: 2})
+    rates = [5, 5, 5, 60, 5, 5, 5, 60, 5, 5, 5, 5]
+
+    def history(recent: list[int]) -> PolicyHistory:
+        return PolicyHistory(
+            demand=tuple(
+                DemandSample(NOW - 15.0 * (len(recent) - i), 5.0, 0.0, rate, 5.0)
+                for i, rate in enumerate(recent)
+            )
+        )
+
+    held = decide(spec, quiet, {Role.AGGREGATED: 2}, history(rates))
+    plain = decide(spec, quiet, {Role.AGGREGATED: 2}, history([5] * len(rates)))
+    assert held.replicas[Role.AGGREGATED] > plain.replicas[Role.AGGREGATED]
+    assert "held for the bursts of the last 10 min" in held.message
+    assert "bursts" not in plain.message

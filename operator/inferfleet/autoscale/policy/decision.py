@@ -297,7 +297,13 @@ def _next_history(
         recommendations=(*past, Recommendation(now, remembered)),
         demand=(
             *(d for d in history.demand if keep_after <= d.at_s < now),
-            DemandSample(now, demand.requests_per_s, in_flight),
+            DemandSample(
+                now,
+                demand.requests_per_s,
+                in_flight,
+                demand.recent_requests_per_s,
+                demand.reactive_forecast_requests_per_s,
+            ),
         ),
         mix=demand.mix,
     )

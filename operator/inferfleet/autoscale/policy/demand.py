@@ -33,6 +33,12 @@ class Demand:
     """How much the trend alone grows the load within a cold start (1: no trend)."""
     mix: MixMemory | None = None
     """The prompt/output lengths remembered for the next tick."""
+    recent_requests_per_s: float = 0.0
+    """The short window's arrivals beyond their counting noise, remembered for bursts."""
+    reactive_forecast_requests_per_s: float = 0.0
+    """The forecast from the load and its trend alone, remembered for bursts."""
+    burst_requests_per_s: float = 0.0
+    """The capacity the bursts of the last `burst_memory_s` needed (0: none beyond the load)."""
 
 
 def role_metrics(snapshot: MetricsSnapshot, role: Role) -> RoleMetrics:
@@ -211,7 +217,8 @@ def estimate_demand(spec: PolicySpec, snapshot: MetricsSnapshot, history: Policy
             snapshot, history, share=share, completed=completed,
             prompt_tokens_per_s=prefill.prompt_tokens_per_s, input_tokens=input_tokens,
         )  # fmt: skip
-    arriving = max(arriving, recent_arrivals(spec, snapshot) * share)
+    recent = recent_arrivals(spec, snapshot) * share
+    arriving = max(arriving, recent)
     # Queued requests are drained within `backlog_drain_s`: everyone queued behind them waits
     # until then. (The growth of the requests in flight is not a queue: more arrive per second,
     # so more are in flight at once.)
@@ -220,19 +227,34 @@ def estimate_demand(spec: PolicySpec, snapshot: MetricsSnapshot, history: Policy
     current = arriving
 
     window_start = snapshot.taken_at_s - trend_window_s(spec, snapshot)
-    recent = [
+    trend = [
         *(s for s in history.demand if window_start <= s.at_s < snapshot.taken_at_s),
-        DemandSample(snapshot.taken_at_s, arriving, 0.0),
+        DemandSample(snapshot.taken_at_s, arriving, 0.0, recent),
     ]
     # A replica ordered now serves after a cold start: project the trend that far.
-    rise = _sustained_rise(recent) * spec.cold_start_s
+    rise = _sustained_rise(trend) * spec.cold_start_s
     forecast, growth = current, 1.0
     if current > 0 and rise > spec.trend_tolerance * current:
         growth = min(1 + rise / current, spec.max_trend_growth)
     # Headroom for how fast this load has grown within a cold start before.
-    measured = [*(s for s in history.demand if s.at_s < snapshot.taken_at_s), recent[-1]]
+    measured = [*(s for s in history.demand if s.at_s < snapshot.taken_at_s), trend[-1]]
     growth = max(growth, 1 + growth_headroom(spec, measured, snapshot.window_s))
-    forecast = current * growth
+    reactive = current * growth
+    burst = 0.0
+    if spec.slo.ttft_p95_s is not None:
+        since = snapshot.taken_at_s - spec.burst_memory_s - spec.cold_start_s
+        burst = burst_capacity(
+            [
+                *(s for s in history.demand if since <= s.at_s < snapshot.taken_at_s),
+                DemandSample(snapshot.taken_at_s, arriving, 0.0, recent, reactive),
+            ],
+            lag_s=spec.cold_start_s,
+            slack=spec.burst_slack,
+            wait_budget_s=spec.slo.ttft_p95_s / 2,
+            late_share=(1 - spec.attainment_target) * spec.burst_miss_share,
+            min_samples=spec.min_growth_samples,
+        )
+    forecast = max(reactive, burst)
     return Demand(
         requests_per_s=arriving,
         forecast_requests_per_s=forecast,
@@ -242,7 +264,69 @@ def estimate_demand(spec: PolicySpec, snapshot: MetricsSnapshot, history: Policy
         drain_requests_per_s=drain,
         growth=growth,
         mix=mix,
+        recent_requests_per_s=recent,
+        reactive_forecast_requests_per_s=reactive,
+        burst_requests_per_s=burst if burst > reactive else 0.0,
     )
+
+
+def burst_capacity(
+    samples: Sequence[DemandSample],
+    *,
+    lag_s: float,
+    slack: float,
+    wait_budget_s: float,
+    late_share: float,
+    min_samples: int,
+) -> float:
+    """The capacity (requests/s) to hold for bursts the reactive forecasts missed: 0 when they
+    kept up. Replicas ordered at a tick serve a cold start (`lag_s`) later, so the fleet serving
+    at each sample was sized for the reactive forecast of one `lag_s` before it. The short
+    window's arrivals (beyond their counting noise) are replayed through a fluid queue that
+    drains at the larger of that forecast and a held capacity C, times 1 + `slack` (a pool
+    serves more than the rate it was sized for before it queues); the answer is the least C
+    with at most `late_share` of the arrivals (at the load's rate) waiting longer than
+    `wait_budget_s` behind the backlog. Nothing when the arrivals rose above what was ordered
+    in one run only: a step or a rise, which the forecasts answer; bursts recur. A load that
+    only moves as counting noise does asks for nothing either. What recurring bursts needed is
+    held while they stay within the samples; 0 with fewer than `min_samples` samples whose
+    forecast a cold start before is known."""
+    steps: list[tuple[float, float, float]] = []
+    arrived = 0.0
+    for earlier, later in itertools.pairwise(samples):
+        span = later.at_s - earlier.at_s
+        due = later.at_s - lag_s
+        ordered = next((s for s in reversed(samples) if s.at_s <= due), None)
+        if span > 0 and ordered is not None:
+            steps.append((later.recent_requests_per_s, span, ordered.forecast_requests_per_s))
+            arrived += later.requests_per_s * span
+    if len(steps) < min_samples or arrived <= 0:
+        return 0.0
+
+    # Arrivals above what was ordered, run by run: one run is a step or a rise, which the
+    # forecasts answer; bursts are what recur.
+    above = [rate > forecast * (1 + slack) for rate, _, forecast in steps]
+    runs = sum(1 for i, over in enumerate(above) if over and (i == 0 or not above[i - 1]))
+
+    def kept_up(held: float) -> bool:
+        backlog = waited = 0.0
+        for rate, span, forecast in steps:
+            capacity = max(held, forecast) * (1 + slack)
+            backlog = max(0.0, backlog + (rate - capacity) * span)
+            if backlog > capacity * wait_budget_s:
+                waited += rate * span
+        return waited <= late_share * arrived
+
+    if runs < 2 or kept_up(0.0):
+        return 0.0
+    low, high = 0.0, max(rate for rate, _, _ in steps)
+    for _ in range(30):
+        middle = (low + high) / 2
+        if kept_up(middle):
+            high = middle
+        else:
+            low = middle
+    return high
 
 
 def recent_arrivals(spec: PolicySpec, snapshot: MetricsSnapshot) -> float:

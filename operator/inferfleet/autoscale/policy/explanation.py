@@ -144,7 +144,12 @@ def explain(
         f"{arriving:.3g} req/s arriving ({_tokens(arriving * demand.input_tokens)} prompt tok/s, "
         f"{demand.input_tokens}/{demand.output_tokens} tokens)"
     )
-    if demand.forecast_requests_per_s > arriving * (1 + 1e-9):
+    if demand.burst_requests_per_s > 0:
+        load += (
+            f", capacity for {demand.burst_requests_per_s:.3g} req/s held for the bursts of the "
+            f"last {spec.burst_memory_s / 60:.0f} min"
+        )
+    elif demand.forecast_requests_per_s > arriving * (1 + 1e-9):
         load += (
             f", {demand.forecast_requests_per_s:.3g} req/s forecast in {spec.cold_start_s:.0f} s"
         )

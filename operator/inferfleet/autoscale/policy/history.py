@@ -26,6 +26,10 @@ class DemandSample:
     at_s: float
     requests_per_s: float
     in_flight_requests: float
+    recent_requests_per_s: float = 0.0
+    """The short window's arrivals beyond their counting noise (0: not measured)."""
+    forecast_requests_per_s: float = 0.0
+    """What the tick sized for from the load and its trend (bursts' capacity left out)."""
 
 
 @dataclass(frozen=True)
@@ -138,7 +142,13 @@ class PolicyHistory:
                 {"atS": r.at_s, "replicas": counts(r.replicas)} for r in self.recommendations
             ],
             "demand": [
-                {"atS": d.at_s, "requestsPerS": d.requests_per_s, "inFlight": d.in_flight_requests}
+                {
+                    "atS": d.at_s,
+                    "requestsPerS": d.requests_per_s,
+                    "inFlight": d.in_flight_requests,
+                    "recentRequestsPerS": d.recent_requests_per_s,
+                    "forecastRequestsPerS": d.forecast_requests_per_s,
+                }
                 for d in self.demand
             ],
             "lastScaleUpS": {role.value: t for role, t in sorted(self.last_scale_up_s.items())},
@@ -187,7 +197,13 @@ class PolicyHistory:
                 for r in data.get("recommendations", [])
             ),
             demand=tuple(
-                DemandSample(float(d["atS"]), float(d["requestsPerS"]), float(d["inFlight"]))
+                DemandSample(
+                    float(d["atS"]),
+                    float(d["requestsPerS"]),
+                    float(d["inFlight"]),
+                    float(d.get("recentRequestsPerS", 0.0)),
+                    float(d.get("forecastRequestsPerS", 0.0)),
+                )
                 for d in data.get("demand", [])
             ),
             last_scale_up_s={Role(r): float(t) for r, t in data.get("lastScaleUpS", {}).items()},

@@ -114,6 +114,13 @@ class PolicySpec:
     min_growth_samples: int = 8
     """Growth measurements (pairs of ticks a cold start apart) below which no headroom is
     held for it (a trend is still acted on)."""
+    burst_memory_s: float = 600.0
+    """How far back the bursts the fleet holds capacity for are replayed (`burst_capacity`)."""
+    burst_miss_share: float = 0.5
+    """Share of the attainment target's miss budget that arrivals waiting out a burst may use."""
+    burst_slack: float = 0.25
+    """How much more than the rate it was sized for a pool serves before its queue grows: the
+    planner sizes for a p95 TTFT within target, well short of saturation, and rounds up."""
     kv_target_usage: float = 0.85
     """Measured KV-cache usage above this asks for more replicas of the role."""
     feedback_gain: float = 1.15
