@@ -37,6 +37,7 @@ from inferfleet.autoscale.baselines import (
 from inferfleet.autoscale.policy import Decision, PolicyHistory, PolicySpec, decide, policy_spec
 from inferfleet.autoscale.snapshot import MetricsSnapshot
 from inferfleet.bench import traces
+from inferfleet.bench.reference_report import per_window, references_json, references_line
 from inferfleet.bench.references import (
     DEFAULT_ORACLE_WINDOW_S,
     Clairvoyant,
@@ -46,10 +47,7 @@ from inferfleet.bench.references import (
     StaticBest,
     clairvoyant_schedule,
     fluid_bound,
-    per_window,
     per_window_oracle,
-    references_json,
-    references_line,
     static_best,
     static_counts,
     window_scores,

@@ -22,7 +22,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from inferfleet.api.model_deployment import Role
 from inferfleet.autoscale.baselines import Bounds, ClairvoyantScaler, StaticScaler
@@ -762,75 +761,3 @@ def static_best(
 
 
 # Reported.
-
-
-def references_json(
-    fluid: FluidBound, clairvoyant: Clairvoyant, best: StaticBest | None, window_s: float
-) -> dict[str, Any]:
-    oracle = clairvoyant.oracle
-    return {
-        "fluidBound": {
-            "gpuHours": fluid.gpu_hours,
-            "gpusPerWindow": [{r.value: g for r, g in window.items()} for window in fluid.gpus()],
-        },
-        "clairvoyant": {
-            "gpuHours": clairvoyant.run.gpu_seconds() / 3600,
-            "attainment": attainment(clairvoyant.run),
-            "schedule": per_window(clairvoyant.needs),
-            "servedPerWindow": per_window(clairvoyant.served(window_s)),
-            "allowedMisses": clairvoyant.allowed_misses,
-            "aimedMisses": clairvoyant.aimed_misses,
-            "simulations": clairvoyant.simulations,
-            "startedFrom": clairvoyant.started_from,
-            "passes": [p.to_dict() for p in clairvoyant.passes],
-            "withoutForesight": None
-            if clairvoyant.unforeseen is None
-            else {
-                "gpuHours": clairvoyant.unforeseen.gpu_seconds() / 3600,
-                "attainment": attainment(clairvoyant.unforeseen),
-            },
-        },
-        "perWindowOracle": {
-            "gpuHours": oracle.run.gpu_seconds() / 3600,
-            "attainment": attainment(oracle.run),
-            "simulations": oracle.simulations,
-            "schedule": per_window(oracle.needs),
-        },
-        "staticBest": None
-        if best is None
-        else {
-            "replicas": {role.value: n for role, n in best.replicas.items()},
-            "simulations": best.simulations,
-            "tried": [
-                {"replicas": {r.value: n for r, n in fleet.items()}, "attainment": value}
-                for fleet, value in best.tried
-            ],
-        },
-    }
-
-
-def per_window(needs: Sequence[Mapping[Role, int]]) -> list[dict[str, int]]:
-    return [{role.value: count for role, count in need.items()} for need in needs]
-
-
-def references_line(fluid: FluidBound, clairvoyant: Clairvoyant) -> str:
-    oracle = clairvoyant.oracle
-    return (
-        f"References: fluid bound {fluid.gpu_hours:.2f} GPU-h; clairvoyant schedule "
-        f"{clairvoyant.run.gpu_seconds() / 3600:.2f} GPU-h at attainment "
-        f"{attainment(clairvoyant.run):.4f}, searched in {clairvoyant.simulations} simulations "
-        f"from {clairvoyant.started_from}; the per-window oracle needs "
-        f"{oracle.run.gpu_seconds() / 3600:.2f} GPU-h at {attainment(oracle.run):.4f} "
-        f"({oracle.simulations} simulations).{_unforeseen_sentence(clairvoyant)}"
-    )
-
-
-def _unforeseen_sentence(clairvoyant: Clairvoyant) -> str:
-    run = clairvoyant.unforeseen
-    if run is None:
-        return ""
-    return (
-        f" Without foresight (each window's fleet asked for as the window starts, so it serves "
-        f"a cold start late) the same schedule attains {attainment(run):.4f} with "
-        f"{run.gpu_seconds() / 3600:.2f} GPU-h."
-    )

@@ -295,10 +295,10 @@ def burst_capacity(
     arrived = 0.0
     for earlier, later in itertools.pairwise(samples):
         span = later.at_s - earlier.at_s
-        due = later.at_s - lag_s
-        ordered = next((s for s in reversed(samples) if s.at_s <= due), None)
-        if span > 0 and ordered is not None:
-            steps.append((later.recent_requests_per_s, span, ordered.forecast_requests_per_s))
+        ordered = bisect.bisect_right(samples, later.at_s - lag_s, key=lambda s: s.at_s)
+        if span > 0 and ordered > 0:
+            forecast = samples[ordered - 1].forecast_requests_per_s
+            steps.append((later.recent_requests_per_s, span, forecast))
             arrived += later.requests_per_s * span
     if len(steps) < min_samples or arrived <= 0:
         return 0.0
