@@ -119,12 +119,12 @@ class Namespace:
     """Names held by objects inferfleet did not create (found when creating one was refused)."""
 
 
-def stamped(obj: Mapping[str, Any]) -> dict[str, Any]:
-    """`obj` with the digest of itself in an annotation, to be applied."""
+def _stamped(obj: Mapping[str, Any], digest: str) -> dict[str, Any]:
+    """`obj` with its digest (`spec_hash` of itself) in an annotation, to be applied."""
     metadata = dict(obj["metadata"])
     metadata["annotations"] = {
         **(metadata.get("annotations") or {}),
-        APPLIED_HASH_ANNOTATION: spec_hash(obj),
+        APPLIED_HASH_ANNOTATION: digest,
     }
     return {**obj, "metadata": metadata}
 
@@ -137,12 +137,13 @@ def _to_apply(
     for obj in objects:
         child = held.get(ObjectKey.of(obj))
         replicas = (obj.get("spec") or {}).get("replicas") if obj["kind"] == "Deployment" else None
+        digest = spec_hash(obj)
         if (
             child is None
-            or child.applied_hash != spec_hash(obj)
+            or child.applied_hash != digest
             or (replicas is not None and child.replicas != replicas)
         ):
-            changed.append(stamped(obj))
+            changed.append(_stamped(obj, digest))
     # Workloads last: what their pods use (a service account, a config map) exists before the
     # pods are created, and a name found taken stops the apply before any pod runs.
     return tuple(sorted(changed, key=lambda obj: obj["kind"] == "Deployment"))

@@ -33,7 +33,12 @@ from inferfleet.reconcile.controller import (
     unschedulable_entry,
 )
 from inferfleet.render import InstallSettings
-from inferfleet.render.common import LABEL_MANAGED_BY, MANAGED_BY, label_value
+from inferfleet.render.common import (
+    LABEL_MANAGED_BY,
+    LABEL_MODEL_DEPLOYMENT,
+    MANAGED_BY,
+    label_value,
+)
 
 MANAGED_BY_SELECTOR = {LABEL_MANAGED_BY: MANAGED_BY}
 
@@ -80,12 +85,14 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     # Only what the operator made is streamed to it (filtered by the API server), however many
     # pods, Deployments and Services the cluster runs besides.
     managed = ",".join(f"{key}={value}" for key, value in MANAGED_BY_SELECTOR.items())
-    for api_version, kind in (*CHILD_KINDS, ("v1", "Pod")):
+    for api_version, kind in CHILD_KINDS:
         settings.watching.label_selectors[(*_group_version(api_version), child_index(kind))] = (
             managed
         )
-    # Of the pods, only those still waiting: a pod that leaves Pending leaves the stream (as a
-    # deletion) and the index with it; a serving pod's status changes are never sent.
+    # Of the pods, only engine pods (their ModelDeployment explains them; a router's pods have
+    # no such label) and only while they wait: a pod that leaves Pending leaves the stream (as
+    # a deletion) and the index with it; a serving pod's status changes are never sent.
+    settings.watching.label_selectors["", "v1", "pods"] = f"{managed},{LABEL_MODEL_DEPLOYMENT}"
     settings.watching.field_selectors["", "v1", "pods"] = "status.phase=Pending"
     # Every event's handler succeeds by design: a line per event would be the whole log.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
