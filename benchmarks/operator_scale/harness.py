@@ -53,17 +53,26 @@ from benchmarks.operator_scale.procfs import (
     source_state,
 )
 from benchmarks.operator_scale.stats import is_ready, parse_time, ready_condition, rolled_out
-from benchmarks.operator_scale.workloads import engine_deployments, manifests
+from benchmarks.operator_scale.workloads import all_rendered, engine_deployments, manifests
 from inferfleet.devcluster import cluster as cluster_module
 from inferfleet.devcluster.cluster import ClientRateLimit, DevCluster, running
 from inferfleet.devcluster.nodes import NodePool
 
 RBAC = ROOT / "deploy" / "rbac" / "cluster-wide.yaml"
 BARE_NAMESPACE = "bench-bare"
+BARE_RENDERED_NAMESPACE = "bench-bare-rendered"
+BARE_DEPLOYMENTS = "bare Deployments"
+BARE_RENDERED = "bare rendered objects"
 WARMUP_NAMESPACE = "bench-warmup"
 BASELINE_NAMESPACE = "bench-baseline"
 FLEET_NAMESPACE = "bench-fleet"
-NAMESPACES = (BARE_NAMESPACE, WARMUP_NAMESPACE, BASELINE_NAMESPACE, FLEET_NAMESPACE)
+NAMESPACES = (
+    BARE_NAMESPACE,
+    BARE_RENDERED_NAMESPACE,
+    WARMUP_NAMESPACE,
+    BASELINE_NAMESPACE,
+    FLEET_NAMESPACE,
+)
 WATCH = "benchmark: kubectl watch"
 QUIET_CORES = 0.02
 """An operator under 2 % of a core has no queued work (idle, it uses well under 1 %)."""
@@ -326,9 +335,10 @@ class Config:
 
 @dataclass
 class BareRun:
-    """The baseline with no operator: the same engine Deployments, applied directly."""
+    """A baseline with no operator: objects the operator renders, applied directly."""
 
     deployments: int = 0
+    objects: int = 0
     apply_start: float = 0.0
     apply_end: float = 0.0
     rolled_out: dict[str, float] = field(default_factory=dict)
@@ -349,6 +359,9 @@ class Run:
     hardware: dict[str, Any]
     cluster_up_s: float = 0.0
     bare: BareRun = field(default_factory=BareRun)
+    """The engine Deployments alone."""
+    bare_rendered: BareRun = field(default_factory=BareRun)
+    """Everything the operator renders for the services (engine and router objects)."""
     operator_start: float = 0.0
     warmup_ready_s: float = 0.0
     baseline: list[tuple[float, float, float | None]] = field(default_factory=list)
@@ -396,43 +409,66 @@ def _apply(kubectl: Kubectl, stream: str, timeout_s: float) -> None:
     kubectl.run("apply", "--server-side", "-f", "-", stdin=stream, timeout=timeout_s)
 
 
-def bare_deployments(
-    run: Run, kubectl: Kubectl, component_pids: Mapping[str, int]
-) -> dict[str, int]:
-    """Phase 1: the engine Deployments alone, applied, timed to all rolled out, then deleted
-    (their namespace, waited for until gone). Returns the pids its CPU was measured over."""
-    config, bare = run.config, run.bare
-    stream = engine_deployments(service_names(config.services), BARE_NAMESPACE)
-    names = [doc["metadata"]["name"] for doc in yaml.safe_load_all(stream)]
-    bare.deployments = len(names)
-    watch = ReadyWatch(kubectl, "deployments", rolled_out, namespace=BARE_NAMESPACE)
+def bare_apply(
+    run: Run,
+    kubectl: Kubectl,
+    component_pids: Mapping[str, int],
+    *,
+    phase: str,
+    namespace: str,
+    stream: str,
+) -> BareRun:
+    """A baseline with no operator: `stream` applied in one `kubectl apply` to `namespace`,
+    timed until every Deployment in it is rolled out, then deleted (the namespace, waited for
+    until gone). Its CPU is measured over `component_pids` and the watch; the phase is named
+    `phase`."""
+    config = run.config
+    bare = BareRun()
+    documents = list(yaml.safe_load_all(stream))
+    names = [doc["metadata"]["name"] for doc in documents if doc["kind"] == "Deployment"]
+    bare.deployments, bare.objects = len(names), len(documents)
+    watch = ReadyWatch(kubectl, "deployments", rolled_out, namespace=namespace)
     watch.start()
     assert watch.process is not None
     pids = {**component_pids, WATCH: watch.process.pid}
     try:
-        log(f"bare baseline: applying {len(names)} engine Deployments, no operator running")
-        run.cpu["bare start"] = snapshot(pids)
+        log(f"{phase}: applying {len(documents)} objects, no operator running")
+        run.cpu[f"{phase} start"] = snapshot(pids)
         bare.apply_start = time.time()
         _apply(kubectl, stream, config.timeout_s)
         bare.apply_end = time.time()
-        bare.complete = watch.wait([(BARE_NAMESPACE, n) for n in names], config.timeout_s)
-        run.cpu["bare rolled out"] = snapshot(pids)
+        bare.complete = watch.wait([(namespace, n) for n in names], config.timeout_s)
+        run.cpu[f"{phase} rolled out"] = snapshot(pids)
         bare.rolled_out = {name: at for (_, name), at in watch.seen_ready.items()}
         log(
-            f"bare baseline: {len(bare.rolled_out)}/{len(names)} rolled out after "
+            f"{phase}: {len(bare.rolled_out)}/{len(names)} Deployments rolled out after "
             f"{time.time() - bare.apply_start:.1f} s; deleting them"
         )
-        run.phases.append(Phase("bare Deployments", bare.apply_start, time.time(), 0))
+        run.phases.append(Phase(phase, bare.apply_start, time.time(), 0))
     finally:
         watch.stop()
         bare.watch = {**watch.stats(), "kubectl_cpu_s": round(watch.cpu_s, 2)}
     deleting = time.time()
     timeout = f"--timeout={config.timeout_s:.0f}s"
-    kubectl.run("delete", "namespace", BARE_NAMESPACE, "--wait=true", timeout,
+    kubectl.run("delete", "namespace", namespace, "--wait=true", timeout,
                 timeout=config.timeout_s + 30)  # fmt: skip
     bare.deleted_s = time.time() - deleting
     time.sleep(config.settle_s)
-    return pids
+    return bare
+
+
+def baselines(run: Run, kubectl: Kubectl, component_pids: Mapping[str, int]) -> None:
+    """Phase 1: the engine Deployments alone; then everything the operator renders for the
+    services (engine and router objects), each applied bare."""
+    names = service_names(run.config.services)
+    run.bare = bare_apply(
+        run, kubectl, component_pids, phase=BARE_DEPLOYMENTS, namespace=BARE_NAMESPACE,
+        stream=engine_deployments(names, BARE_NAMESPACE),
+    )  # fmt: skip
+    run.bare_rendered = bare_apply(
+        run, kubectl, component_pids, phase=BARE_RENDERED, namespace=BARE_RENDERED_NAMESPACE,
+        stream=all_rendered(names, BARE_RENDERED_NAMESPACE),
+    )  # fmt: skip
 
 
 def warm_up_and_single_services(
@@ -544,7 +580,7 @@ def measure(config: Config, bin_dir: Path, state_dir: Path) -> Run:
         assert state is not None
         component_pids = dict(state.pids)
 
-        bare_deployments(run, kubectl, component_pids)
+        baselines(run, kubectl, component_pids)
 
         operator = Operator(
             service_account_kubeconfig(kubectl, cluster, state_dir / "operator.kubeconfig"),

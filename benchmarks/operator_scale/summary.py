@@ -9,6 +9,7 @@ from typing import Any
 
 from benchmarks.operator_scale.audit import (
     LATENCY_STEPS,
+    Phase,
     api_summary,
     missing_latencies,
     operator_latencies,
@@ -18,8 +19,12 @@ from benchmarks.operator_scale.audit import (
     writes_per_service,
 )
 from benchmarks.operator_scale.harness import (
+    BARE_DEPLOYMENTS,
     BARE_NAMESPACE,
+    BARE_RENDERED,
+    BARE_RENDERED_NAMESPACE,
     FLEET_NAMESPACE,
+    BareRun,
     Run,
     service_names,
 )
@@ -99,20 +104,20 @@ def goals(headline: Mapping[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def _bare(run: Run, requests: Any, phases: Mapping[str, Any]) -> dict[str, Any]:
-    bare = run.bare
+def _bare(bare: BareRun, run: Run, requests: Any, phase: Phase) -> dict[str, Any]:
     after = [at - bare.apply_start for at in bare.rolled_out.values()]
     figures = distribution(after) or {}
     return {
         "deployments": bare.deployments,
+        "objects": bare.objects,
         "complete": bare.complete,
         "rolled_out": len(bare.rolled_out),
         "apply_s": round(bare.apply_end - bare.apply_start, 3),
         "all_rolled_out_s": round(max(after), 3) if after and bare.complete else None,
         "rolled_out_s": figures or None,
         "deleted_s": round(bare.deleted_s, 2),
-        "cpu": cpu_between(run.cpu["bare start"], run.cpu["bare rolled out"]),
-        "writes_by_user": writers(requests, phases["bare Deployments"]),
+        "cpu": cpu_between(run.cpu[f"{phase.name} start"], run.cpu[f"{phase.name} rolled out"]),
+        "writes_by_user": writers(requests, phase),
         "watch": bare.watch,
     }
 
@@ -146,7 +151,13 @@ def summarise(run: Run) -> dict[str, Any]:
     per_service_operator_clock = [t - run.apply_start for t in run.rollout_transition.values()]
     all_ready = max(per_service) if per_service and run.complete else None
     rollout = distribution(per_service) or {}
-    bare = _bare(run, requests, phases)
+    bare = _bare(run.bare, run, requests, phases[BARE_DEPLOYMENTS])
+    bare_rendered = (
+        _bare(run.bare_rendered, run, requests, phases[BARE_RENDERED])
+        if BARE_RENDERED in phases
+        else None
+    )
+    rendered_s = bare_rendered["all_rolled_out_s"] if bare_rendered else None
     latencies = _latencies(run, requests)
 
     def ratio(value: float | None, to: float | None, digits: int = 1) -> float | None:
@@ -171,6 +182,8 @@ def summarise(run: Run) -> dict[str, Any]:
         "p99_x_single": ratio(rollout.get("p99"), single),
         "bare_all_rolled_out_s": bare["all_rolled_out_s"],
         "all_ready_x_bare": ratio(all_ready, bare["all_rolled_out_s"], 2),
+        "bare_rendered_all_rolled_out_s": rendered_s,
+        "all_ready_x_bare_rendered": ratio(all_ready, rendered_s, 2),
         "operator_quiet_after_all_ready_s": round(run.quiet_after_s, 1)
         if run.quiet_after_s is not None
         else None,
@@ -223,6 +236,7 @@ def summarise(run: Run) -> dict[str, Any]:
             "model_deployment": model_deployment("<name>", FLEET_NAMESPACE)["spec"],
             "inference_service": inference_service("<name>", FLEET_NAMESPACE)["spec"],
             "bare_namespace": BARE_NAMESPACE,
+            "bare_rendered_namespace": BARE_RENDERED_NAMESPACE,
             "baseline_samples": run.config.baseline_samples,
             "settle_s": run.config.settle_s,
             "quiet_timeout_s": run.config.quiet_timeout_s,
@@ -231,6 +245,7 @@ def summarise(run: Run) -> dict[str, Any]:
         "headline": headline,
         "goals": goals(headline),
         "bare_deployments": bare,
+        "bare_rendered": bare_rendered,
         "operator_latency_s": latencies,
         "startup": {
             "cluster_up_s": round(run.cluster_up_s, 2),

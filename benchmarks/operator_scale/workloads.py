@@ -1,6 +1,7 @@
 """What the benchmark applies: the services (a ModelDeployment and an InferenceService each),
-and for the baseline the very engine Deployments the operator renders for those
-ModelDeployments, rendered by the package's own renderer with `inferfleet run`'s defaults."""
+and for the baselines the very objects the operator renders for them (the engine Deployments
+alone, then everything), rendered by the package's own renderer with `inferfleet run`'s
+defaults."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from typing import Any
 
 import yaml
 
+from inferfleet.api.inference_service import InferenceService
 from inferfleet.api.model_deployment import ModelDeployment
+from inferfleet.render.inference_service import render_inference_service
 from inferfleet.render.model_deployment import render_model_deployment
 from inferfleet.render.settings import InstallSettings
 
@@ -67,6 +70,26 @@ def engine_deployments(names: Sequence[str], namespace: str) -> str:
         if obj["apiVersion"] == "apps/v1" and obj["kind"] == "Deployment"
     ]
     return yaml.safe_dump_all(documents)
+
+
+def rendered_service(name: str, namespace: str) -> list[dict[str, Any]]:
+    """Everything the operator applies for one service, rendered offline: its
+    ModelDeployment's objects, then its InferenceService's (the router), with no owner."""
+    md = ModelDeployment.model_validate(model_deployment(name, namespace))
+    service = InferenceService.model_validate(inference_service(name, namespace))
+    install = InstallSettings()
+    router = render_inference_service(
+        service,
+        {name: md},
+        router_image=install.router_image,
+        router_discovery=install.router_discovery,
+    )
+    return [*rendered(name, namespace), *router]
+
+
+def all_rendered(names: Sequence[str], namespace: str) -> str:
+    """Every object the operator renders for those services, as one YAML stream."""
+    return yaml.safe_dump_all([obj for name in names for obj in rendered_service(name, namespace)])
 
 
 def audit_target(obj: dict[str, Any]) -> str:

@@ -31,7 +31,13 @@ from benchmarks.operator_scale.procfs import MACHINE, CpuSnapshot, timeline
 from benchmarks.operator_scale.report import _goals_table, markdown
 from benchmarks.operator_scale.stats import distribution, percentile, rolled_out
 from benchmarks.operator_scale.summary import goals, summarise
-from benchmarks.operator_scale.workloads import children, engine_deployments, rendered
+from benchmarks.operator_scale.workloads import (
+    all_rendered,
+    audit_target,
+    children,
+    engine_deployments,
+    rendered,
+)
 
 from inferfleet.devcluster.cluster import AUDIT_POLICY, ClientRateLimit
 
@@ -159,6 +165,23 @@ def test_operator_latencies_run_from_what_it_waits_for_to_its_answer() -> None:
     assert missing_latencies(latencies, 2, 2) == dict.fromkeys(LATENCY_STEPS, 1)
 
 
+def test_the_rendered_baseline_applies_everything_the_operator_renders() -> None:
+    documents = list(yaml.safe_load_all(all_rendered(["svc-000"], "bench-bare-rendered")))
+    kinds = sorted(f"{d['kind']} {d['metadata']['name']}" for d in documents)
+    assert kinds == sorted(
+        [
+            "Deployment svc-000-aggregated", "Service svc-000-aggregated",
+            "PodDisruptionBudget svc-000-aggregated", "Deployment svc-000-router",
+            "Service svc-000", "PodDisruptionBudget svc-000-router",
+            "ServiceAccount svc-000-router", "Role svc-000-router", "RoleBinding svc-000-router",
+        ]
+    )  # fmt: skip
+    assert {(audit_target(d), d["metadata"]["name"]) for d in documents} >= children(
+        "svc-000", "bench-bare-rendered"
+    )
+    assert all("ownerReferences" not in d["metadata"] for d in documents)
+
+
 def test_the_bare_baseline_applies_exactly_the_operators_engine_deployments() -> None:
     documents = list(yaml.safe_load_all(engine_deployments(["svc-000", "svc-001"], "bench-bare")))
     assert [d["metadata"]["name"] for d in documents] == [
@@ -282,7 +305,24 @@ def test_a_run_is_summarised_and_reported_with_its_goals(tmp_path: Path) -> None
         bin_dir=Path("/cache/kube-v1/bin"),
         state_dir=tmp_path,
         hardware={"cpu_model": "x", "cores": 2, "memory_gib": 1, "kernel": "k", "python": "3"},
-        bare=BareRun(1, 10.0, 10.5, {"svc-000-aggregated": 12.0}, complete=True, deleted_s=3.0),
+        bare=BareRun(
+            deployments=1,
+            objects=1,
+            apply_start=10.0,
+            apply_end=10.5,
+            rolled_out={"svc-000-aggregated": 12.0},
+            complete=True,
+            deleted_s=3.0,
+        ),
+        bare_rendered=BareRun(
+            deployments=2,
+            objects=9,
+            apply_start=20.0,
+            apply_end=20.5,
+            rolled_out={"svc-000-aggregated": 22.0, "svc-000-router": 22.5},
+            complete=True,
+            deleted_s=3.0,
+        ),
         operator_start=50.0,
         baseline=[(60.0, 61.0, 61.0)],
         apply_start=99.0,
@@ -292,6 +332,7 @@ def test_a_run_is_summarised_and_reported_with_its_goals(tmp_path: Path) -> None
         quiet_after_s=5.0,
         phases=[
             Phase("bare Deployments", 10.0, 12.0, 0),
+            Phase("bare rendered objects", 20.0, 22.5, 0),
             Phase("baseline single-0", 60.0, 66.0, 2),
             Phase("rollout", 99.0, 107.0, 2),
             Phase("steady", 107.0, 167.0, 0),
@@ -300,8 +341,10 @@ def test_a_run_is_summarised_and_reported_with_its_goals(tmp_path: Path) -> None
         cpu={
             name: snapshot_at(at, cpu)
             for name, at, cpu in [
-                ("bare start", 10.0, 0.0),
-                ("bare rolled out", 12.0, 0.0),
+                ("bare Deployments start", 10.0, 0.0),
+                ("bare Deployments rolled out", 12.0, 0.0),
+                ("bare rendered objects start", 20.0, 0.0),
+                ("bare rendered objects rolled out", 22.5, 0.0),
                 ("baseline start", 60.0, 1.0),
                 ("rollout start", 99.0, 1.1),
                 ("all ready", 102.0, 1.12),
@@ -322,6 +365,9 @@ def test_a_run_is_summarised_and_reported_with_its_goals(tmp_path: Path) -> None
     assert head["all_ready_s"] == 3.0
     assert head["bare_all_rolled_out_s"] == 2.0
     assert head["all_ready_x_bare"] == 1.5
+    # Everything rendered, applied bare: the engine's and the router's Deployments, 2.5 s.
+    assert head["bare_rendered_all_rolled_out_s"] == 2.5
+    assert head["all_ready_x_bare_rendered"] == 1.2
     assert head["operator_cpu_ms_per_reconcile"] == 15.0  # 0.03 s until quiet / 2 resources
     assert head["operator_writes_per_resource_rollout"] == 1.5  # 3 writes, 2 resources
     assert head["operator_latency_s"] == {
@@ -333,6 +379,7 @@ def test_a_run_is_summarised_and_reported_with_its_goals(tmp_path: Path) -> None
     report = markdown(result)
     for section in (
         "## Goals", "## Baseline: the same engine Deployments, no operator",
+        "## Baseline: everything the operator renders, no operator",
         "## Operator-attributable latency", "## All figures", "## Where the rollout's time went",
         "## CPU seconds during the rollout", "## The operator's API requests",
         "## Operator log", "## How it was measured",

@@ -74,3 +74,78 @@ def test_a_child_queues_its_owner_only_when_what_the_owner_reads_of_it_changes()
         await controller.stop()
 
     asyncio.run(scenario())
+
+
+def _model_deployment(version: str, *, generation: int = 1, ready: str = "False") -> dict[str, Any]:
+    return {
+        "apiVersion": "inferfleet.io/v1alpha1",
+        "kind": "ModelDeployment",
+        "metadata": {
+            "name": "llama", "namespace": "llm", "uid": "uid-md", "generation": generation,
+            "resourceVersion": version,
+        },
+        "spec": {},
+        "status": {"conditions": [{"type": "Ready", "status": ready}]},
+    }  # fmt: skip
+
+
+def _inference_service(version: str, *, decided: int | None = None) -> dict[str, Any]:
+    status: dict[str, Any] = {}
+    if decided is not None:
+        status["replicas"] = [{"deployment": "llama", "role": "aggregated", "replicas": decided}]
+    return {
+        "apiVersion": "inferfleet.io/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": "chat", "namespace": "llm", "uid": "uid-isvc",
+                     "resourceVersion": version},
+        "spec": {"deployments": [{"name": "llama"}], "autoscaling": {"policy": "goodput"}},
+        "status": status,
+    }  # fmt: skip
+
+
+def test_events_queue_an_object_and_its_dependents_only_for_what_they_read() -> None:
+    async def scenario() -> None:
+        service = _inference_service("1")
+        indices = {"inference_services": {("llm", "chat"): [service]}}
+        indices["inference_services"][("backend", "llm", "llama")] = [
+            handlers.claims_of(service)["llama"]
+        ]
+        controller = Controller(indices, install=InstallSettings(), autoscaler=None)
+        md_key = ("ModelDeployment", "llm", "llama")
+        isvc_key = ("InferenceService", "llm", "chat")
+
+        async def queued() -> set[tuple[str, str, str]]:
+            keys = set()
+            while len(controller.reconciles):
+                key = await controller.reconciles.get()
+                controller.reconciles.done(key)
+                keys.add(key)
+            return keys
+
+        # New objects: each is queued, and what routes to or from it.
+        controller.model_deployment_changed("llm", "llama", _model_deployment("10"))
+        assert await queued() == {md_key, isvc_key}
+        controller.inference_service_changed("llm", "chat", service)
+        assert await queued() == {isvc_key, md_key}
+        # The deployment's own status write, seen by the watch: nothing its reconcile or the
+        # service's reads changed.
+        controller._stored[md_key] = ("10", _model_deployment("11"))
+        controller.model_deployment_changed("llm", "llama", _model_deployment("11"))
+        assert await queued() == set()
+        # Ready, written by someone else: both.
+        controller.model_deployment_changed("llm", "llama", _model_deployment("12", ready="True"))
+        assert await queued() == {md_key, isvc_key}
+        # The service's own status write leaves its claims as they were: nothing.
+        controller._stored[isvc_key] = ("1", _inference_service("2"))
+        controller.inference_service_changed("llm", "chat", _inference_service("2"))
+        assert await queued() == set()
+        # A decision the autoscaler wrote changes the claim: the deployment follows it.
+        controller._stored[isvc_key] = ("2", _inference_service("3", decided=3))
+        controller.inference_service_changed("llm", "chat", _inference_service("3", decided=3))
+        assert await queued() == {md_key}
+        # Gone: both are queued (the deployment's replicas return to its spec).
+        controller.inference_service_changed("llm", "chat", None)
+        assert await queued() == {isvc_key, md_key}
+        await controller.stop()
+
+    asyncio.run(scenario())

@@ -205,6 +205,23 @@ class Indices:
         }
 
 
+def _as_served(body: Mapping[str, Any]) -> tuple[str, Any, str | None]:
+    """What an InferenceService's reconcile reads of a ModelDeployment it routes to: which
+    object, its spec (by generation), and whether it is Ready."""
+    metadata = body.get("metadata") or {}
+    status = body.get("status")
+    conditions = status.get("conditions") if isinstance(status, Mapping) else None
+    ready = next(
+        (
+            str(c.get("status"))
+            for c in conditions or []
+            if isinstance(c, Mapping) and c.get("type") == "Ready"
+        ),
+        None,
+    )
+    return str(metadata.get("uid", "")), metadata.get("generation"), ready
+
+
 def child_index(kind: str) -> str:
     """The plural of a kind the operator renders: its resource, and the name of its index."""
     return kind.lower() + "s"
@@ -239,7 +256,10 @@ class Controller:
         )
         self._stored: dict[Key, tuple[str, dict[str, Any]]] = {}
         self._ticked: dict[tuple[str, str], float] = {}
-        self._backends: dict[tuple[str, str], set[str]] = {}
+        self._claims: dict[tuple[str, str], dict[str, Claim]] = {}
+        """Each service's claims on its deployments when they were last queued for it."""
+        self._served: dict[tuple[str, str], tuple[str, Any, str | None]] = {}
+        """What services read of each deployment (`_as_served`) when they were last queued."""
         self._unschedulable: set[tuple[str, str]] = set()
         self._foreign: dict[tuple[str, ObjectKey], float] = {}
         self._children: dict[tuple[str, str], Child] = {}
@@ -269,23 +289,56 @@ class Controller:
     def add(self, kind: str, namespace: str, name: str) -> None:
         self.reconciles.add((kind, namespace, name))
 
-    def model_deployment_changed(self, namespace: str, name: str) -> None:
-        """The deployment, and the services that route to it (their Ready follows its)."""
-        self.add(MODEL_DEPLOYMENT, namespace, name)
+    def model_deployment_changed(
+        self, namespace: str, name: str, body: Mapping[str, Any] | None
+    ) -> None:
+        """The deployment (`body` None: it is gone), unless the event only shows the status its
+        own reconcile wrote; and the services that route to it, when what they read of it
+        changed."""
+        key = (MODEL_DEPLOYMENT, namespace, name)
+        if body is None or not self._wrote(key, body):
+            self.add(*key)
+        served = None if body is None else _as_served(body)
+        if served is not None and self._served.get((namespace, name)) == served:
+            return
+        if served is None:
+            self._served.pop((namespace, name), None)
+        else:
+            self._served[(namespace, name)] = served
         for claim in self.indices.claims(namespace, name):
             self.add(INFERENCE_SERVICE, namespace, claim.service)
 
-    def inference_service_changed(self, namespace: str, name: str, backends: set[str]) -> None:
-        """The service, and every deployment it routes to or did route to until now (their
-        replicas follow the decision of the service that autoscales them)."""
-        self.add(INFERENCE_SERVICE, namespace, name)
-        before = self._backends.get((namespace, name), set())
-        for backend in backends | before:
+    def inference_service_changed(
+        self, namespace: str, name: str, body: Mapping[str, Any] | None
+    ) -> None:
+        """The service (`body` None: it is gone), unless the event only shows a status this
+        operator wrote; and every deployment it routes to or did route to until now, when its
+        claims on them changed (their replicas follow the decision of the service that
+        autoscales them)."""
+        key = (INFERENCE_SERVICE, namespace, name)
+        if body is None or not self._wrote(key, body):
+            self.add(*key)
+        claims = {} if body is None else claims_of(body)
+        before = self._claims.get((namespace, name))
+        if body is not None and before == claims:
+            return
+        for backend in set(claims) | set(before or {}):
             self.add(MODEL_DEPLOYMENT, namespace, backend)
-        if self.indices.inference_service(namespace, name) is None:
-            self._backends.pop((namespace, name), None)
+        if body is None:
+            self._claims.pop((namespace, name), None)
         else:
-            self._backends[(namespace, name)] = backends
+            self._claims[(namespace, name)] = claims
+
+    def _wrote(self, key: Key, body: Mapping[str, Any]) -> bool:
+        """`body` is the object as this operator's last status write left it: that write's own
+        watch event, which tells its reconcile nothing new."""
+        written = self._stored.get(key)
+        version = (body.get("metadata") or {}).get("resourceVersion")
+        return (
+            written is not None
+            and version is not None
+            and (written[1].get("metadata") or {}).get("resourceVersion") == version
+        )
 
     def child_changed(self, namespace: str, obj: Mapping[str, Any], *, gone: bool) -> None:
         """An object the operator created: its owner is reconciled when what the indices hold

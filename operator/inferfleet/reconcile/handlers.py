@@ -166,19 +166,32 @@ def _controller(memo: kopf.Memo, indices: dict[str, Any]) -> Controller:
 
 @kopf.on.event(API_GROUP, API_VERSION, "modeldeployments")
 async def model_deployment_event(
-    *, namespace: str | None, name: str, memo: kopf.Memo, **indices: Any
+    *,
+    type: str | None,
+    namespace: str | None,
+    name: str,
+    body: kopf.Body,
+    memo: kopf.Memo,
+    **indices: Any,
 ) -> None:
     if namespace is not None:
-        _controller(memo, indices).model_deployment_changed(namespace, name)
+        current = None if type == "DELETED" else body
+        _controller(memo, indices).model_deployment_changed(namespace, name, current)
 
 
 @kopf.on.event(API_GROUP, API_VERSION, "inferenceservices")
 async def inference_service_event(
-    *, namespace: str | None, name: str, body: kopf.Body, memo: kopf.Memo, **indices: Any
+    *,
+    type: str | None,
+    namespace: str | None,
+    name: str,
+    body: kopf.Body,
+    memo: kopf.Memo,
+    **indices: Any,
 ) -> None:
     if namespace is not None:
-        backends = set(claims_of(body))
-        _controller(memo, indices).inference_service_changed(namespace, name, backends)
+        current = None if type == "DELETED" else body
+        _controller(memo, indices).inference_service_changed(namespace, name, current)
 
 
 async def _child_event(
