@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
+from inferfleet.api.conditions import find
 from inferfleet.api.inference_service import InferenceService
 from inferfleet.api.model_deployment import ModelDeployment, Role
 from inferfleet.autoscale.controller import AutoscalerSettings, PrometheusSource, tick
@@ -210,16 +211,12 @@ def _as_served(body: Mapping[str, Any]) -> tuple[str, Any, str | None]:
     object, its spec (by generation), and whether it is Ready."""
     metadata = body.get("metadata") or {}
     status = body.get("status")
-    conditions = status.get("conditions") if isinstance(status, Mapping) else None
-    ready = next(
-        (
-            str(c.get("status"))
-            for c in conditions or []
-            if isinstance(c, Mapping) and c.get("type") == "Ready"
-        ),
-        None,
+    ready = find(status.get("conditions") or [], "Ready") if isinstance(status, Mapping) else None
+    return (
+        str(metadata.get("uid", "")),
+        metadata.get("generation"),
+        None if ready is None else str(ready.get("status")),
     )
-    return str(metadata.get("uid", "")), metadata.get("generation"), ready
 
 
 def child_index(kind: str) -> str:
