@@ -84,7 +84,7 @@ def rendered_service(name: str, namespace: str) -> list[dict[str, Any]]:
         router_image=install.router_image,
         router_discovery=install.router_discovery,
     )
-    return [*rendered(name, namespace), *router]
+    return [*render_model_deployment(md, options=install.engines), *router]
 
 
 def all_rendered(names: Sequence[str], namespace: str) -> str:
