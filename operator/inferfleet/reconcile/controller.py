@@ -433,6 +433,7 @@ class Controller:
         kind, namespace, name = key
         body = self._body(key)
         if body is None:  # gone: owner references take its children with it
+            self._stored.pop(key, None)
             return Done(gone=True)
         uid = str(body["metadata"].get("uid", ""))
         foreign = self._foreign_in(namespace)
