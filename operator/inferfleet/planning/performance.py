@@ -135,6 +135,20 @@ def _moe_weight_fraction(config: ReplicaConfig, tokens: int) -> float:
     return (attention + experts * (1 - untouched)) / linear
 
 
+def linear_work(config: ReplicaConfig, load: StepLoad) -> tuple[float, float]:
+    """FLOPs and weight bytes per GPU of a step's linear layers: the active parameters for
+    every token, the output head only for decode tokens (a prompt's logits are not sampled)."""
+    m = config.model
+    active_linear = m.active_parameters - m.embedding_parameters
+    head = m.output_head_parameters
+    flops = (2 * active_linear * load.tokens + 2 * head * load.decode_sequences) / config.gpus
+    head_bytes = head * ACTIVATION_BYTES / config.gpus
+    quantised_bytes = weight_bytes_per_gpu(config) - m.embedding_parameters * (
+        ACTIVATION_BYTES / config.gpus
+    )
+    return flops, quantised_bytes * _moe_weight_fraction(config, load.tokens) + head_bytes
+
+
 def step_time(
     config: ReplicaConfig, load: StepLoad, efficiency: EfficiencyTerms = DEFAULT_EFFICIENCY
 ) -> StepTime:
@@ -143,15 +157,7 @@ def step_time(
     tokens = load.tokens
     efficiency = efficiency.for_gpu(config.gpu_type)
 
-    # Linear layers: active parameters per token; the output head only for decode tokens.
-    active_linear = m.active_parameters - m.embedding_parameters
-    head = m.output_head_parameters
-    linear_flops = (2 * active_linear * tokens + 2 * head * load.decode_sequences) / config.gpus
-    head_bytes = head * ACTIVATION_BYTES / config.gpus
-    quantised_bytes = weight_bytes_per_gpu(config) - m.embedding_parameters * (
-        ACTIVATION_BYTES / config.gpus
-    )
-    weight_bytes = quantised_bytes * _moe_weight_fraction(config, tokens) + head_bytes
+    linear_flops, weight_bytes = linear_work(config, load)
     linear_s = max(
         linear_flops / (config.linear_flops_rate * efficiency.compute),
         weight_bytes / (gpu.memory_bandwidth * efficiency.bandwidth),
