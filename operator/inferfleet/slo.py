@@ -61,6 +61,28 @@ class Slo:
         """The SLO of an InferenceService."""
         return cls(spec.ttft_p95_ms, spec.tpot_p95_ms, spec.attainment_target)
 
+    @classmethod
+    def in_seconds(
+        cls,
+        ttft_p95_s: float | None = None,
+        tpot_p95_s: float | None = None,
+        attainment_target: float = 0.99,
+    ) -> Slo:
+        """Targets given in seconds, the planner's unit."""
+        return cls(
+            None if ttft_p95_s is None else ttft_p95_s * 1000.0,
+            None if tpot_p95_s is None else tpot_p95_s * 1000.0,
+            attainment_target,
+        )
+
+    @property
+    def ttft_p95_s(self) -> float | None:
+        return None if self.ttft_p95_ms is None else self.ttft_p95_ms / 1000.0
+
+    @property
+    def tpot_p95_s(self) -> float | None:
+        return None if self.tpot_p95_ms is None else self.tpot_p95_ms / 1000.0
+
     def outcome(self, *, ok: bool, ttft_s: float | None, tpot_s: float | None) -> Outcome:
         """The outcome of one request; `ttft_s` None on a success means no token came."""
         if not ok:

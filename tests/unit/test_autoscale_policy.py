@@ -37,14 +37,15 @@ from inferfleet.autoscale.policy import (
 from inferfleet.autoscale.policy.demand import Demand, burst_capacity, growth_headroom
 from inferfleet.autoscale.policy.learning import planned_attainment
 from inferfleet.autoscale.policy.sizing import sequences_per_replica, size_role
-from inferfleet.planning.capacity import Slo, Workload, plan_replica
+from inferfleet.planning.capacity import Workload, plan_replica
 from inferfleet.planning.load import operating_point
 from inferfleet.planning.replica import ReplicaConfig
+from inferfleet.slo import Slo
 from tests.unit.planning_fixtures import replica
 
 CONFIG = replica()  # Llama 3.1 8B on one H100
 TP2 = replace(CONFIG, tensor=2)
-SLO = Slo(ttft_p95_s=0.5, tpot_p95_s=0.05)
+SLO = Slo.in_seconds(ttft_p95_s=0.5, tpot_p95_s=0.05)
 NOW = 10_000.0
 WINDOW_S = 60.0
 AGGREGATED = (Role.AGGREGATED,)
@@ -141,7 +142,11 @@ def tightened(ttft: float = 1.0, tpot: float = 1.0, slo: Slo = SLO) -> Slo:
     """The SLO with each target divided by its factor."""
     assert slo.ttft_p95_s is not None
     assert slo.tpot_p95_s is not None
-    return Slo(ttft_p95_s=slo.ttft_p95_s / ttft, tpot_p95_s=slo.tpot_p95_s / tpot)
+    return Slo.in_seconds(
+        ttft_p95_s=slo.ttft_p95_s / ttft,
+        tpot_p95_s=slo.tpot_p95_s / tpot,
+        attainment_target=slo.attainment_target,
+    )
 
 
 def recommended(at_s: float, replicas: Mapping[Role, int]) -> PolicyHistory:
@@ -676,7 +681,7 @@ def calibrated(spec: PolicySpec, decision: Decision) -> Slo:
 
 
 # Targets tight enough that latency, not stability, sets the count.
-TIGHT = replace(AGG, slo=Slo(ttft_p95_s=0.2, tpot_p95_s=0.018))
+TIGHT = replace(AGG, slo=Slo.in_seconds(ttft_p95_s=0.2, tpot_p95_s=0.018))
 
 
 def test_calibration_learns_an_optimistic_model() -> None:
@@ -828,7 +833,7 @@ def test_policy_spec_from_the_resources() -> None:
     assert spec.enabled
     assert (spec.role(Role.PREFILL).min_replicas, spec.role(Role.PREFILL).max_replicas) == (2, 6)
     assert spec.role(Role.DECODE).gpus_per_replica == 4
-    assert spec.slo == Slo(ttft_p95_s=0.8, tpot_p95_s=0.06)
+    assert spec.slo == Slo(ttft_p95_ms=800, tpot_p95_ms=60, attainment_target=0.95)
     assert (spec.attainment_target, spec.gpu_budget) == (0.95, 64)
     assert (spec.scale_down_stabilization_s, spec.cold_start_s) == (600, 240)
     declared = InferenceServiceSpec.model_validate(
@@ -858,9 +863,8 @@ def scenarios(draw: st.DrawFn) -> Scenario:
     budget = draw(st.none() | st.integers(floor, floor * 12))
     spec = PolicySpec(
         roles=tuple(pools),
-        slo=SLO,
+        slo=replace(SLO, attainment_target=draw(st.sampled_from([0.9, 0.99]))),
         gpu_budget=budget,
-        attainment_target=draw(st.sampled_from([0.9, 0.99])),
     )
     current = {r: draw(st.integers(0, 15)) for r in roles}
     at_s = NOW + draw(st.floats(0, 600))

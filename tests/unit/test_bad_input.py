@@ -16,7 +16,8 @@ from pydantic import ValidationError
 
 from inferfleet.api.inference_service import InferenceServiceSpec
 from inferfleet.api.model_deployment import ModelDeploymentSpec
-from inferfleet.planning.capacity import Slo, Workload, plan, report
+from inferfleet.planning.capacity import Workload, plan, report
+from inferfleet.slo import Slo
 
 VALID_DEPLOYMENT: dict[str, Any] = {
     "model": {"name": "llama-3.1-8b", "source": "hf://meta-llama/Llama-3.1-8B-Instruct"},
@@ -123,8 +124,8 @@ workloads = st.builds(
 )
 slos = st.builds(
     Slo,
-    ttft_p95_s=st.one_of(st.none(), st.floats(min_value=1e-3, max_value=100)),
-    tpot_p95_s=st.one_of(st.none(), st.floats(min_value=1e-4, max_value=10)),
+    ttft_p95_ms=st.one_of(st.none(), st.floats(min_value=1, max_value=100_000)),
+    tpot_p95_ms=st.one_of(st.none(), st.floats(min_value=0.1, max_value=10_000)),
 )
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from inferfleet.api.model_deployment import ModelDeploymentSpec, Role
-from inferfleet.planning.capacity import Slo, Workload, plan
+from inferfleet.planning.capacity import Workload, plan
 from inferfleet.planning.load import closed_loop_point, operating_point
+from inferfleet.slo import Slo
 from tests.unit.planning_fixtures import fp8, replica
 
 
@@ -22,7 +23,7 @@ def spec(**overrides: object) -> ModelDeploymentSpec:
 
 
 DISAGGREGATED = {"topology": {"mode": "disaggregated", "prefill": {"replicas": 1}}}
-SLO = Slo(ttft_p95_s=0.5, tpot_p95_s=0.05)
+SLO = Slo.in_seconds(ttft_p95_s=0.5, tpot_p95_s=0.05)
 
 
 def test_more_load_needs_more_replicas_and_each_replica_meets_the_slo() -> None:
@@ -48,13 +49,13 @@ def test_the_plan_is_the_fewest_replicas() -> None:
 
 def test_a_tighter_slo_needs_more_replicas() -> None:
     load = Workload(100, 2000, 300)
-    loose = plan(spec(), workload=load, slo=Slo(ttft_p95_s=2.0, tpot_p95_s=0.1))
-    tight = plan(spec(), workload=load, slo=Slo(ttft_p95_s=0.3, tpot_p95_s=0.02))
+    loose = plan(spec(), workload=load, slo=Slo.in_seconds(ttft_p95_s=2.0, tpot_p95_s=0.1))
+    tight = plan(spec(), workload=load, slo=Slo.in_seconds(ttft_p95_s=0.3, tpot_p95_s=0.02))
     assert tight.gpus > loose.gpus
 
 
 def test_an_unreachable_slo_says_why_in_numbers() -> None:
-    capacity = plan(spec(), workload=Workload(1, 8000, 100), slo=Slo(ttft_p95_s=0.01))
+    capacity = plan(spec(), workload=Workload(1, 8000, 100), slo=Slo.in_seconds(ttft_p95_s=0.01))
     assert capacity.meets_slo is False
     assert "an idle replica already needs TTFT" in capacity.reason
     assert "target 10 ms" in capacity.reason

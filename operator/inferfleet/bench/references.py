@@ -216,10 +216,7 @@ def planner_needs(
     service: Service, windows: Sequence[Sequence[TraceRequest]], window_s: float
 ) -> list[dict[Role, int]]:
     """Per window, the planner's replicas per role for its rate and mean lengths."""
-    slo = capacity.Slo(
-        ttft_p95_s=None if service.slo.ttft_p95_ms is None else service.slo.ttft_p95_ms / 1e3,
-        tpot_p95_s=None if service.slo.tpot_p95_ms is None else service.slo.tpot_p95_ms / 1e3,
-    )
+    slo = service.slo
     needs: list[dict[Role, int]] = []
     for window in windows:
         if not window:

@@ -21,7 +21,7 @@ from inferfleet.api.inference_service import InferenceService, InferenceServiceS
 from inferfleet.api.model_deployment import ModelDeployment, ModelDeploymentSpec
 from inferfleet.cli.common import EXIT_INVALID, EXIT_NO_FIT, app
 from inferfleet.planning import calibration
-from inferfleet.planning.capacity import CapacityPlan, Slo, Workload, plan, report
+from inferfleet.planning.capacity import CapacityPlan, Workload, plan, report
 from inferfleet.planning.performance import DEFAULT_EFFICIENCY
 from inferfleet.render import (
     MissingReferenceError,
@@ -29,6 +29,7 @@ from inferfleet.render import (
     render_inference_service,
     render_model_deployment,
 )
+from inferfleet.slo import Slo
 
 DEFAULT_CRD_DIR = Path("crds")
 # Helm installs a chart's CRDs from its own crds/ folder; the same files, written together.
@@ -298,10 +299,7 @@ def _plan_one(
     for label, value in (("--ttft-ms", slo_ttft), ("--tpot-ms", slo_tpot)):
         if value is not None and not value > 0:
             raise InvalidInputError(f"{label} must be positive (got {value})")
-    slo = Slo(
-        ttft_p95_s=None if slo_ttft is None else slo_ttft / 1e3,
-        tpot_p95_s=None if slo_tpot is None else slo_tpot / 1e3,
-    )
+    slo = Slo(slo_ttft, slo_tpot)
     return plan(spec, gpus, workload, slo)
 
 

@@ -23,6 +23,7 @@ from inferfleet.planning.performance import (
     prefill_seconds,
 )
 from inferfleet.planning.replica import ReplicaConfig
+from inferfleet.slo import Slo
 
 # A replica pool larger than this is a planning error, not a plan.
 MAX_REPLICAS_PER_ROLE = 10_000
@@ -51,12 +52,6 @@ class Workload:
 
 # The request shape for latency predictions when no workload is given.
 REFERENCE_REQUEST = Workload(requests_per_second=0.0, input_tokens=1000, output_tokens=200)
-
-
-@dataclass(frozen=True)
-class Slo:
-    ttft_p95_s: float | None = None
-    tpot_p95_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -106,7 +101,9 @@ class CapacityPlan:
         return cost if math.isfinite(cost) else None
 
 
-def _meets(point: OperatingPoint, slo: Slo, extra_ttft_s: float = 0.0) -> bool:
+def meets_slo(point: OperatingPoint, slo: Slo, extra_ttft_s: float = 0.0) -> bool:
+    """Whether one replica's operating point holds the targets; `extra_ttft_s` is added to its
+    TTFT (a prefill pool's KV hand-off)."""
     if not point.stable:
         return False
     if slo.ttft_p95_s is not None and point.ttft_p95_s + extra_ttft_s > slo.ttft_p95_s:
@@ -114,11 +111,27 @@ def _meets(point: OperatingPoint, slo: Slo, extra_ttft_s: float = 0.0) -> bool:
     return slo.tpot_p95_s is None or point.tpot_s <= slo.tpot_p95_s
 
 
-def _fewest_replicas(meets_with: Callable[[int], bool]) -> int | None:
-    """Smallest replica count that meets the SLO (more replicas never hurt), by bisection."""
-    if not meets_with(MAX_REPLICAS_PER_ROLE):
-        return None
-    low, high = 0, MAX_REPLICAS_PER_ROLE
+def fewest_replicas(
+    meets_with: Callable[[int], bool], *, limit: int = MAX_REPLICAS_PER_ROLE, hint: int = 1
+) -> int | None:
+    """The fewest replicas, up to `limit`, that meet the SLO (more replicas never hurt); None
+    when `limit` does not. The search gallops from `hint` (the count in service: under a steady
+    load the answer is there, and two evaluations confirm it), then bisects."""
+    start = min(max(hint, 1), limit)
+    step = 1
+    if meets_with(start):
+        # Invariant: `high` meets, `low` does not (zero replicas never meet).
+        high, low = start, start - 1
+        while low > 0 and meets_with(low):
+            high, step = low, step * 2
+            low = max(0, high - step)
+    else:
+        low, high = start, min(limit, start + 1)
+        while not meets_with(high):
+            if high >= limit:
+                return None
+            low, step = high, step * 2
+            high = min(limit, high + step)
     while high - low > 1:
         middle = (low + high) // 2
         if meets_with(middle):
@@ -258,7 +271,7 @@ def _size_aggregated(
     def point(count: int) -> OperatingPoint:
         return operating_point(config, rate / max(count, 1), inp, out, efficiency=efficiency)
 
-    count = _fewest_replicas(lambda n: _meets(point(n), slo))
+    count = fewest_replicas(lambda n: meets_slo(point(n), slo))
     if count is None:
         return None
     return RolePlan(Role.AGGREGATED, count, count * config.gpus, point(count))
@@ -287,8 +300,8 @@ def _size_disaggregated(
             config, rate / max(count, 1), inp, out, efficiency=efficiency, prefill=False
         )
 
-    prefill_count = _fewest_replicas(lambda n: _meets(prefill_point(n), slo, transfer_s))
-    decode_count = _fewest_replicas(lambda n: _meets(decode_point(n), slo))
+    prefill_count = fewest_replicas(lambda n: meets_slo(prefill_point(n), slo, transfer_s))
+    decode_count = fewest_replicas(lambda n: meets_slo(decode_point(n), slo))
     if prefill_count is None or decode_count is None:
         return Role.PREFILL if prefill_count is None else Role.DECODE
     return (
@@ -352,8 +365,8 @@ def report(capacity: CapacityPlan) -> dict[str, object]:
             "outputTokens": capacity.workload.output_tokens,
         },
         "slo": {
-            "ttftP95Ms": None if capacity.slo.ttft_p95_s is None else capacity.slo.ttft_p95_s * 1e3,
-            "tpotP95Ms": None if capacity.slo.tpot_p95_s is None else capacity.slo.tpot_p95_s * 1e3,
+            "ttftP95Ms": capacity.slo.ttft_p95_ms,
+            "tpotP95Ms": capacity.slo.tpot_p95_ms,
         },
         "meetsSlo": capacity.meets_slo,
         "reason": capacity.reason,

@@ -19,7 +19,7 @@ from inferfleet.autoscale.policy.history import (
 from inferfleet.autoscale.policy.sizing import operating_point_at, transfer_s
 from inferfleet.autoscale.policy.spec import DECODING_ROLES, PREFILLING_ROLES, PolicySpec, Reason
 from inferfleet.autoscale.snapshot import MetricsSnapshot
-from inferfleet.planning.capacity import Slo
+from inferfleet.slo import Slo
 
 
 def planning_slo(spec: PolicySpec, calibration: Calibration, tightening: LatencyFactors) -> Slo:
@@ -29,9 +29,10 @@ def planning_slo(spec: PolicySpec, calibration: Calibration, tightening: Latency
     slo = spec.slo
     ttft = slo.ttft_p95_s
     tpot = slo.tpot_p95_s
-    return Slo(
+    return Slo.in_seconds(
         ttft_p95_s=None if ttft is None else (ttft - calibration.ttft_offset_s) / tightening.ttft,
         tpot_p95_s=None if tpot is None else tpot / (calibration.tpot_ratio * tightening.tpot),
+        attainment_target=slo.attainment_target,
     )
 
 

@@ -16,11 +16,12 @@ from inferfleet.autoscale.policy.spec import (
     RolePolicy,
 )
 from inferfleet.autoscale.snapshot import RoleMetrics
-from inferfleet.planning.capacity import KV_TRANSFER_BYTES_PER_S, Slo
+from inferfleet.planning.capacity import KV_TRANSFER_BYTES_PER_S, fewest_replicas, meets_slo
 from inferfleet.planning.load import OperatingPoint, operating_point
 from inferfleet.planning.memory import kv_bytes_per_token, plan_memory
 from inferfleet.planning.performance import EfficiencyTerms, decode_step_seconds
 from inferfleet.planning.replica import ReplicaConfig
+from inferfleet.slo import Slo
 
 
 @dataclass(frozen=True)
@@ -28,14 +29,6 @@ class Sizing:
     needed: int
     feasible: bool
     why: str
-
-
-def meets_slo(point: OperatingPoint, slo: Slo, extra_ttft_s: float = 0.0) -> bool:
-    if not point.stable:
-        return False
-    if slo.ttft_p95_s is not None and point.ttft_p95_s + extra_ttft_s > slo.ttft_p95_s:
-        return False
-    return slo.tpot_p95_s is None or point.tpot_s <= slo.tpot_p95_s
 
 
 # Per-replica rates are rounded up to a geometric grid (0.5% apart) before the planner sees
@@ -94,9 +87,9 @@ def operating_point_at(
 def role_slo(slo: Slo, role: Role) -> Slo:
     """The targets a pool answers for: a prefill pool has no TPOT, a decode pool no TTFT."""
     if role == Role.PREFILL:
-        return Slo(ttft_p95_s=slo.ttft_p95_s)
+        return Slo(ttft_p95_ms=slo.ttft_p95_ms, attainment_target=slo.attainment_target)
     if role == Role.DECODE:
-        return Slo(tpot_p95_s=slo.tpot_p95_s)
+        return Slo(tpot_p95_ms=slo.tpot_p95_ms, attainment_target=slo.attainment_target)
     return slo
 
 
@@ -117,8 +110,7 @@ def fewest_meeting(
     hint: int,
 ) -> int:
     """Fewest replicas (up to max_replicas + 1, meaning 'not enough') that hold the role's SLO
-    at `rate` req/s. The search gallops from `hint` (the current count: under a steady load the
-    answer is there, and two planner calls confirm it), then bisects."""
+    at `rate` req/s, searched from `hint` (the current count)."""
     if rate <= 0:
         return 1
     slo = role_slo(slo, policy.role)
@@ -128,28 +120,7 @@ def fewest_meeting(
     def meets(count: int) -> bool:
         return meets_slo(operating_point_at(spec, policy, rate, count, demand), slo, extra)
 
-    start = min(max(hint, 1), limit)
-    step = 1
-    if meets(start):
-        # Invariant: `high` meets, `low` does not (zero replicas never meet).
-        high, low = start, start - 1
-        while low > 0 and meets(low):
-            high, step = low, step * 2
-            low = max(0, high - step)
-    else:
-        low, high = start, min(limit, start + 1)
-        while not meets(high):
-            if high >= limit:
-                return limit
-            low, step = high, step * 2
-            high = min(limit, high + step)
-    while high - low > 1:
-        middle = (low + high) // 2
-        if meets(middle):
-            high = middle
-        else:
-            low = middle
-    return high
+    return fewest_replicas(meets, limit=limit, hint=hint) or limit
 
 
 def sequences_per_replica(spec: PolicySpec, policy: RolePolicy, demand: Demand, slo: Slo) -> int:

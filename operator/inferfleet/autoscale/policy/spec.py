@@ -9,9 +9,10 @@ from enum import StrEnum
 from inferfleet.api.catalog import GpuCatalog
 from inferfleet.api.inference_service import InferenceServiceSpec, ReplicaBounds
 from inferfleet.api.model_deployment import ModelDeploymentSpec, Role, TopologyMode
-from inferfleet.planning.capacity import Slo, Workload
+from inferfleet.planning.capacity import Workload
 from inferfleet.planning.performance import DEFAULT_EFFICIENCY, EfficiencyTerms
 from inferfleet.planning.replica import ReplicaConfig
+from inferfleet.slo import Slo
 
 PREFILLING_ROLES = frozenset({Role.AGGREGATED, Role.PREFILL})
 DECODING_ROLES = frozenset({Role.AGGREGATED, Role.DECODE})
@@ -78,7 +79,7 @@ class PolicySpec:
     roles: tuple[RolePolicy, ...]
     """The aggregated pool, or the prefill and decode pools."""
     slo: Slo
-    attainment_target: float = 0.99
+    """The targets and the share of requests that should meet them."""
     gpu_budget: int | None = None
     scale_down_stabilization_s: float = 300.0
     cold_start_s: float = 120.0
@@ -189,6 +190,10 @@ class PolicySpec:
         raise KeyError(role)
 
     @property
+    def attainment_target(self) -> float:
+        return self.slo.attainment_target
+
+    @property
     def role_names(self) -> tuple[Role, ...]:
         return tuple(r for r in ROLE_ORDER if any(p.role == r for p in self.roles))
 
@@ -217,15 +222,10 @@ def policy_spec(
         )
     else:
         roles = (pool(Role.AGGREGATED, autoscaling.aggregated),)
-    slo = isvc_spec.slo
     load = isvc_spec.expected_load
     return PolicySpec(
         roles=roles,
-        slo=Slo(
-            ttft_p95_s=None if slo.ttft_p95_ms is None else slo.ttft_p95_ms / 1e3,
-            tpot_p95_s=None if slo.tpot_p95_ms is None else slo.tpot_p95_ms / 1e3,
-        ),
-        attainment_target=slo.attainment_target,
+        slo=Slo.from_spec(isvc_spec.slo),
         gpu_budget=autoscaling.gpu_budget,
         scale_down_stabilization_s=float(autoscaling.scale_down_stabilization_seconds),
         cold_start_s=float(autoscaling.cold_start_seconds),
