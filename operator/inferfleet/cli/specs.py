@@ -332,7 +332,8 @@ def calibrate_command(
         terms = calibration.fit(progress=lambda line: typer.echo(line, err=True))
     rows = calibration.table(terms)
     held_out = calibration.leave_one_out(start=terms)
-    table = calibration.render_markdown(terms, rows, held_out)
+    validation = calibration.table(terms, calibration.VALIDATION_POINTS)
+    table = calibration.render_markdown(terms, rows, held_out, validation)
     doc.write_text(calibration.replace_table(doc.read_text(), table))
     typer.echo(table)
 

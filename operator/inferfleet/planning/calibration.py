@@ -216,6 +216,31 @@ PUBLISHED_POINTS: tuple[PublishedPoint, ...] = (
 )
 
 
+# Published on the same TensorRT-LLM 1.0 page as the H200 points above and added after the terms
+# were fitted: predicted with those terms unchanged, never fitted, so their errors are out of
+# sample (other output lengths, and the 70B at KV-bound batches on both GPUs).
+VALIDATION_POINTS: tuple[PublishedPoint, ...] = (
+    _trt1("llama-3.1-8b", 1, 128, 4096, 14_325, gpu=_H100),
+    _trt1("llama-3.1-8b", 1, 1000, 2000, 13_899, gpu=_H100),
+    _trt1("llama-3.3-70b", 2, 128, 2048, 6_651, gpu=_H100),
+    _trt1("llama-3.3-70b", 2, 128, 4096, 4_199, gpu=_H100),
+    _trt1("llama-3.3-70b", 2, 500, 2000, 5_222, gpu=_H100),
+    _trt1("llama-3.3-70b", 2, 1000, 2000, 4_146, gpu=_H100),
+    _trt1("llama-3.3-70b", 2, 2048, 2048, 3_082, gpu=_H100),
+    _trt1("llama-3.1-8b", 1, 128, 2048, 26_221, gpu=_H200),
+    _trt1("llama-3.1-8b", 1, 128, 4096, 18_027, gpu=_H200),
+    _trt1("llama-3.1-8b", 1, 500, 2000, 20_770, gpu=_H200),
+    _trt1("llama-3.1-8b", 1, 1000, 2000, 16_828, gpu=_H200),
+    _trt1("llama-3.1-8b", 1, 2048, 2048, 12_194, gpu=_H200),
+    _trt1("llama-3.3-70b", 1, 128, 2048, 4_336, gpu=_H200),
+    _trt1("llama-3.3-70b", 1, 128, 4096, 2_872, gpu=_H200),
+    _trt1("llama-3.3-70b", 1, 500, 2000, 3_666, gpu=_H200),
+    _trt1("llama-3.3-70b", 1, 1000, 2000, 2_994, gpu=_H200),
+    _trt1("llama-3.3-70b", 1, 2048, 128, 442, gpu=_H200),
+    _trt1("llama-3.3-70b", 1, 2048, 2048, 2_003, gpu=_H200),
+)
+
+
 @functools.lru_cache(maxsize=4096)
 def _closed_loop(
     config: ReplicaConfig,
@@ -423,7 +448,10 @@ def _terms_text(terms: EfficiencyTerms) -> str:
 
 
 def render_markdown(
-    efficiency: EfficiencyTerms, rows: Sequence[Row], held_out: Sequence[Row] | None = None
+    efficiency: EfficiencyTerms,
+    rows: Sequence[Row],
+    held_out: Sequence[Row] | None = None,
+    validation: Sequence[Row] = (),
 ) -> str:
     lines = [
         "| # | measurement | metric | published | predicted | error |"
@@ -455,6 +483,8 @@ def render_markdown(
             f"| {metric.value} | {TARGET_BAND[metric]:.0%} | {worst.error:+.1%} | {held} "
             f"| {count} |"
         )
+    if validation:
+        lines += ["", *_validation_lines(validation, first=len(rows) + 1)]
     gpu_types = sorted({row.point.gpu_type for row in rows} | set(GpuType), key=str)
     lines += ["", f"Efficiency terms ({REFERENCE_GPU.value}, fitted): {_terms_text(efficiency)}."]
     for gpu_type in gpu_types:
@@ -475,6 +505,30 @@ def render_markdown(
     sources = sorted({row.point.source for row in rows})
     lines += ["", "Sources:", *[f"- {source}" for source in sources]]
     return "\n".join(lines) + "\n"
+
+
+def _validation_lines(rows: Sequence[Row], first: int) -> list[str]:
+    """The points never fitted, numbered after the fitted ones, and their worst errors."""
+    lines = [
+        "Never fitted (`VALIDATION_POINTS`: the terms above, unchanged):",
+        "",
+        "| # | measurement | metric | published | predicted | error | band |",
+        "|---|---|---|---:|---:|---:|---|",
+    ]
+    for index, row in enumerate(rows, start=first):
+        band = "within" if abs(row.error) <= TARGET_BAND[row.point.metric] else "out"
+        lines.append(
+            f"| {index} | {row.point.label} | {row.point.metric.value} | "
+            f"{_figure(row.point.published)} | {_figure(row.predicted)} | {row.error:+.1%} | "
+            f"{band} |"
+        )
+    lines += ["", "| metric | target | worst error | points out of band |", "|---|---:|---:|---:|"]
+    for metric, worst in worst_by_metric(rows).items():
+        count = sum(1 for row in out_of_band(rows) if row.point.metric == metric)
+        lines.append(
+            f"| {metric.value} | {TARGET_BAND[metric]:.0%} | {worst.error:+.1%} | {count} |"
+        )
+    return lines
 
 
 TABLE_BEGIN = "<!-- calibration-table:begin (inferfleet calibrate rewrites this part) -->"
