@@ -11,7 +11,13 @@ from inferfleet.api.catalog import GpuCatalog, GpuType, catalog_models
 from inferfleet.api.model_deployment import KvCacheDtype, QuantizationMethod, WeightPrecision
 from inferfleet.planning.calibration import PUBLISHED_POINTS
 from inferfleet.planning.memory import kv_bytes_per_token, plan_memory
-from inferfleet.planning.performance import StepLoad, linear_work, step_time, utilisation
+from inferfleet.planning.performance import (
+    StepLoad,
+    linear_work,
+    max_throughput,
+    step_time,
+    utilisation,
+)
 from inferfleet.planning.replica import ReplicaConfig
 
 # Decode batches (sequences, context) and prefill chunks swept for every model and precision.
@@ -96,10 +102,8 @@ def plan(gpu_name: str) -> dict[str, Any]:
             if point.concurrency is not None or point.reference_gpu is not None or not one_gpu:
                 continue
             config = point.config(GpuCatalog.builtin())
-            context = point.input_tokens + point.output_tokens
-            batch = max(
-                1, min(config.max_sequences, plan_memory(config).kv_capacity_tokens // context)
-            )
+            capacity = plan_memory(config).kv_capacity_tokens
+            batch = max_throughput(config, point.input_tokens, point.output_tokens, capacity).batch
             label = f"max throughput {point.input_tokens}/{point.output_tokens} (batch {batch})"
             cases.append(
                 _case(
