@@ -460,10 +460,7 @@ def render_markdown(
     ]
     for index, row in enumerate(rows, start=1):
         band = "" if abs(row.error) <= TARGET_BAND[row.point.metric] else " (out of band)"
-        line = (
-            f"| {index} | {row.point.label} | {row.point.metric.value} | "
-            f"{_figure(row.point.published)} | {_figure(row.predicted)} | {row.error:+.1%} |"
-        )
+        line = _row_cells(index, row)
         if held_out:
             line += f" {held_out[index - 1].error:+.1%}{band} |"
         elif band:
@@ -507,6 +504,14 @@ def render_markdown(
     return "\n".join(lines) + "\n"
 
 
+def _row_cells(index: int, row: Row) -> str:
+    """A point's row up to its error, as both tables print it."""
+    return (
+        f"| {index} | {row.point.label} | {row.point.metric.value} | "
+        f"{_figure(row.point.published)} | {_figure(row.predicted)} | {row.error:+.1%} |"
+    )
+
+
 def _validation_lines(rows: Sequence[Row], first: int) -> list[str]:
     """The points never fitted, numbered after the fitted ones, and their worst errors."""
     lines = [
@@ -517,11 +522,7 @@ def _validation_lines(rows: Sequence[Row], first: int) -> list[str]:
     ]
     for index, row in enumerate(rows, start=first):
         band = "within" if abs(row.error) <= TARGET_BAND[row.point.metric] else "out"
-        lines.append(
-            f"| {index} | {row.point.label} | {row.point.metric.value} | "
-            f"{_figure(row.point.published)} | {_figure(row.predicted)} | {row.error:+.1%} | "
-            f"{band} |"
-        )
+        lines.append(f"{_row_cells(index, row)} {band} |")
     lines += ["", "| metric | target | worst error | points out of band |", "|---|---:|---:|---:|"]
     for metric, worst in worst_by_metric(rows).items():
         count = sum(1 for row in out_of_band(rows) if row.point.metric == metric)
