@@ -21,7 +21,12 @@ from inferfleet.api.catalog import GpuCatalog, GpuType, catalog_models
 from inferfleet.api.model_deployment import KvCacheDtype, QuantizationMethod, WeightPrecision
 from inferfleet.planning.load import OperatingPoint, closed_loop_point
 from inferfleet.planning.memory import plan_memory
-from inferfleet.planning.performance import DEFAULT_EFFICIENCY, EfficiencyTerms, max_throughput
+from inferfleet.planning.performance import (
+    DEFAULT_EFFICIENCY,
+    EfficiencyTerms,
+    max_throughput,
+    queued_run_throughput,
+)
 from inferfleet.planning.replica import ReplicaConfig
 
 TRTLLM_PERF_OVERVIEW = (
@@ -39,6 +44,22 @@ TRTLLM_PERF_OVERVIEW_0_13 = (
     "H100 SXM FP8 and FP16, A100-SXM4-80GB FP16 and L40S FP8): "
     "https://github.com/NVIDIA/TensorRT-LLM/blob/v0.13.0/docs/source/performance/perf-overview.md"
 )
+TRTLLM_RUN_REQUESTS: dict[tuple[int, int], int] = {
+    (128, 128): 30_000,
+    (128, 2048): 3_000,
+    (128, 4096): 1_500,
+    (500, 2000): 3_000,
+    (1000, 1000): 3_000,
+    (1000, 2000): 1_500,
+    (2048, 128): 3_000,
+    (2048, 2048): 1_500,
+    (5000, 500): 1_500,
+    (20000, 2000): 1_000,
+}
+"""Requests in each trtllm-bench run of the performance overview, by (input, output) tokens: the
+`$num_requests` table under "Reproducing Benchmarked Results" of the 1.0 page
+(`TRTLLM_PERF_OVERVIEW_1_0`), all queued at once with fixed lengths. The unversioned page's
+points were measured with the same workflow."""
 NIM_BENCHMARKS = (
     "NVIDIA NIM for LLMs benchmarks (NIM 1.8.0), Llama-3.3-70B-Instruct FP8 TP2 on 2xH100 SXM, "
     "closed-loop concurrency sweeps: https://docs.nvidia.com/nim/benchmarking/llm/1.0.0/performance"
@@ -69,6 +90,9 @@ class PublishedPoint:
     reference_gpu: GpuType | None = None
     """Set for a ratio: `published` is this GPU's throughput over `reference_gpu`'s, both
     measured in one table (same release, settings and precision)."""
+    requests: int | None = None
+    """For a saturated point, the requests its run queued at once, where its source says: its
+    throughput is that run's (`queued_run_throughput`); None: the steady state's."""
 
     def config(self, gpus: GpuCatalog) -> ReplicaConfig:
         # trtllm-bench lets batches grow to 2048 sequences.
@@ -108,8 +132,9 @@ def _trt(
     source: str = TRTLLM_PERF_OVERVIEW,
 ) -> PublishedPoint:
     return PublishedPoint(
-        model, gpu, tensor, isl, osl, Metric.OUTPUT_TOKENS_PER_S, tokens_per_s, source
-    )
+        model, gpu, tensor, isl, osl, Metric.OUTPUT_TOKENS_PER_S, tokens_per_s, source,
+        requests=TRTLLM_RUN_REQUESTS[isl, osl],
+    )  # fmt: skip
 
 
 def _trt1(
@@ -254,6 +279,11 @@ def _closed_loop(
 
 def _saturated(config: ReplicaConfig, point: PublishedPoint, efficiency: EfficiencyTerms) -> float:
     capacity = plan_memory(config).kv_capacity_tokens
+    if point.requests is not None:
+        return queued_run_throughput(
+            config, point.input_tokens, point.output_tokens, capacity,
+            requests=point.requests, efficiency=efficiency,
+        )  # fmt: skip
     return max_throughput(
         config, point.input_tokens, point.output_tokens, capacity, efficiency
     ).output_tokens_per_s

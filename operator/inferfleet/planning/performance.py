@@ -265,6 +265,15 @@ class Throughput:
     mbu: float
 
 
+def saturated_batch(
+    config: ReplicaConfig, input_tokens: int, output_tokens: int, kv_capacity_tokens: int
+) -> int:
+    """Sequences a saturated replica runs at once: each reserves its whole context (input +
+    output) in the KV cache, as a no-eviction scheduler does, within `max_sequences`."""
+    context = input_tokens + output_tokens
+    return max(1, min(config.max_sequences, kv_capacity_tokens // context))
+
+
 def max_throughput(
     config: ReplicaConfig,
     input_tokens: int,
@@ -275,11 +284,10 @@ def max_throughput(
     """Throughput with the batch as full as memory and `max_sequences` allow.
 
     In steady state each step decodes `batch` tokens and prefills the prompts of the requests
-    that replace finished ones: batch x input / output prompt tokens per step. Each sequence
-    reserves its whole context (input + output) in the KV cache, as a no-eviction scheduler does.
+    that replace finished ones: batch x input / output prompt tokens per step, with the batch of
+    `saturated_batch`.
     """
-    context = input_tokens + output_tokens
-    batch = max(1, min(config.max_sequences, kv_capacity_tokens // context))
+    batch = saturated_batch(config, input_tokens, output_tokens, kv_capacity_tokens)
     prefill_per_step = batch * input_tokens / output_tokens
     load = StepLoad(
         decode_sequences=batch,
@@ -295,6 +303,72 @@ def max_throughput(
         mfu=utilisation(step.flops_per_gpu, step.total_s, config.linear_flops_rate),
         mbu=utilisation(step.bytes_per_gpu, step.total_s, config.gpu.memory_bandwidth),
     )
+
+
+def queued_run_throughput(
+    config: ReplicaConfig,
+    input_tokens: int,
+    output_tokens: int,
+    kv_capacity_tokens: int,
+    *,
+    requests: int,
+    efficiency: EfficiencyTerms = DEFAULT_EFFICIENCY,
+) -> float:
+    """Output tokens/s of a run that queues `requests` identical requests at once and ends when
+    the last one completes: what an offline throughput benchmark measures (trtllm-bench
+    `throughput` over a dataset of fixed lengths).
+
+    The batch (`saturated_batch`) fills in waves. Identical lengths keep each wave's
+    requests together: they are admitted as the wave before leaves, their prompts prefilled in
+    full steps of the token budget, each step also decoding the sequences beside them, and they
+    finish together. So a wave lasts as many steps as its outputs have tokens, or as its
+    prefill takes when that is longer; and the last wave runs with the requests left over. In
+    `max_throughput`'s steady state, by contrast, every step prefills a sliver of a prompt,
+    which a decode step bound by its weight reads carries for nearly nothing."""
+    batch = saturated_batch(config, input_tokens, output_tokens, kv_capacity_tokens)
+    full_waves, left_over = divmod(requests, batch)
+    seconds = full_waves * _wave_seconds(config, input_tokens, output_tokens, batch, efficiency)
+    if left_over:
+        seconds += _wave_seconds(config, input_tokens, output_tokens, left_over, efficiency)
+    return requests * output_tokens / seconds
+
+
+def _wave_seconds(
+    config: ReplicaConfig,
+    input_tokens: int,
+    output_tokens: int,
+    batch: int,
+    efficiency: EfficiencyTerms,
+) -> float:
+    """One wave of `queued_run_throughput`: `prefill_steps` steps that prefill the wave's prompts
+    (a token budget shared with the decodes in the step) and decode what runs beside them, then
+    decode-only steps of the whole wave until its outputs are done."""
+    prompt_tokens = batch * input_tokens
+
+    def decoding_beside(prefill_steps: int) -> float:
+        # The wave lasts max(output, prefill) steps and decodes batch x output tokens in them.
+        return batch * min(1.0, output_tokens / prefill_steps)
+
+    prefill_steps = math.ceil(prompt_tokens / config.max_batched_tokens)
+    for _ in range(4):  # the decodes in a prefill step and the steps needed settle together
+        budget = max(1.0, config.max_batched_tokens - decoding_beside(prefill_steps))
+        prefill_steps = math.ceil(prompt_tokens / budget)
+    decoding = decoding_beside(prefill_steps)
+    steps = max(output_tokens, prefill_steps)
+    # A sequence's context over its life: its prompt and, on average, half its output.
+    context = input_tokens + output_tokens / 2
+    chunk = prompt_tokens / prefill_steps
+    prefill_step = StepLoad(
+        decode_sequences=round(decoding),
+        decode_context_tokens=math.ceil(decoding * context),
+        prefill_tokens=math.ceil(chunk),
+        # Each prompt token attends to half its prompt on average (causal).
+        prefill_attention_pairs=chunk * input_tokens / 2,
+    )
+    seconds = prefill_steps * step_time(config, prefill_step, efficiency).total_s
+    if steps > prefill_steps:
+        seconds += (steps - prefill_steps) * decode_step_seconds(config, batch, context, efficiency)
+    return seconds
 
 
 def utilisation(work_per_gpu: float, seconds: float, peak_per_second: float) -> float:
