@@ -42,7 +42,7 @@ INFERENCE_SERVICE_STATUS = "inferfleet.io/inferenceservices/status"
 LATENCY_STEPS = (
     "ModelDeployment created -> first child applied",
     "engine Deployment rolled out -> ModelDeployment Ready",
-    "backends Ready -> InferenceService Ready",
+    "backends and router Ready -> InferenceService Ready",
 )
 
 
@@ -84,6 +84,9 @@ class ApiRequest:
     ready: bool | None = None
     """For a status write whose body was logged: whether the object it left was rolled out
     (a Deployment) or Ready=True (a ModelDeployment or InferenceService)."""
+    available: bool | None = None
+    """For a Deployment's status write whose body was logged: whether a pod of it was
+    available."""
 
     @property
     def succeeded(self) -> bool:
@@ -126,6 +129,12 @@ def _readiness(target: str, body: Any) -> bool | None:
     return None
 
 
+def _available(target: str, body: Any) -> bool | None:
+    if target != DEPLOYMENT_STATUS or not isinstance(body, dict) or body.get("kind") == "Status":
+        return None
+    return int((body.get("status") or {}).get("availableReplicas") or 0) > 0
+
+
 def audit_request(event: Mapping[str, Any]) -> ApiRequest:
     """One audit event -> the request it records (pure)."""
     ref = event.get("objectRef") or {}
@@ -148,6 +157,7 @@ def audit_request(event: Mapping[str, Any]) -> ApiRequest:
         message=str(status.get("message", ""))[:300],
         done=parse_time(event.get("stageTimestamp")) or at,
         ready=_readiness(target, event.get("responseObject")),
+        available=_available(target, event.get("responseObject")),
     )
 
 
@@ -230,6 +240,7 @@ def operator_latencies(
     namespace: str,
     children: Mapping[str, frozenset[tuple[str, str]]],
     backends: Mapping[str, Sequence[str]],
+    routers: Mapping[str, str],
 ) -> dict[str, dict[str, float]]:
     """Per step of `LATENCY_STEPS`, per resource: the seconds the operator took, from the
     moment the thing it waits for was stored to the moment its answer was (both the
@@ -239,13 +250,15 @@ def operator_latencies(
       operator's first write to any of its children (`children`: what it renders for it);
     - its engine Deployments rolled out (the Deployment controller's status write that left
       the last of them so) -> the operator's status write that left it Ready=True;
-    - an InferenceService's backends Ready (`backends`: ModelDeployments it routes to; the
-      last of them) -> the operator's status write that left it Ready=True.
+    - an InferenceService's backends Ready (`backends`: ModelDeployments it routes to) and a
+      pod of its router Deployment available (`routers`: its name), the later of them -> the
+      operator's status write that left it Ready=True.
 
     A resource missing either end is left out (counted by `missing_latencies`)."""
     created: dict[str, float] = {}
     applied: dict[tuple[str, str], float] = {}
     rolled: dict[str, float] = {}
+    serving: dict[str, float] = {}
     md_ready: dict[str, float] = {}
     isvc_ready: dict[str, float] = {}
     for r in requests:
@@ -259,8 +272,11 @@ def operator_latencies(
                 _keep_first(isvc_ready, r.name, r.done)
         elif r.target == MODEL_DEPLOYMENTS:
             _keep_first(created, r.name, r.done)
-        elif r.target == DEPLOYMENT_STATUS and r.ready:
-            _keep_first(rolled, r.name, r.done)
+        elif r.target == DEPLOYMENT_STATUS:
+            if r.ready:
+                _keep_first(rolled, r.name, r.done)
+            if r.available:
+                _keep_first(serving, r.name, r.done)
     first_child: dict[str, float] = {}
     children_rolled: dict[str, float] = {}
     for md, objects in children.items():
@@ -271,9 +287,9 @@ def operator_latencies(
         if engines and all(name in rolled for name in engines):
             children_rolled[md] = max(rolled[name] for name in engines)
     backends_ready = {
-        service: max(md_ready[md] for md in mds)
+        service: max(serving[routers[service]], *(md_ready[md] for md in mds))
         for service, mds in backends.items()
-        if mds and all(md in md_ready for md in mds)
+        if mds and all(md in md_ready for md in mds) and routers.get(service) in serving
     }
     return {
         step: {

@@ -414,8 +414,9 @@ def _latency_section(result: Mapping[str, Any]) -> list[str]:
         "answer was (the completion of each request in the audit log): a ModelDeployment's "
         "creation by the apply -> the operator's first write of any object it renders for it; "
         "the Deployment controller's status write that left its engine Deployment rolled out "
-        "-> the operator's status write that left it Ready=True; the last of an "
-        "InferenceService's ModelDeployments Ready -> its own Ready=True.",
+        "-> the operator's status write that left it Ready=True; the later of an "
+        "InferenceService's last ModelDeployment Ready and a pod of its router available -> "
+        "its own Ready=True.",
         "",
         "| step | n | min s | p50 s | p90 s | p99 s | max s | not seen |",
         "|---|---|---|---|---|---|---|---|",

@@ -31,7 +31,12 @@ from benchmarks.operator_scale.harness import (
 from benchmarks.operator_scale.operator_log import scan_operator_log
 from benchmarks.operator_scale.procfs import cpu_between
 from benchmarks.operator_scale.stats import distribution, iso, percentile
-from benchmarks.operator_scale.workloads import children, inference_service, model_deployment
+from benchmarks.operator_scale.workloads import (
+    children,
+    inference_service,
+    model_deployment,
+    router_deployment,
+)
 from inferfleet import __version__
 
 PODS_PER_NODE = 110  # inferfleet.devcluster.nodes gives every fake node 110 pods
@@ -134,6 +139,7 @@ def _latencies(run: Run, requests: Any) -> dict[str, Any]:
             ]
             for name in names
         },
+        routers={name: router_deployment(name, FLEET_NAMESPACE) for name in names},
     )
     return {
         "steps": {step: distribution(list(samples[step].values())) for step in LATENCY_STEPS},

@@ -37,6 +37,7 @@ from benchmarks.operator_scale.workloads import (
     children,
     engine_deployments,
     rendered,
+    router_deployment,
 )
 
 from inferfleet.devcluster.cluster import AUDIT_POLICY, ClientRateLimit
@@ -100,10 +101,13 @@ def test_an_audit_event_becomes_a_request_with_its_readiness() -> None:
     request = audit_request(event)
     assert request.target == DEPLOYMENT_STATUS
     assert request.ready is True
+    assert request.available is True
     assert request.done - request.at == pytest.approx(0.249999, abs=1e-6)
-    assert audit_request({**event, "responseObject": deployment(ready=0)}).ready is False
+    starting = audit_request({**event, "responseObject": deployment(ready=0)})
+    assert (starting.ready, starting.available) == (False, False)
     conflict = {**event, "responseStatus": {"code": 409}, "responseObject": {"kind": "Status"}}
     assert audit_request(conflict).ready is None
+    assert audit_request(conflict).available is None
     assert not audit_request(conflict).succeeded
     core = {**event, "objectRef": {"resource": "services", "name": "x"}}
     assert audit_request(core).target == "core/services"
@@ -147,6 +151,9 @@ def test_operator_latencies_run_from_what_it_waits_for_to_its_answer() -> None:
         request(DEPLOYMENT_CONTROLLER, DEPLOYMENT_STATUS, engine, 20.1, ready=True),
         request(OPERATOR_USER, MODEL_DEPLOYMENT_STATUS, "svc-000", 20.3, ready=True),
         request(OPERATOR_USER, MODEL_DEPLOYMENT_STATUS, "svc-000", 22.0, ready=True),
+        # Its router: a pod available after the deployment was Ready, so that is the later.
+        request(DEPLOYMENT_CONTROLLER, DEPLOYMENT_STATUS, "svc-000-router", 20.4, available=False),
+        request(DEPLOYMENT_CONTROLLER, DEPLOYMENT_STATUS, "svc-000-router", 20.5, available=True),
         request(OPERATOR_USER, INFERENCE_SERVICE_STATUS, "svc-000", 21.0, ready=True),
         # Another namespace's namesake is another resource.
         request(ADMIN, MODEL_DEPLOYMENTS, "svc-001", 1.0, namespace="elsewhere"),
@@ -157,12 +164,17 @@ def test_operator_latencies_run_from_what_it_waits_for_to_its_answer() -> None:
         namespace=NS,
         children={name: children(name, NS) for name in ("svc-000", "svc-001")},
         backends={"svc-000": ["svc-000"], "svc-001": ["svc-001"]},
+        routers={"svc-000": "svc-000-router", "svc-001": "svc-001-router"},
     )
     created, rolled, backends = LATENCY_STEPS
     assert latencies[created] == {"svc-000": pytest.approx(0.5)}
     assert latencies[rolled] == {"svc-000": pytest.approx(0.3)}
-    assert latencies[backends] == {"svc-000": pytest.approx(0.7)}
+    assert latencies[backends] == {"svc-000": pytest.approx(0.5)}
     assert missing_latencies(latencies, 2, 2) == dict.fromkeys(LATENCY_STEPS, 1)
+
+
+def test_a_services_router_deployment_is_named_as_the_operator_renders_it() -> None:
+    assert router_deployment("svc-000", NS) == "svc-000-router"
 
 
 def test_the_rendered_baseline_applies_everything_the_operator_renders() -> None:
@@ -277,6 +289,7 @@ def test_a_run_is_summarised_and_reported_with_its_goals(tmp_path: Path) -> None
     """One service end to end, from a hand-written audit log: the figures, the goals and the
     report's sections."""
     engine = {"apiGroup": "apps", "resource": "deployments", "name": "svc-000-aggregated"}
+    router = {"apiGroup": "apps", "resource": "deployments", "name": "svc-000-router"}
     md = {"apiGroup": "inferfleet.io", "resource": "modeldeployments", "name": "svc-000"}
     isvc = {"apiGroup": "inferfleet.io", "resource": "inferenceservices", "name": "svc-000"}
     ready = {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}
@@ -287,6 +300,8 @@ def test_a_run_is_summarised_and_reported_with_its_goals(tmp_path: Path) -> None
             audit_line(100.0, ADMIN, "patch", md),
             audit_line(100.5, OPERATOR_USER, "patch", engine),
             audit_line(101.0, DEPLOYMENT_CONTROLLER, "update", engine | {"subresource": "status"},
+                       responseObject=deployment()),
+            audit_line(101.1, DEPLOYMENT_CONTROLLER, "update", router | {"subresource": "status"},
                        responseObject=deployment()),
             audit_line(101.2, OPERATOR_USER, "patch", md | {"subresource": "status"},
                        responseObject=ready),

@@ -78,8 +78,12 @@ def _stored(obj: Mapping[str, Any], *, ready: bool) -> list[Child]:
     return [value for key, value in entries.items() if key[0] == "owner"]
 
 
+def _stored_all(outcome: Outcome, *, ready: bool) -> list[Child]:
+    return [c for obj in outcome.apply for c in _stored(obj, ready=ready)]
+
+
 def _settled(body: dict[str, Any], outcome: Outcome, *, ready: bool = True) -> list[Child]:
-    children = [c for obj in outcome.apply for c in _stored(obj, ready=ready)]
+    children = _stored_all(outcome, ready=ready)
     if outcome.status:
         body["status"] = {
             k: v for k, v in {**body.get("status", {}), **outcome.status}.items() if v is not None
@@ -265,9 +269,12 @@ def test_pods_the_scheduler_cannot_place_degrade_the_deployment_with_its_reason(
 
 
 def _service_outcome(
-    body: Mapping[str, Any], backends: Mapping[str, Mapping[str, Any]], holder: Any = None
+    body: Mapping[str, Any],
+    backends: Mapping[str, Mapping[str, Any]],
+    holder: Any = None,
+    children: Sequence[Child] = (),
 ) -> Outcome:
-    space = Namespace(holder=holder or (lambda _key: None))
+    space = Namespace(children=children, holder=holder or (lambda _key: None))
     return inference_service_outcome(body, space=space, backends=backends, install=INSTALL, now=NOW)
 
 
@@ -280,7 +287,7 @@ def test_a_service_without_its_deployment_applies_nothing_and_says_which() -> No
     assert [(e.reason, e.warning) for e in outcome.events] == [("MissingDeployment", True)]
 
 
-def test_a_service_is_ready_when_its_backends_are() -> None:
+def test_a_service_is_ready_when_its_backends_are_and_a_router_pod_is_available() -> None:
     md = _example("ModelDeployment")
     _settled(md, _md_outcome(md, children=_settled(md, _md_outcome(md))))
     service = _example("InferenceService")
@@ -290,13 +297,22 @@ def test_a_service_is_ready_when_its_backends_are() -> None:
              "lastTransitionTime": "2026-11-23T10:00:00Z"},
         ]
     }  # fmt: skip
-    outcome = _service_outcome(service, {"llama-3-1-8b": md})
-    assert sorted(o["kind"] for o in outcome.apply) == sorted(
+    first = _service_outcome(service, {"llama-3-1-8b": md})
+    assert sorted(o["kind"] for o in first.apply) == sorted(
         ["ServiceAccount", "Role", "RoleBinding", "Service", "PodDisruptionBudget", "Deployment"]
+    )
+    # The backends serve, but the endpoint refuses requests until a router pod is up.
+    assert _condition(first.status, "Ready")["reason"] == "RouterNotReady"
+    starting = _settled(service, first, ready=False)
+    # Its pods starting: still not Ready, so nothing to write.
+    assert _service_outcome(service, {"llama-3-1-8b": md}, children=starting).status is None
+    outcome = _service_outcome(
+        service, {"llama-3-1-8b": md}, children=_stored_all(first, ready=True)
     )
     assert outcome.status is not None
     assert _condition(outcome.status, "Ready")["status"] == "True"
-    assert outcome.status["url"] == "http://chat.llm.svc.cluster.local"
+    assert first.status is not None
+    assert first.status["url"] == "http://chat.llm.svc.cluster.local"
     # policy: none: the autoscaler's conditions are not left behind.
     assert [c["type"] for c in outcome.status["conditions"]] == ["Ready"]
 

@@ -149,3 +149,57 @@ def test_events_queue_an_object_and_its_dependents_only_for_what_they_read() -> 
         await controller.stop()
 
     asyncio.run(scenario())
+
+
+def _router_deployment(ready: int, *, observed: int = 1) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": "chat-router",
+            "namespace": "llm",
+            "uid": "router-uid",
+            "generation": 1,
+            "labels": dict(handlers.MANAGED_BY_SELECTOR),
+            "ownerReferences": [
+                {"kind": "InferenceService", "name": "chat", "uid": "chat-uid", "controller": True}
+            ],
+        },
+        "spec": {"replicas": 2},
+        "status": {
+            "observedGeneration": observed,
+            "replicas": 2,
+            "readyReplicas": ready,
+            "availableReplicas": ready,
+        },
+    }
+
+
+def test_a_router_deployment_queues_its_service_when_its_endpoint_starts_or_stops_serving() -> None:
+    async def scenario() -> None:
+        controller = Controller({}, install=InstallSettings(), autoscaler=None)
+        service_key = ("InferenceService", "llm", "chat")
+
+        async def queued() -> bool:
+            keys = set()
+            while len(controller.reconciles):
+                key = await controller.reconciles.get()
+                controller.reconciles.done(key)
+                keys.add(key)
+            return service_key in keys
+
+        controller.child_changed("llm", _router_deployment(0), gone=False)
+        assert await queued()
+        # The Deployment controller's progress writes that leave no pod available: nothing.
+        controller.child_changed("llm", _router_deployment(0, observed=2), gone=False)
+        assert not await queued()
+        # A first router pod available: the service can say Ready.
+        controller.child_changed("llm", _router_deployment(1), gone=False)
+        assert await queued()
+        controller.child_changed("llm", _router_deployment(2), gone=False)
+        assert not await queued()
+        controller.child_changed("llm", _router_deployment(0), gone=False)
+        assert await queued()
+        await controller.stop()
+
+    asyncio.run(scenario())

@@ -124,6 +124,9 @@ def child_entries(namespace: str, obj: Mapping[str, Any]) -> dict[Any, Any]:
         progress=RoleProgress.from_deployment(obj)
         if deployment and owner.get("kind") == MODEL_DEPLOYMENT
         else None,
+        serving=RoleProgress.from_deployment(obj).available > 0
+        if deployment and owner.get("kind") == INFERENCE_SERVICE
+        else None,
     )
     return {("owner", namespace, child.owner_uid): child, ("name", namespace, key): child.owner_uid}
 

@@ -91,6 +91,9 @@ class Child:
     role: Role | None = None
     progress: RoleProgress | None = None
     """A ModelDeployment's Deployment: its rollout."""
+    serving: bool | None = None
+    """An InferenceService's router Deployment: whether a router pod is available (the
+    service's endpoint answers)."""
 
 
 @dataclass(frozen=True)
@@ -497,6 +500,8 @@ def inference_service_outcome(
             verdict = (False, "NameCollision", collision)
         else:
             verdict = _backends_verdict(sorted(referenced), ready_backends)
+            if verdict[0] and not _router_serving(space.children):
+                verdict = (False, "RouterNotReady", f"no router pod of {name} is available yet")
     previous = stored_status(body, InferenceServiceStatus)
     conditions: list[dict[str, Any]] = list(previous.get("conditions") or [])
     ready = condition(
@@ -520,6 +525,12 @@ def inference_service_outcome(
         status=status_patch(previous, desired),
         events=tuple(_condition_events(conditions, after)),
     )
+
+
+def _router_serving(children: Sequence[Child]) -> bool:
+    """Whether the service's router Deployment (the one Deployment it creates) has a pod
+    available: until then its endpoint refuses every request, whatever its backends."""
+    return any(child.serving for child in children if child.key.kind == "Deployment")
 
 
 def _backends_verdict(referenced: Sequence[str], ready: set[str]) -> tuple[bool, str, str]:

@@ -5,8 +5,9 @@
 -- uses nothing else: `..` and tostring for text, ipairs for lists.
 --
 -- The operator's status: Ready (written with status.observedGeneration by the reconciler:
--- BackendsReady, BackendsNotReady, MissingDeployment) and, while `autoscaling.policy: goodput`,
--- MetricsAvailable (written by the autoscaler: MetricsFresh, or why it holds its last decision).
+-- BackendsReady, BackendsNotReady, RouterNotReady, MissingDeployment) and, while
+-- `autoscaling.policy: goodput`, MetricsAvailable (written by the autoscaler: MetricsFresh, or
+-- why it holds its last decision).
 
 local function find_condition(conditions, condition_type)
   for _, condition in ipairs(conditions) do
@@ -76,8 +77,10 @@ if ready.status == "True" then
   return hs
 end
 
--- The ModelDeployments behind it are still rolling out; their own health says how far.
-if ready.status == "Unknown" or ready.reason == "BackendsNotReady" then
+-- The ModelDeployments behind it are still rolling out (their own health says how far), or
+-- its router's pods are starting.
+if ready.status == "Unknown" or ready.reason == "BackendsNotReady"
+  or ready.reason == "RouterNotReady" then
   hs.status = "Progressing"
   hs.message = said(ready)
   return hs
