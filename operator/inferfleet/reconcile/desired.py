@@ -501,7 +501,8 @@ def inference_service_outcome(
         else:
             verdict = _backends_verdict(sorted(referenced), ready_backends)
             if verdict[0] and not _router_serving(space.children):
-                verdict = (False, "RouterNotReady", f"no router pod of {name} is available yet")
+                router = next(o["metadata"]["name"] for o in objects if o["kind"] == "Deployment")
+                verdict = (False, "RouterNotReady", f"no pod of its router {router} is available")
     previous = stored_status(body, InferenceServiceStatus)
     conditions: list[dict[str, Any]] = list(previous.get("conditions") or [])
     ready = condition(
