@@ -26,6 +26,7 @@ from inferfleet.planning.performance import (
     max_throughput,
     prefill_seconds,
     queued_run_throughput,
+    saturated_batch,
     step_time,
 )
 from inferfleet.planning.replica import ReplicaConfig
@@ -451,8 +452,7 @@ def test_a_queued_run_of_identical_requests_agrees_with_the_planner(
     what `queued_run_throughput` predicts (the steady state is up to 9% high here)."""
     config = replica()
     capacity = plan_memory(config).kv_capacity_tokens
-    batch = max_throughput(config, prompt, output, capacity).batch
-    count = int(batch * waves)
+    count = int(saturated_batch(config, prompt, output, capacity) * waves)
     run = drive(EngineCore(config), [(0.0, request(f"r{i}", prompt, output)) for i in range(count)])
     measured = count * output / max(run.finished.values())
     predicted = queued_run_throughput(config, prompt, output, capacity, requests=count)

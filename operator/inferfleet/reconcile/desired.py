@@ -501,8 +501,9 @@ def inference_service_outcome(
         else:
             verdict = _backends_verdict(sorted(referenced), ready_backends)
             if verdict[0] and not _router_serving(space.children):
-                router = next(o["metadata"]["name"] for o in objects if o["kind"] == "Deployment")
-                verdict = (False, "RouterNotReady", f"no pod of its router {router} is available")
+                routers = [o["metadata"]["name"] for o in objects if o["kind"] == "Deployment"]
+                message = f"no pod of its router {', '.join(routers)} is available"
+                verdict = (False, "RouterNotReady", message)
     previous = stored_status(body, InferenceServiceStatus)
     conditions: list[dict[str, Any]] = list(previous.get("conditions") or [])
     ready = condition(
