@@ -35,9 +35,9 @@ from benchmarks.operator_scale.workloads import (
     children,
     inference_service,
     model_deployment,
-    router_deployment,
 )
 from inferfleet import __version__
+from inferfleet.render.inference_service import router_name
 
 PODS_PER_NODE = 110  # inferfleet.devcluster.nodes gives every fake node 110 pods
 
@@ -139,7 +139,7 @@ def _latencies(run: Run, requests: Any) -> dict[str, Any]:
             ]
             for name in names
         },
-        routers={name: router_deployment(name, FLEET_NAMESPACE) for name in names},
+        routers={name: router_name(name) for name in names},
     )
     return {
         "steps": {step: distribution(list(samples[step].values())) for step in LATENCY_STEPS},

@@ -72,33 +72,19 @@ def engine_deployments(names: Sequence[str], namespace: str) -> str:
     return yaml.safe_dump_all(documents)
 
 
-def _router_objects(md: ModelDeployment, name: str, namespace: str) -> list[dict[str, Any]]:
+def rendered_service(name: str, namespace: str) -> list[dict[str, Any]]:
+    """Everything the operator applies for one service, rendered offline: its
+    ModelDeployment's objects, then its InferenceService's (the router), with no owner."""
+    md = ModelDeployment.model_validate(model_deployment(name, namespace))
     service = InferenceService.model_validate(inference_service(name, namespace))
     install = InstallSettings()
-    return render_inference_service(
+    router = render_inference_service(
         service,
         {name: md},
         router_image=install.router_image,
         router_discovery=install.router_discovery,
     )
-
-
-def rendered_service(name: str, namespace: str) -> list[dict[str, Any]]:
-    """Everything the operator applies for one service, rendered offline: its
-    ModelDeployment's objects, then its InferenceService's (the router), with no owner."""
-    md = ModelDeployment.model_validate(model_deployment(name, namespace))
-    engines = render_model_deployment(md, options=InstallSettings().engines)
-    return [*engines, *_router_objects(md, name, namespace)]
-
-
-def router_deployment(name: str, namespace: str) -> str:
-    """The name of the Deployment that runs a service's router."""
-    md = ModelDeployment.model_validate(model_deployment(name, namespace))
-    return next(
-        str(obj["metadata"]["name"])
-        for obj in _router_objects(md, name, namespace)
-        if obj["kind"] == "Deployment"
-    )
+    return [*render_model_deployment(md, options=install.engines), *router]
 
 
 def all_rendered(names: Sequence[str], namespace: str) -> str:

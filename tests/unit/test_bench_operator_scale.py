@@ -37,7 +37,6 @@ from benchmarks.operator_scale.workloads import (
     children,
     engine_deployments,
     rendered,
-    router_deployment,
 )
 
 from inferfleet.devcluster.cluster import AUDIT_POLICY, ClientRateLimit
@@ -171,10 +170,6 @@ def test_operator_latencies_run_from_what_it_waits_for_to_its_answer() -> None:
     assert latencies[rolled] == {"svc-000": pytest.approx(0.3)}
     assert latencies[backends] == {"svc-000": pytest.approx(0.5)}
     assert missing_latencies(latencies, 2, 2) == dict.fromkeys(LATENCY_STEPS, 1)
-
-
-def test_a_services_router_deployment_is_named_as_the_operator_renders_it() -> None:
-    assert router_deployment("svc-000", NS) == "svc-000-router"
 
 
 def test_the_rendered_baseline_applies_everything_the_operator_renders() -> None:

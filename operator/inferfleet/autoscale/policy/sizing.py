@@ -19,7 +19,11 @@ from inferfleet.autoscale.snapshot import RoleMetrics
 from inferfleet.planning.capacity import KV_TRANSFER_BYTES_PER_S, fewest_replicas, meets_slo
 from inferfleet.planning.load import OperatingPoint, operating_point
 from inferfleet.planning.memory import kv_bytes_per_token, plan_memory
-from inferfleet.planning.performance import EfficiencyTerms, decode_step_seconds
+from inferfleet.planning.performance import (
+    EfficiencyTerms,
+    decode_step_seconds,
+    saturated_batch,
+)
 from inferfleet.planning.replica import ReplicaConfig
 from inferfleet.slo import Slo
 
@@ -127,8 +131,8 @@ def sequences_per_replica(spec: PolicySpec, policy: RolePolicy, demand: Demand, 
     """Sequences one replica holds at once within its KV cache (whole contexts reserved, as a
     no-eviction scheduler does), its batch limit and the TPOT target of a decode step."""
     config = policy.replica
-    context = demand.input_tokens + demand.output_tokens
-    slots = max(1, min(config.max_sequences, plan_memory(config).kv_capacity_tokens // context))
+    capacity = plan_memory(config).kv_capacity_tokens
+    slots = saturated_batch(config, demand.input_tokens, demand.output_tokens, capacity)
     target = slo.tpot_p95_s
     mean_context = demand.input_tokens + demand.output_tokens / 2
 
