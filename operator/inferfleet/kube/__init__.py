@@ -62,11 +62,16 @@ class Kube:
         return cls(api_client)
 
     @classmethod
-    def from_environment(cls) -> Kube:
+    def from_environment(cls, *, connections: int | None = None) -> Kube:
         """In a pod: its service account. Elsewhere: $KUBECONFIG or ~/.kube/config.
+        `connections`: how many requests may be open at once (one per thread that calls); the
+        client's own default is five per CPU, and a connection beyond the pool is closed after
+        its request, so the next one pays a TLS handshake again.
 
         Raises `NoConfigurationError` when there is neither."""
         configuration = client.Configuration()
+        if connections is not None:
+            configuration.connection_pool_maxsize = connections
         try:
             config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
         except config.ConfigException:
