@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from inferfleet.api.model_deployment import EngineName, Role
-from inferfleet.router.balancer import Balancer, PrefixIndex
+from inferfleet.router.balancer import Balancer, PrefixIndex, Replica
 from inferfleet.router.config import Backend, RouterConfig, RouterConfigError, parse_backend
 from inferfleet.router.discovery import ready_urls
 from inferfleet.router.requests import (
@@ -29,13 +29,16 @@ from inferfleet.streaming import TokenStream
 # Flags.
 
 RENDERED = (
-    "deployment=chat,role=decode,engine=vllm,weight=100,model=llama,service=chat-decode,port=8000"
+    "deployment=chat,role=decode,engine=vllm,weight=100,model=llama,context=8192,"
+    "service=chat-decode,port=8000"
 )
 
 
 def test_a_rendered_backend_flag_parses() -> None:
     backend = parse_backend(RENDERED)
-    assert backend == Backend("chat", Role.DECODE, EngineName.VLLM, "llama", 100, "chat-decode")
+    assert backend == Backend(
+        "chat", Role.DECODE, EngineName.VLLM, "llama", 100, "chat-decode", context=8192
+    )
 
 
 def test_fixed_urls_parse() -> None:
@@ -55,6 +58,7 @@ def test_fixed_urls_parse() -> None:
         ("deployment=a,role=aggregated,engine=sim,model=m,colour=red", "'colour=red'"),
         ("deployment=a,role=aggregated,engine=sim,model=m,urls=127.0.0.1:80", "http(s)://"),
         ("deployment=a,role=aggregated,engine=sim,model=m,service=s,port=x", "integers"),
+        ("deployment=a,role=aggregated,engine=sim,model=m,service=s,context=0", "a context in"),
         ("deployment=a,deployment=b,role=aggregated,engine=sim,model=m,service=s", "twice"),
     ],
 )
@@ -62,6 +66,28 @@ def test_bad_backend_flags_say_what_is_wrong(flag: str, says: str) -> None:
     with pytest.raises(RouterConfigError, match=None) as caught:
         parse_backend(flag)
     assert says in str(caught.value)
+
+
+@pytest.mark.parametrize("asked", [10**300, 10**400, 2**63])
+def test_a_huge_max_tokens_is_charged_as_the_longest_context_in_whole_tokens(asked: int) -> None:
+    """No replica works for more tokens than its context holds: the load a request adds is an
+    integer within it, so it is given back exactly (a float of 1e300 never comes back down)."""
+    request = read_request(
+        {"prompt": "w " * 10, "max_tokens": asked}, chat=False, longest_context=8192
+    )
+    assert request.max_tokens_estimate == 8192
+    assert isinstance(request.max_tokens_estimate, int)
+    replica = Replica("http://a:1", "d", Role.AGGREGATED)
+    replica.outstanding_tokens += request.max_tokens_estimate
+    replica.outstanding_tokens -= request.max_tokens_estimate
+    assert replica.outstanding_tokens == 0
+
+
+def test_the_model_asked_for_is_read_and_must_be_a_name() -> None:
+    assert read_request({"model": "m", "prompt": "w"}, chat=False).model == "m"
+    assert read_request({"prompt": "w"}, chat=False).model is None
+    with pytest.raises(BadRequestError, match="model must be a string"):
+        read_request({"model": ["m"], "prompt": "w"}, chat=False)
 
 
 def test_a_deployment_needs_aggregated_or_both_disaggregated_roles() -> None:

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from inferfleet.api.catalog import GpuType
 from inferfleet.api.model_deployment import Role
 from inferfleet.router.config import RouterConfig, parse_backend
-from inferfleet.router.proxy import RouterServer, create_app
+from inferfleet.router.proxy import ROUTER, RouterServer, create_app
 from inferfleet.sim.openai_api import SimServer
 from inferfleet.sim.openai_api import create_app as create_engine
 from inferfleet.slo import Slo
@@ -42,8 +42,10 @@ async def servers() -> AsyncIterator[dict[str, Any]]:
         await runner.cleanup()
 
 
-async def start_engine(servers: dict[str, Any], role: Role = Role.AGGREGATED) -> str:
-    server = SimServer(create_engine(CONFIG, MODEL, role), "127.0.0.1", 0, drain_timeout_s=1.0)
+async def start_engine(
+    servers: dict[str, Any], role: Role = Role.AGGREGATED, model: str = MODEL
+) -> str:
+    server = SimServer(create_engine(CONFIG, model, role), "127.0.0.1", 0, drain_timeout_s=1.0)
     port = await server.start()
     servers["engines"].append(server)
     return f"http://127.0.0.1:{port}"
@@ -221,7 +223,7 @@ async def test_a_dead_replica_is_skipped_and_marked_down(servers: dict[str, Any]
     app_router = servers["routers"][-1].router
     dead = app_router.balancer.replicas[("d", Role.AGGREGATED)]["http://127.0.0.1:9"]
     dead.healthy = True  # as if it died after its last health check
-    dead.outstanding_tokens = -1e9  # and looked like the best choice
+    dead.outstanding_tokens = -(10**9)  # and looked like the best choice
     lines = await stream_lines(client, {"prompt": "w", "max_tokens": 2, "stream": True})
     assert lines[-1] == "data: [DONE]"
     assert not dead.healthy
@@ -254,10 +256,108 @@ async def test_limits_and_refusals(servers: dict[str, Any]) -> None:
     bad = await client.post("/v1/completions", content=b"{not json")
     assert bad.status_code == 400
     other_model = await client.post("/v1/completions", json={"model": "gpt-9", "prompt": "w"})
-    assert other_model.status_code == 404  # the engine's answer, passed through
+    assert other_model.status_code == 404  # as the engines (and OpenAI's API) answer it
+    assert f"served: {MODEL}" in other_model.json()["error"]["message"]
     text = await metrics(client)
     assert series(text, "inferfleet_router_requests_total") == 0  # refusals are not judged
     assert series(text, "inferfleet_router_rejected_requests_total", reason="too_large") == 1
+    assert series(text, "inferfleet_router_rejected_requests_total", reason="bad_request") == 1
+    assert series(text, "inferfleet_router_rejected_requests_total", reason="unknown_model") == 1
+    async with httpx.AsyncClient() as direct:
+        engine_metrics = (await direct.get(f"{engine}/metrics")).text
+    assert series(engine_metrics, "vllm:request_success_total") == 0  # none reached it
+
+
+async def test_a_body_nested_past_the_parser_is_a_bad_request(servers: dict[str, Any]) -> None:
+    client = await start_router(servers, config(aggregated(await start_engine(servers))))
+    nested = await client.post("/v1/completions", content=b"[" * 100_000)
+    assert nested.status_code == 400
+    assert "nests deeper" in nested.json()["error"]["message"]
+
+
+async def test_a_request_goes_to_a_deployment_that_serves_its_model(
+    servers: dict[str, Any],
+) -> None:
+    """Two variants serving different names behind one service: each name reaches only its
+    own; a request naming no model goes to either."""
+    base = await start_engine(servers)
+    tuned = await start_engine(servers, model="llama-tuned")
+    client = await start_router(
+        servers,
+        config(
+            f"deployment=base,role=aggregated,engine=sim,model={MODEL},urls={base}",
+            f"deployment=tuned,role=aggregated,engine=sim,model=llama-tuned,urls={tuned}",
+        ),
+    )
+    for model in [MODEL] * 3 + ["llama-tuned"] * 2 + [None] * 4:
+        body = {"prompt": "w", "max_tokens": 2} | ({} if model is None else {"model": model})
+        assert (await client.post("/v1/completions", json=body)).status_code == 200
+    text = await metrics(client)
+    assert series(text, "inferfleet_router_requests_total", deployment="base") == 5
+    assert series(text, "inferfleet_router_requests_total", deployment="tuned") == 4
+    models = (await client.get("/v1/models")).json()["data"]
+    assert [m["id"] for m in models] == sorted([MODEL, "llama-tuned"])
+
+
+@pytest.mark.parametrize("asked", [10**300, 10**400])
+async def test_a_huge_max_tokens_leaves_no_load_behind(servers: dict[str, Any], asked: int) -> None:
+    """The engine refuses it; the router answers with that refusal (no 500), and the load it
+    charged the replica is given back to the token."""
+    engine = await start_engine(servers)
+    backend = aggregated(engine) + ",context=8192"
+    client = await start_router(servers, config(backend))
+    for stream in (False, True):
+        answer = await client.post(
+            "/v1/completions", json={"prompt": "w", "max_tokens": asked, "stream": stream}
+        )
+        assert answer.status_code < 500, answer.text
+    replicas = (await client.get("/debug/replicas")).json()
+    assert [(r["outstandingTokens"], r["inFlight"], r["healthy"]) for r in replicas] == [
+        (0, 0, True)
+    ]
+
+
+async def test_a_client_hanging_up_as_a_write_fails_is_not_the_replicas_failure(
+    servers: dict[str, Any],
+) -> None:
+    """Without handler cancellation the hang-up shows as a write to the client that fails;
+    the request is counted cancelled, the replica stays healthy and nothing counts failed."""
+    engine = await start_engine(servers)
+    app = create_app(config(aggregated(engine)))
+    runner = web.AppRunner(app, handler_cancellation=False, shutdown_timeout=0.5)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    servers["runners"].append(runner)
+    port = runner.addresses[0][1]
+    router = app[ROUTER]
+    for _ in range(200):
+        if router.routable():
+            break
+        await asyncio.sleep(0.01)
+    body = json.dumps({"prompt": "w", "max_tokens": 5000, "stream": True}).encode()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(
+        b"POST /v1/completions HTTP/1.1\r\nHost: router\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    await reader.readuntil(b"data: ")  # the stream has started
+    writer.transport.abort()
+    for _ in range(500):
+        if router.metrics.registry.get_sample_value(
+            "inferfleet_router_cancelled_requests_total", {"service": "chat", "deployment": "d"}
+        ):
+            break
+        await asyncio.sleep(0.01)
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+        text = await metrics(client)
+        assert series(text, "inferfleet_router_cancelled_requests_total") == 1
+        assert series(text, "inferfleet_router_requests_total") == 0
+        assert series(text, "inferfleet_router_upstream_errors_total") == 0
+        replicas = (await client.get("/debug/replicas")).json()
+    assert [(r["healthy"], r["inFlight"], r["outstandingTokens"]) for r in replicas] == [
+        (True, 0, 0)
+    ]
 
 
 async def test_a_client_that_hangs_up_is_counted_cancelled(servers: dict[str, Any]) -> None:

@@ -132,6 +132,7 @@ def backend_args(resolved: Sequence[tuple[DeploymentRef, ModelDeployment]]) -> l
                 f"engine={md.spec.engine.name.value}",
                 f"weight={ref.weight}",
                 f"model={served_model_name(md.spec)}",
+                f"context={md.spec.max_model_length()}",
                 f"service={engine_name(ref.name, role)}",
                 f"port={ENGINE_PORT}",
             )

@@ -16,7 +16,7 @@ roles all have a healthy replica, by their `weight`), then to a replica of each 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from inferfleet.api.model_deployment import Role
@@ -31,7 +31,7 @@ class Replica:
     role: Role
     healthy: bool = False
     """Set by health checks; a replica starts unhealthy until its first check passes."""
-    outstanding_tokens: float = 0.0
+    outstanding_tokens: int = 0
     in_flight: int = 0
     served: int = 0
 
@@ -136,10 +136,13 @@ class Balancer:
             any(r.healthy for r in self.replicas[(deployment, role)].values()) for role in roles
         )
 
-    def choose_deployment(self) -> str | None:
-        """Smooth weighted round robin (nginx's) over the routable deployments."""
+    def choose_deployment(self, among: Collection[str] | None = None) -> str | None:
+        """Smooth weighted round robin (nginx's) over the routable deployments (of `among`,
+        when given: those serving the model a request names)."""
         candidates = [
-            name for name in sorted(self.weights) if self.weights[name] > 0 and self.routable(name)
+            name
+            for name in sorted(self.weights)
+            if self.weights[name] > 0 and (among is None or name in among) and self.routable(name)
         ]
         if not candidates:
             return None

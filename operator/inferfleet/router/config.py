@@ -3,7 +3,11 @@ the SLO it judges requests by, and its limits. Pure.
 
 A backend is given as comma-separated `key=value` pairs, as the renderer writes them:
 
-    deployment=NAME,role=ROLE,engine=ENGINE,weight=W,model=SERVED_NAME,service=SVC,port=8000
+    deployment=NAME,role=ROLE,engine=ENGINE,weight=W,model=SERVED_NAME,context=TOKENS,
+    service=SVC,port=8000
+
+`context` is the deployment's longest prompt plus output (its engines' max model length): the
+most tokens a request can make a replica work for.
 
 `service` names the Kubernetes Service whose EndpointSlices list the role's pods (or, with
 `--discovery pods`, whose selector picks them). Outside a cluster, `urls=URL;URL` lists the
@@ -20,7 +24,12 @@ from urllib.parse import urlsplit
 from inferfleet.api.model_deployment import EngineName, Role
 from inferfleet.slo import Slo
 
-_BACKEND_KEYS = ("deployment", "role", "engine", "weight", "model", "service", "port", "urls")
+_BACKEND_KEYS = (
+    "deployment", "role", "engine", "weight", "model", "context", "service", "port", "urls",
+)  # fmt: skip
+LONGEST_CONTEXT = 10_485_760
+"""The most tokens any model of the catalog takes (`ModelArchitecture.max_context_length`'s
+bound): what a backend given without `context` is taken to hold."""
 _REQUIRED_KEYS = ("deployment", "role", "engine", "model")
 
 
@@ -50,6 +59,7 @@ class Backend:
     service: str | None = None
     port: int = 8000
     urls: tuple[str, ...] = ()
+    context: int = LONGEST_CONTEXT
 
     @property
     def key(self) -> tuple[str, Role]:
@@ -89,15 +99,23 @@ def parse_backend(text: str) -> Backend:
     try:
         weight = int(fields.get("weight", "100"))
         port = int(fields.get("port", "8000"))
+        context = int(fields.get("context", str(LONGEST_CONTEXT)))
     except ValueError as error:
-        raise RouterConfigError(f"backend {text!r}: weight and port are integers") from error
-    if weight < 0 or not 0 < port < 65536:
-        raise RouterConfigError(f"backend {text!r}: weight >= 0 and a port in 1..65535")
+        raise RouterConfigError(
+            f"backend {text!r}: weight, port and context are integers"
+        ) from error
+    if weight < 0 or not 0 < port < 65536 or not 0 < context <= LONGEST_CONTEXT:
+        raise RouterConfigError(
+            f"backend {text!r}: weight >= 0, a port in 1..65535 and a context in "
+            f"1..{LONGEST_CONTEXT}"
+        )
     urls = tuple(_url(url) for url in fields.get("urls", "").split(";") if url.strip())
     service = fields.get("service") or None
     if not urls and service is None:
         raise RouterConfigError(f"backend {text!r}: give service= (Kubernetes) or urls=")
-    return Backend(fields["deployment"], role, engine, fields["model"], weight, service, port, urls)
+    return Backend(
+        fields["deployment"], role, engine, fields["model"], weight, service, port, urls, context
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +162,18 @@ class RouterConfig:
 
     def deployments(self) -> list[str]:
         return sorted({backend.deployment for backend in self.backends})
+
+    def serving(self, model: str) -> list[str]:
+        """The deployments that serve `model` by that name."""
+        return sorted({b.deployment for b in self.backends if b.model == model})
+
+    def models(self) -> list[str]:
+        return sorted({backend.model for backend in self.backends})
+
+    @property
+    def longest_context(self) -> int:
+        """The most tokens a request can ask of any backend: prompt plus output."""
+        return max(backend.context for backend in self.backends)
 
     def roles_of(self, deployment: str) -> list[Backend]:
         return [b for b in self.backends if b.deployment == deployment]

@@ -19,10 +19,14 @@ Failures:
   passes again. Once a byte has been sent back, nothing is retried;
 * a stream cut after it started: the client gets an error event (vLLM's shape) and `[DONE]`,
   and the request counts as failed;
-* a body over `max_request_bytes`: 413, before it is read.
+* a body over `max_request_bytes`: 413, before it is read; one that is not JSON, or nests
+  deeper than the parser goes: 400;
+* a `model` that no backend serves: 404 (as the engines and OpenAI's API answer it), naming
+  the models served; requests naming a model go only to the deployments that serve it.
 Answers the engine refuses (4xx) pass through unchanged and are not judged against the SLO.
 A client that hangs up cancels its handler, which closes the upstream call (the engine then
-aborts the request); such requests are counted as cancelled, not judged.
+aborts the request); such requests are counted as cancelled, not judged, and never count
+against the replica, also when the hang-up shows first as a write that fails.
 
 Non-streamed requests have no observable first token: their TTFT is taken as the whole
 answer's time (an upper bound) and TPOT is not judged.
@@ -87,6 +91,14 @@ class _NoReplicaError(Exception):
         self.tried = tried
 
 
+class _ClientGoneError(Exception):
+    """Writing to the client failed: it hung up. The replica did nothing wrong."""
+
+    def __init__(self, response: web.StreamResponse) -> None:
+        super().__init__("the client hung up")
+        self.response = response
+
+
 class _UpstreamFailedError(Exception):
     """A replica call failed after the retries, before anything reached the client."""
 
@@ -101,9 +113,9 @@ class _Charge:
     """Tokens a request adds to a replica's load, given back as the work gets done."""
 
     replica: Replica
-    remaining: float
+    remaining: int
 
-    def release(self, tokens: float) -> None:
+    def release(self, tokens: int) -> None:
         tokens = min(tokens, self.remaining)
         if tokens > 0:
             self.remaining -= tokens
@@ -257,15 +269,33 @@ class Router:
             )
         try:
             routed = read_request(
-                json.loads(raw), chat=chat, chars_per_token=self.chars_per_token.value
+                json.loads(raw),
+                chat=chat,
+                chars_per_token=self.chars_per_token.value,
+                longest_context=self.config.longest_context,
             )
         except (ValueError, BadRequestError) as error:
             self.metrics.rejected.labels(service, "bad_request").inc()
             return error_response(str(error), 400, "BadRequestError")
+        except RecursionError:
+            self.metrics.rejected.labels(service, "bad_request").inc()
+            return error_response(
+                "the request body nests deeper than the JSON parser goes", 400, "BadRequestError"
+            )
         timing.prompt_chars = routed.prompt_chars
-        deployment = self.balancer.choose_deployment()
+        among = None if routed.model is None else self.config.serving(routed.model)
+        if among == []:
+            self.metrics.rejected.labels(service, "unknown_model").inc()
+            served = ", ".join(self.config.models())
+            return error_response(
+                f"the model {routed.model!r} is not served here (served: {served})",
+                404,
+                "NotFoundError",
+            )
+        deployment = self.balancer.choose_deployment(among)
         if deployment is None:
-            return self._unavailable("no replica of any deployment is healthy")
+            serving = "any deployment" if routed.model is None else repr(routed.model)
+            return self._unavailable(f"no replica of {serving} is healthy")
 
         self.metrics.in_flight.labels(service).inc()
         self.metrics.arrivals.labels(service, deployment).inc()
@@ -279,6 +309,9 @@ class Router:
         except asyncio.CancelledError:
             self.metrics.cancelled.labels(service, deployment).inc()
             raise
+        except _ClientGoneError as gone:
+            self.metrics.cancelled.labels(service, deployment).inc()
+            return gone.response
         except _NoReplicaError as error:
             if error.tried == 0:
                 return self._unavailable(
@@ -398,7 +431,7 @@ class Router:
                 charge.close()
         raise _NoReplicaError(Role.PREFILL, len(tried))
 
-    def _charge(self, replica: Replica, tokens: float) -> _Charge:
+    def _charge(self, replica: Replica, tokens: int) -> _Charge:
         replica.outstanding_tokens += tokens
         replica.in_flight += 1
         replica.served += 1
@@ -466,8 +499,8 @@ class Router:
                         if out:
                             if client is None:
                                 client = web.StreamResponse(headers=_SSE_HEADERS)
-                                await client.prepare(request)
-                            await client.write(out)
+                                await _to_client(client, client.prepare(request))
+                            await _to_client(client, client.write(out))
                         if stream.error is not None:
                             break
                     timing.streamed = True
@@ -511,8 +544,10 @@ class Router:
 
     async def models(self, request: web.Request) -> web.Response:
         del request
-        names = sorted({backend.model for backend in self.config.backends})
-        data = [{"id": name, "object": "model", "owned_by": "inferfleet"} for name in names]
+        data = [
+            {"id": name, "object": "model", "owned_by": "inferfleet"}
+            for name in self.config.models()
+        ]
         return web.json_response({"object": "list", "data": data})
 
     async def health(self, request: web.Request) -> web.Response:
@@ -546,6 +581,16 @@ class Router:
                 for replica in self.balancer.all_replicas()
             ]
         )
+
+
+async def _to_client(client: web.StreamResponse, sending: Awaitable[object]) -> None:
+    """Send to the client; a failure here is the client's hang-up (`_ClientGoneError`), which
+    must not be taken for the replica's (aiohttp raises the same connection errors for both
+    sides)."""
+    try:
+        await sending
+    except (ConnectionError, aiohttp.ClientConnectionError) as error:
+        raise _ClientGoneError(client) from error
 
 
 def _message_of(answer: bytes, fallback: str) -> str:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inferfleet.api.model_deployment import EngineName
+from inferfleet.router.config import LONGEST_CONTEXT
 
 CHARS_PER_TOKEN = 4
 PREFIX_BLOCK_CHARS = 512
@@ -59,6 +60,8 @@ class RoutedRequest:
     prefix_blocks: tuple[int, ...]
     prompt_chars: int | None = None
     """The prompt text's length, for learning characters per token; None for token ids."""
+    model: str | None = None
+    """The served model name the client asked for; None when it named none."""
 
 
 class CharsPerToken:
@@ -130,10 +133,20 @@ def _chained_hashes(text: str) -> tuple[int, ...]:
 
 
 def read_request(
-    body: object, *, chat: bool, chars_per_token: float = CHARS_PER_TOKEN
+    body: object,
+    *,
+    chat: bool,
+    chars_per_token: float = CHARS_PER_TOKEN,
+    longest_context: int = LONGEST_CONTEXT,
 ) -> RoutedRequest:
+    """What the router needs of a body. Token estimates are integers no larger than
+    `longest_context` (no replica works for more tokens than its context holds, whatever
+    `max_tokens` says), so a replica's load adds and subtracts back exactly."""
     if not isinstance(body, dict):
         raise BadRequestError("the request body must be a JSON object")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise BadRequestError("model must be a string")
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise BadRequestError("stream must be a boolean")
@@ -161,10 +174,11 @@ def read_request(
         chat=chat,
         stream=stream,
         client_wants_usage=wants_usage,
-        prompt_tokens_estimate=prompt_tokens,
-        max_tokens_estimate=max(1, limit),
+        prompt_tokens_estimate=min(prompt_tokens, longest_context),
+        max_tokens_estimate=min(max(1, limit), longest_context),
         prefix_blocks=prefix_blocks,
         prompt_chars=len(text) if exact_tokens is None else None,
+        model=model,
     )
 
 
