@@ -83,6 +83,25 @@ def test_a_huge_max_tokens_is_charged_as_the_longest_context_in_whole_tokens(ask
     assert replica.outstanding_tokens == 0
 
 
+@pytest.mark.parametrize(
+    ("context", "given", "limit"),
+    [
+        (131_072, None, 4 * 1024**2),  # 32 bytes a token of context
+        (8192, None, 1024**2),  # at least 1 MiB
+        (None, None, 16 * 1024**2),  # no context given: at most 16 MiB
+        (131_072, 1000, 1000),  # the flag wins
+    ],
+)
+def test_the_body_limit_follows_the_models_context(
+    context: int | None, given: int | None, limit: int
+) -> None:
+    flag = "deployment=a,role=aggregated,engine=sim,model=m,service=s"
+    if context is not None:
+        flag += f",context={context}"
+    config = RouterConfig("svc", (parse_backend(flag),), max_request_bytes=given)
+    assert config.request_bytes_limit == limit
+
+
 def test_the_model_asked_for_is_read_and_must_be_a_name() -> None:
     assert read_request({"model": "m", "prompt": "w"}, chat=False).model == "m"
     assert read_request({"prompt": "w"}, chat=False).model is None

@@ -268,6 +268,54 @@ async def test_limits_and_refusals(servers: dict[str, Any]) -> None:
     assert series(engine_metrics, "vllm:request_success_total") == 0  # none reached it
 
 
+async def test_past_its_limits_on_requests_or_bytes_held_the_router_says_503(
+    servers: dict[str, Any],
+) -> None:
+    engine = await start_engine(servers)
+    client = await start_router(
+        servers, config(aggregated(engine), max_in_flight_requests=1, retry_after_s=3)
+    )
+    long = {"prompt": "w", "max_tokens": 5000, "stream": True}
+    async with client.stream("POST", "/v1/completions", json=long) as streaming:
+        async for _ in streaming.aiter_lines():
+            break
+        refused = await client.post("/v1/completions", json={"prompt": "w", "max_tokens": 1})
+    assert refused.status_code == 503
+    assert refused.headers["Retry-After"] == "3"
+    assert "1 requests" in refused.json()["error"]["message"]
+    after = await client.post("/v1/completions", json={"prompt": "w", "max_tokens": 1})
+    assert after.status_code == 200  # what was held is given back
+    small = await start_router(servers, config(aggregated(engine), max_in_flight_bytes=1000))
+    assert (await small.post("/v1/completions", json={"prompt": "w " * 1000})).status_code == 503
+    assert (await small.post("/v1/completions", json={"prompt": "w"})).status_code == 200
+    text = await metrics(small)
+    assert series(text, "inferfleet_router_rejected_requests_total", reason="overloaded") == 1
+
+
+async def test_slow_clients_are_cut_off(servers: dict[str, Any]) -> None:
+    """A body that does not arrive in time gets 408; a connection that never completes its
+    request header is closed after the idle timeout."""
+    engine = await start_engine(servers)
+    await start_router(
+        servers, config(aggregated(engine), body_read_timeout_s=0.2, idle_timeout_s=0.3)
+    )
+    port = servers["routers"][-1].port
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(
+        b"POST /v1/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\n"
+        b'Content-Length: 100\r\n\r\n{"prompt": '
+    )
+    answer = await asyncio.wait_for(reader.read(4096), 5.0)
+    assert answer.startswith(b"HTTP/1.1 408"), answer
+    writer.close()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: r\r\n")  # and nothing more
+    started = asyncio.get_running_loop().time()
+    assert await asyncio.wait_for(reader.read(4096), 5.0) == b""  # closed by the router
+    assert asyncio.get_running_loop().time() - started < 2.0
+    writer.close()
+
+
 async def test_a_body_nested_past_the_parser_is_a_bad_request(servers: dict[str, Any]) -> None:
     client = await start_router(servers, config(aggregated(await start_engine(servers))))
     nested = await client.post("/v1/completions", content=b"[" * 100_000)

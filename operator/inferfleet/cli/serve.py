@@ -97,8 +97,8 @@ def router_command(
         typer.Option(
             "--backend",
             help="A deployment's role: deployment=NAME,role=ROLE,engine=ENGINE,weight=W,"
-            "model=SERVED_NAME and service=SVC,port=P (Kubernetes EndpointSlices) or "
-            "urls=URL;URL (fixed replicas). Repeatable.",
+            "model=SERVED_NAME,context=TOKENS and service=SVC,port=P (Kubernetes "
+            "EndpointSlices) or urls=URL;URL (fixed replicas). Repeatable.",
         ),
     ],
     service: Annotated[
@@ -121,7 +121,16 @@ def router_command(
     slo_attainment_target: Annotated[
         float, typer.Option(help="Share of requests that should meet the targets.")
     ] = 0.99,
-    max_request_bytes: Annotated[int, typer.Option(help="Larger bodies get 413.")] = 16 * 1024**2,
+    max_request_bytes: Annotated[
+        int | None,
+        typer.Option(help="Larger bodies get 413 (default: 32 per token of context, 1-16 MiB)."),
+    ] = None,
+    max_in_flight_requests: Annotated[
+        int, typer.Option(help="Requests held at once; more get 503.")
+    ] = 8192,
+    max_in_flight_bytes: Annotated[
+        int, typer.Option(help="Request bytes held at once; more get 503 (memory: ~4x this).")
+    ] = 128 * 1024**2,
     max_attempts: Annotated[int, typer.Option(help="Replicas tried per request.")] = 3,
     drain_delay: Annotated[
         float, typer.Option(help="Seconds /health says 503 before the listener closes.")
@@ -144,6 +153,8 @@ def router_command(
             backends=parse_backends(backend),
             slo=RequestSlo(slo_ttft_p95_ms, slo_tpot_p95_ms, slo_attainment_target),
             max_request_bytes=max_request_bytes,
+            max_in_flight_requests=max_in_flight_requests,
+            max_in_flight_bytes=max_in_flight_bytes,
             max_attempts=max_attempts,
             drain_delay_s=drain_delay,
             drain_timeout_s=drain_timeout,

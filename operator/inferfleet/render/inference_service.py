@@ -159,6 +159,11 @@ def router_args(
     return args
 
 
+ROUTER_MEMORY_LIMIT: Final = "1Gi"
+"""The router container's memory limit: its idle size (about 70 MiB) plus four times the
+request bytes it holds at most by default (128 MiB), with room to spare."""
+
+
 def _router_container(image: str, args: list[str]) -> dict[str, Any]:
     health = {"path": "/health", "port": PORT_NAME}
     return {
@@ -173,9 +178,13 @@ def _router_container(image: str, args: list[str]) -> dict[str, Any]:
                 "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
             }
         ],
-        # Requests only: the proxy's CPU need follows the request rate, and a CPU limit would
-        # throttle streaming responses.
-        "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}},
+        # No CPU limit: the proxy's CPU need follows the request rate, and a limit would
+        # throttle streaming responses. Memory is bounded by the router's own caps on what
+        # it holds (`RouterConfig.max_in_flight_bytes`): the limit stops a leak, not load.
+        "resources": {
+            "requests": {"cpu": "250m", "memory": "256Mi"},
+            "limits": {"memory": ROUTER_MEMORY_LIMIT},
+        },
         "readinessProbe": {
             "httpGet": dict(health),
             "periodSeconds": 5,

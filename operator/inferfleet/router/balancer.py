@@ -20,6 +20,7 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from inferfleet.api.model_deployment import Role
+from inferfleet.router.requests import PREFIX_BLOCKS
 
 
 @dataclass(eq=False, slots=True)
@@ -42,7 +43,7 @@ class PrefixIndex:
     least recently used first out."""
 
     capacity: int = 200_000
-    max_blocks: int = 64
+    max_blocks: int = PREFIX_BLOCKS
     """Blocks of a prompt looked at: past it, a longer match rarely changes the choice."""
     _entries: OrderedDict[int, set[str]] = field(default_factory=OrderedDict)
 

@@ -27,6 +27,12 @@ from inferfleet.slo import Slo
 _BACKEND_KEYS = (
     "deployment", "role", "engine", "weight", "model", "context", "service", "port", "urls",
 )  # fmt: skip
+MIB = 1024**2
+BODY_BYTES_PER_CONTEXT_TOKEN = 32
+"""A request body's bytes per token of context, at most: about four characters a token, each
+up to six bytes as a JSON escape, plus the envelope. A body beyond the model's context in this
+measure cannot be a prompt the model takes."""
+BODY_BYTES_RANGE = (1 * MIB, 16 * MIB)
 LONGEST_CONTEXT = 10_485_760
 """The most tokens any model of the catalog takes (`ModelArchitecture.max_context_length`'s
 bound): what a backend given without `context` is taken to hold."""
@@ -126,8 +132,22 @@ class RouterConfig:
     slo: Slo = field(default_factory=Slo)
     namespace: str | None = None
     discovery: DiscoveryMode = DiscoveryMode.ENDPOINT_SLICES
-    max_request_bytes: int = 16 * 1024**2
-    """Larger bodies get 413 before they are read."""
+    max_request_bytes: int | None = None
+    """Larger bodies get 413 before they are read; None: from the backends' context
+    (`request_bytes_limit`)."""
+    max_in_flight_requests: int = 8192
+    """Requests held at once (read, queued or streaming); more get 503 with Retry-After."""
+    max_in_flight_bytes: int = 128 * MIB
+    """Bytes of request bodies held at once (each counted at its Content-Length, or at the
+    body limit when it has none, before it is read); more get 503 with Retry-After. A request
+    held costs about three times its body (the bytes read, the parsed body, the body sent
+    upstream): the router's memory stays within about four times this over its idle size,
+    whatever the clients send (`render.inference_service.ROUTER_MEMORY_LIMIT` holds that)."""
+    idle_timeout_s: float = 15.0
+    """A connection that has not sent a whole request header within this, or sits idle
+    between requests, is closed."""
+    body_read_timeout_s: float = 30.0
+    """A body that has not arrived whole within this gets 408."""
     max_attempts: int = 3
     """Replicas tried for a request before giving up; only while nothing has been sent back."""
     retry_after_s: int = 1
@@ -157,8 +177,23 @@ class RouterConfig:
                     f"deployment {deployment}: roles must be aggregated, or prefill and decode;"
                     f" got {', '.join(sorted(roles))}"
                 )
-        if self.max_attempts < 1 or self.max_request_bytes < 1:
-            raise RouterConfigError("max attempts and max request bytes must be positive")
+        limits = (
+            self.max_attempts,
+            self.max_request_bytes or 1,
+            self.max_in_flight_requests,
+            self.max_in_flight_bytes,
+        )
+        if min(limits) < 1 or min(self.idle_timeout_s, self.body_read_timeout_s) <= 0:
+            raise RouterConfigError("attempts, limits and timeouts must be positive")
+
+    @property
+    def request_bytes_limit(self) -> int:
+        """`max_request_bytes`, or the longest context's worth of body bytes within
+        `BODY_BYTES_RANGE`."""
+        if self.max_request_bytes is not None:
+            return self.max_request_bytes
+        low, high = BODY_BYTES_RANGE
+        return min(high, max(low, self.longest_context * BODY_BYTES_PER_CONTEXT_TOKEN))
 
     def deployments(self) -> list[str]:
         return sorted({backend.deployment for backend in self.backends})

@@ -19,8 +19,12 @@ Failures:
   passes again. Once a byte has been sent back, nothing is retried;
 * a stream cut after it started: the client gets an error event (vLLM's shape) and `[DONE]`,
   and the request counts as failed;
-* a body over `max_request_bytes`: 413, before it is read; one that is not JSON, or nests
-  deeper than the parser goes: 400;
+* more requests or request bytes held than the router's limits (`max_in_flight_requests`,
+  `max_in_flight_bytes`): 503 with `Retry-After`, before the body is read;
+* a body over the limit (`RouterConfig.request_bytes_limit`, from the model's context): 413,
+  before it is read; one that has not arrived within `body_read_timeout_s`: 408; one that is
+  not JSON, or nests deeper than the parser goes: 400;
+* a connection without a whole request header, or idle, for `idle_timeout_s`: closed;
 * a `model` that no backend serves: 404 (as the engines and OpenAI's API answer it), naming
   the models served; requests naming a model go only to the deployments that serve it.
 Answers the engine refuses (4xx) pass through unchanged and are not judged against the SLO.
@@ -153,6 +157,8 @@ class Router:
             self.balancer.declare(backend.deployment, backend.role)
             self.metrics.declare(backend.deployment)
         self.draining = False
+        self._held_requests = 0
+        self._held_bytes = 0
         self._session: aiohttp.ClientSession | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -255,21 +261,58 @@ class Router:
         return await self.generate(request, chat=True)
 
     async def generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+        """Admit the request within the router's limits (its body counted at its declared
+        size before a byte of it is read), then serve it."""
+        config = self.config
+        limit = config.request_bytes_limit
+        size = request.content_length
+        held = limit if size is None else min(size, limit)
+        if (
+            self._held_requests >= config.max_in_flight_requests
+            or self._held_bytes + held > config.max_in_flight_bytes
+        ):
+            self.metrics.rejected.labels(config.service, "overloaded").inc()
+            return error_response(
+                f"the router holds as many requests as it may ({config.max_in_flight_requests}"
+                f" requests, {config.max_in_flight_bytes} bytes of them)",
+                503,
+                "ServiceUnavailableError",
+                headers={"Retry-After": str(config.retry_after_s)},
+            )
+        self._held_requests += 1
+        self._held_bytes += held
+        try:
+            return await self._admitted(request, chat=chat)
+        finally:
+            self._held_requests -= 1
+            self._held_bytes -= held
+
+    async def _admitted(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
         loop = asyncio.get_running_loop()
         service = self.config.service
         timing = _Timing(arrived=loop.time())
         try:
-            raw = await request.read()
+            async with asyncio.timeout(self.config.body_read_timeout_s):
+                raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
             self.metrics.rejected.labels(service, "too_large").inc()
             return error_response(
-                f"the request body exceeds {self.config.max_request_bytes} bytes",
+                f"the request body exceeds {self.config.request_bytes_limit} bytes",
                 413,
                 "RequestEntityTooLargeError",
             )
+        except TimeoutError:
+            self.metrics.rejected.labels(service, "body_timeout").inc()
+            return error_response(
+                f"the request body did not arrive within {self.config.body_read_timeout_s:g} s",
+                408,
+                "RequestTimeoutError",
+            )
         try:
+            parsed = json.loads(raw)
+            del raw  # the parsed body is what is kept, for as long as the request runs
             routed = read_request(
-                json.loads(raw),
+                parsed,
                 chat=chat,
                 chars_per_token=self.chars_per_token.value,
                 longest_context=self.config.longest_context,
@@ -615,7 +658,7 @@ Discovery = Callable[[Router], Awaitable[None]]
 def create_app(config: RouterConfig, discovery: Discovery | None = None) -> web.Application:
     """The router as an aiohttp application; `discovery` runs while the app does."""
     router = Router(config)
-    app = web.Application(client_max_size=config.max_request_bytes)
+    app = web.Application(client_max_size=config.request_bytes_limit)
     app[ROUTER] = router
     app.router.add_post("/v1/completions", router.completions)
     app.router.add_post("/v1/chat/completions", router.chat_completions)
@@ -649,6 +692,7 @@ class RouterServer:
             app,
             handler_cancellation=True,
             shutdown_timeout=config.drain_timeout_s,
+            keepalive_timeout=config.idle_timeout_s,
             access_log=None,
         )
         self._stopped = False

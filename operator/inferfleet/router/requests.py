@@ -36,6 +36,9 @@ from inferfleet.router.config import LONGEST_CONTEXT
 
 CHARS_PER_TOKEN = 4
 PREFIX_BLOCK_CHARS = 512
+PREFIX_BLOCKS = 64
+"""Leading blocks of a prompt hashed for affinity (`balancer.PrefixIndex.max_blocks` looks at
+no more): a long prompt costs no more to hash than 32 KiB of it."""
 DEFAULT_MAX_TOKENS_ESTIMATE = 256
 """Output tokens assumed for load when a chat request sets no limit."""
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -122,7 +125,10 @@ def _text_of(body: Mapping[str, Any], chat: bool) -> tuple[str, int | None]:
 def _chained_hashes(text: str) -> tuple[int, ...]:
     blocks: list[int] = []
     previous = b""
-    encoded = text.encode()
+    # A character is at least a byte: this many characters hold the blocks hashed.
+    encoded = text[: PREFIX_BLOCK_CHARS * PREFIX_BLOCKS].encode()[
+        : PREFIX_BLOCK_CHARS * PREFIX_BLOCKS
+    ]
     for start in range(0, len(encoded) - PREFIX_BLOCK_CHARS + 1, PREFIX_BLOCK_CHARS):
         digest = hashlib.blake2b(
             previous + encoded[start : start + PREFIX_BLOCK_CHARS], digest_size=8
