@@ -16,6 +16,7 @@ from inferfleet.cli.common import EXIT_INVALID, app
 from inferfleet.engines.common import DEFAULT_SIM_ENGINE_IMAGE
 from inferfleet.render import DEFAULT_ROUTER_IMAGE
 from inferfleet.router.config import DiscoveryMode, RouterConfig, parse_backends
+from inferfleet.router.tenants import parse_tenant
 from inferfleet.slo import Slo as RequestSlo
 
 # `reconcile.leadership.DEFAULT_ELECTION_ID`, written here so that `--help` does not load the
@@ -90,17 +91,38 @@ def sim_engine_command(
     )  # fmt: skip
 
 
+# Options of `inferfleet router` that the renderer sets, named here to keep the command short.
+BackendFlags = Annotated[
+    list[str],
+    typer.Option(
+        "--backend",
+        help="A deployment's role: deployment=NAME,role=ROLE,engine=ENGINE,weight=W,"
+        "model=SERVED_NAME,context=TOKENS and service=SVC,port=P (Kubernetes "
+        "EndpointSlices) or urls=URL;URL (fixed replicas). Repeatable.",
+    ),
+]
+TenantFlags = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--tenant",
+        help="A tenant: name=NAME,keys=DIR (one API key per file: a mounted Secret), and "
+        "optional rps=, tpm= (tokens a minute), concurrency=, models=M;M. Repeatable; with "
+        "any, every request needs a tenant's key.",
+    ),
+]
+MaxRequestBytes = Annotated[
+    int | None,
+    typer.Option(help="Larger bodies get 413 (default: 32 per token of context, 1-16 MiB)."),
+]
+MaxInFlightRequests = Annotated[int, typer.Option(help="Requests held at once; more get 503.")]
+MaxInFlightBytes = Annotated[
+    int, typer.Option(help="Request bytes held at once; more get 503 (memory: ~4x this).")
+]
+
+
 @app.command("router")
 def router_command(
-    backend: Annotated[
-        list[str],
-        typer.Option(
-            "--backend",
-            help="A deployment's role: deployment=NAME,role=ROLE,engine=ENGINE,weight=W,"
-            "model=SERVED_NAME,context=TOKENS and service=SVC,port=P (Kubernetes "
-            "EndpointSlices) or urls=URL;URL (fixed replicas). Repeatable.",
-        ),
-    ],
+    backend: BackendFlags,
     service: Annotated[
         str, typer.Option(help="The InferenceService's name: the service label of metrics.")
     ],
@@ -121,16 +143,10 @@ def router_command(
     slo_attainment_target: Annotated[
         float, typer.Option(help="Share of requests that should meet the targets.")
     ] = 0.99,
-    max_request_bytes: Annotated[
-        int | None,
-        typer.Option(help="Larger bodies get 413 (default: 32 per token of context, 1-16 MiB)."),
-    ] = None,
-    max_in_flight_requests: Annotated[
-        int, typer.Option(help="Requests held at once; more get 503.")
-    ] = 8192,
-    max_in_flight_bytes: Annotated[
-        int, typer.Option(help="Request bytes held at once; more get 503 (memory: ~4x this).")
-    ] = 128 * 1024**2,
+    tenant: TenantFlags = None,
+    max_request_bytes: MaxRequestBytes = None,
+    max_in_flight_requests: MaxInFlightRequests = 8192,
+    max_in_flight_bytes: MaxInFlightBytes = 128 * 1024**2,
     max_attempts: Annotated[int, typer.Option(help="Replicas tried per request.")] = 3,
     drain_delay: Annotated[
         float, typer.Option(help="Seconds /health says 503 before the listener closes.")
@@ -151,6 +167,7 @@ def router_command(
             namespace=namespace,
             discovery=discovery,
             backends=parse_backends(backend),
+            tenants=tuple(parse_tenant(t) for t in tenant or ()),
             slo=RequestSlo(slo_ttft_p95_ms, slo_tpot_p95_ms, slo_attainment_target),
             max_request_bytes=max_request_bytes,
             max_in_flight_requests=max_in_flight_requests,

@@ -22,6 +22,7 @@ from enum import StrEnum
 from urllib.parse import urlsplit
 
 from inferfleet.api.model_deployment import EngineName, Role
+from inferfleet.router.tenants import TenantSpec
 from inferfleet.slo import Slo
 
 _BACKEND_KEYS = (
@@ -160,6 +161,10 @@ class RouterConfig:
     that endpoints stop sending it traffic before it closes its listener."""
     drain_timeout_s: float = 120.0
     """After the listener closes: how long in-flight streams may run on."""
+    tenants: tuple[TenantSpec, ...] = ()
+    """Who may call the service and how much (`router.tenants`); none: anyone, unlimited."""
+    key_reload_s: float = 10.0
+    """How often the tenants' key files are read again (a rotated Secret's new keys)."""
     affinity_slack_tokens: int = 8192
     """How many more outstanding tokens a replica holding a request's prefix may carry than
     the least loaded one and still be chosen for it."""
@@ -177,6 +182,9 @@ class RouterConfig:
                     f"deployment {deployment}: roles must be aggregated, or prefill and decode;"
                     f" got {', '.join(sorted(roles))}"
                 )
+        tenant_names = [tenant.name for tenant in self.tenants]
+        if len(set(tenant_names)) != len(tenant_names):
+            raise RouterConfigError("each tenant may be given once")
         limits = (
             self.max_attempts,
             self.max_request_bytes or 1,

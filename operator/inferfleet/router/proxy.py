@@ -19,6 +19,9 @@ Failures:
   passes again. Once a byte has been sent back, nothing is retried;
 * a stream cut after it started: the client gets an error event (vLLM's shape) and `[DONE]`,
   and the request counts as failed;
+* with tenants (`router.tenants`): no API key or one not theirs, 401; a model the tenant may
+  not use, 403; over the tenant's requests a second, tokens a minute or requests at once, 429
+  with `Retry-After`;
 * more requests or request bytes held than the router's limits (`max_in_flight_requests`,
   `max_in_flight_bytes`): 503 with `Retry-After`, before the body is read;
 * a body over the limit (`RouterConfig.request_bytes_limit`, from the model's context): 413,
@@ -42,6 +45,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -51,8 +55,10 @@ from aiohttp import web
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from inferfleet.api.model_deployment import EngineName, Role
+from inferfleet.router.answers import error_body, error_response, message_of
 from inferfleet.router.balancer import Balancer, Replica
 from inferfleet.router.config import Backend, RouterConfig
+from inferfleet.router.keyfiles import load_keys, reload_keys
 from inferfleet.router.metrics import RouterMetrics
 from inferfleet.router.requests import (
     BadRequestError,
@@ -64,6 +70,7 @@ from inferfleet.router.requests import (
     read_request,
     upstream_body,
 )
+from inferfleet.router.tenants import Refusal, Tenants
 from inferfleet.serving import serve_until_signalled
 from inferfleet.slo import Outcome
 from inferfleet.streaming import DONE_EVENT, TokenStream
@@ -76,16 +83,6 @@ HEALTH_TIMEOUT_S = 2.0
 _SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 
 ROUTER: web.AppKey[Router] = web.AppKey("router")
-
-
-def error_body(message: str, status: int, kind: str) -> dict[str, Any]:
-    return {"error": {"message": message, "type": kind, "param": None, "code": status}}
-
-
-def error_response(
-    message: str, status: int, kind: str, headers: dict[str, str] | None = None
-) -> web.Response:
-    return web.json_response(error_body(message, status, kind), status=status, headers=headers)
 
 
 class _NoReplicaError(Exception):
@@ -156,6 +153,7 @@ class Router:
         for backend in config.backends:
             self.balancer.declare(backend.deployment, backend.role)
             self.metrics.declare(backend.deployment)
+        self.tenants = Tenants(config.tenants)
         self.draining = False
         self._held_requests = 0
         self._held_bytes = 0
@@ -178,6 +176,9 @@ class Router:
             if backend.urls:
                 self.set_replicas(backend.deployment, backend.role, backend.urls)
         self._spawn(self._health_loop())
+        if self.tenants.enforced:
+            await asyncio.to_thread(load_keys, self.tenants)
+            self._spawn(reload_keys(self.tenants, self.config.key_reload_s))
 
     async def close(self) -> None:
         for task in list(self._tasks):
@@ -261,8 +262,34 @@ class Router:
         return await self.generate(request, chat=True)
 
     async def generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
-        """Admit the request within the router's limits (its body counted at its declared
-        size before a byte of it is read), then serve it."""
+        """Who sends it and whether they may now (with tenants); then within the router's own
+        limits (its body counted at its declared size before a byte of it is read); then
+        serve it."""
+        tenant: str | None = None
+        if self.tenants.enforced:
+            who = self.tenants.authenticate(request.headers)
+            if isinstance(who, Refusal):
+                return self._refuse(who, "unauthenticated")
+            refused = self.tenants.admit(who, asyncio.get_running_loop().time())
+            if refused is not None:
+                return self._refuse(refused, "rate_limited")
+            tenant = who
+        try:
+            return await self._held(request, chat=chat, tenant=tenant)
+        finally:
+            if tenant is not None:
+                self.tenants.end(tenant)
+
+    def _refuse(self, refusal: Refusal, reason: str) -> web.Response:
+        self.metrics.rejected.labels(self.config.service, reason).inc()
+        headers = None
+        if refusal.retry_after_s is not None:
+            headers = {"Retry-After": str(max(1, math.ceil(refusal.retry_after_s)))}
+        return error_response(refusal.message, refusal.status, refusal.kind, headers=headers)
+
+    async def _held(
+        self, request: web.Request, *, chat: bool, tenant: str | None
+    ) -> web.StreamResponse:
         config = self.config
         limit = config.request_bytes_limit
         size = request.content_length
@@ -282,12 +309,14 @@ class Router:
         self._held_requests += 1
         self._held_bytes += held
         try:
-            return await self._admitted(request, chat=chat)
+            return await self._admitted(request, chat=chat, tenant=tenant)
         finally:
             self._held_requests -= 1
             self._held_bytes -= held
 
-    async def _admitted(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+    async def _admitted(
+        self, request: web.Request, *, chat: bool, tenant: str | None
+    ) -> web.StreamResponse:
         loop = asyncio.get_running_loop()
         service = self.config.service
         timing = _Timing(arrived=loop.time())
@@ -335,8 +364,19 @@ class Router:
                 404,
                 "NotFoundError",
             )
+        charged = 0
+        if tenant is not None:
+            charged = routed.prompt_tokens_estimate + routed.max_tokens_estimate
+            refused = self.tenants.may_use(tenant, routed.model)
+            if refused is not None:
+                return self._refuse(refused, "forbidden")
+            refused = self.tenants.charge(tenant, charged, loop.time())
+            if refused is not None:
+                return self._refuse(refused, "rate_limited")
         deployment = self.balancer.choose_deployment(among)
         if deployment is None:
+            if tenant is not None:
+                self.tenants.refund(tenant, charged, loop.time())
             serving = "any deployment" if routed.model is None else repr(routed.model)
             return self._unavailable(f"no replica of {serving} is healthy")
 
@@ -373,6 +413,9 @@ class Router:
             self.metrics.in_flight.labels(service).dec()
             if judged is not None:
                 self._record(deployment, judged, timing, loop.time())
+            if tenant is not None:
+                used = (timing.prompt_tokens or routed.prompt_tokens_estimate) + timing.tokens
+                self.tenants.refund(tenant, charged - used, loop.time())
 
     def _unavailable(self, message: str) -> web.Response:
         self.metrics.rejected.labels(self.config.service, "no_replica").inc()
@@ -457,7 +500,7 @@ class Router:
                         continue
                     if response.status != 200:
                         raise _UpstreamFailedError(
-                            _message_of(answer, f"prefill answered {response.status}"),
+                            message_of(answer, f"prefill answered {response.status}"),
                             response.status,
                         )
                 self.balancer.record_prefix(replica, routed.prefix_blocks)
@@ -634,12 +677,6 @@ async def _to_client(client: web.StreamResponse, sending: Awaitable[object]) -> 
         await sending
     except (ConnectionError, aiohttp.ClientConnectionError) as error:
         raise _ClientGoneError(client) from error
-
-
-def _message_of(answer: bytes, fallback: str) -> str:
-    with contextlib.suppress(ValueError, TypeError, KeyError):
-        return str(json.loads(answer)["error"]["message"])
-    return fallback
 
 
 def _usage_into(timing: _Timing, answer: bytes) -> None:
