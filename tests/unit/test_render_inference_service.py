@@ -15,6 +15,8 @@ from inferfleet.render import (
     render_model_deployment,
     router_service_name,
 )
+from inferfleet.render.inference_service import TENANT_KEYS_DIR
+from inferfleet.router.tenants import TenantSpec, parse_tenant
 from tests.unit.golden import check_golden
 from tests.unit.golden.specs import (
     AGGREGATED_EXAMPLE,
@@ -232,3 +234,40 @@ def test_the_router_may_read_endpointslices_of_its_namespace_and_nothing_else() 
     ]
     pod = objects["Deployment"]["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == objects["ServiceAccount"]["metadata"]["name"]
+
+
+def test_tenants_reach_the_router_as_mounted_key_secrets_and_flags() -> None:
+    """Each tenant's Secret is mounted where its `--tenant` flag says its keys are, readable
+    by the router's group only; the flags parse as the router parses them."""
+    isvc = service(
+        [{"name": "llama"}],
+        slo={"ttftP95Ms": 500},
+        tenants=[
+            {"name": "search", "apiKeySecret": "search-keys", "models": ["llama-3.1-8b"],
+             "limits": {"requestsPerSecond": 2.5, "tokensPerMinute": 60000,
+                        "maxConcurrentRequests": 8}},
+            {"name": "batch", "apiKeySecret": "batch-keys"},
+        ],
+    )  # fmt: skip
+    objects = render_inference_service(isvc, {"llama": model_deployment(aggregated_spec())})
+    deployment = router(objects)
+    pod = deployment["spec"]["template"]["spec"]
+    args = pod["containers"][0]["args"]
+    flags = [parse_tenant(args[i + 1]) for i, a in enumerate(args) if a == "--tenant"]
+    assert flags == [
+        TenantSpec("search", f"{TENANT_KEYS_DIR}/search", 2.5, 60000.0, 8, ("llama-3.1-8b",)),
+        TenantSpec("batch", f"{TENANT_KEYS_DIR}/batch"),
+    ]
+    secrets = {v["name"]: v["secret"] for v in pod["volumes"] if "secret" in v}
+    mounts = {m["mountPath"]: m for m in pod["containers"][0]["volumeMounts"]}
+    for flag in flags:
+        mount = mounts[flag.keys]
+        assert mount["readOnly"] is True
+        assert secrets[mount["name"]]["defaultMode"] == 0o440
+    assert [s["secretName"] for s in secrets.values()] == ["search-keys", "batch-keys"]
+    # A key rotation changes the Secret only: nothing here names a key.
+    no_tenants = render_inference_service(
+        service([{"name": "llama"}], slo={"ttftP95Ms": 500}),
+        {"llama": model_deployment(aggregated_spec())},
+    )
+    assert "--tenant" not in router_args(no_tenants)

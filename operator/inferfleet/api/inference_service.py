@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, StringConstraints
 
 from inferfleet.api.common import Condition, CrossFieldRule, StatusModel, WireModel
 from inferfleet.api.model_deployment import MAX_REPLICAS, MODEL_NAME_PATTERN, Role
@@ -15,6 +15,8 @@ KIND = "InferenceService"
 PLURAL = "inferenceservices"
 
 MAX_VARIANTS = 8
+MAX_TENANTS = 64
+TENANT_NAME_PATTERN = r"^[a-z0-9]([a-z0-9\-]*[a-z0-9])?$"
 
 
 class DeploymentRef(WireModel):
@@ -125,6 +127,51 @@ class AutoscalingSpec(WireModel):
     )
 
 
+class TenantLimits(WireModel):
+    requests_per_second: float | None = Field(
+        default=None,
+        gt=0,
+        le=1_000_000,
+        description="Requests a second (a token bucket holding one second's worth).",
+    )
+    tokens_per_minute: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000_000_000,
+        description="Prompt plus max_tokens a minute (a bucket holding one minute's worth); "
+        "what a request did not use is given back.",
+    )
+    max_concurrent_requests: int | None = Field(
+        default=None, ge=1, le=1_000_000, description="Requests running at once."
+    )
+
+
+class Tenant(WireModel):
+    """A team or application that calls the endpoint with keys of its own."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=63,
+        pattern=TENANT_NAME_PATTERN,
+        description="The tenant, as the router's answers and metrics name it.",
+    )
+    api_key_secret: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=MODEL_NAME_PATTERN,
+        description="A Secret in the same namespace: each of its values is an API key of this "
+        "tenant (add a new key, move clients over, delete the old: no restart).",
+    )
+    models: list[Annotated[str, StringConstraints(min_length=1, max_length=256)]] = Field(
+        default_factory=list,
+        max_length=MAX_VARIANTS,
+        description="Served model names the tenant may ask for; empty: every one.",
+    )
+    limits: TenantLimits = Field(
+        default_factory=TenantLimits, description="How much it may ask; unset: no limit."
+    )
+
+
 class InferenceServiceSpec(WireModel):
     deployments: list[DeploymentRef] = Field(
         min_length=1,
@@ -137,6 +184,12 @@ class InferenceServiceSpec(WireModel):
     )
     autoscaling: AutoscalingSpec = Field(
         default_factory=AutoscalingSpec, description="How replicas follow demand."
+    )
+    tenants: list[Tenant] = Field(
+        default_factory=list,
+        max_length=MAX_TENANTS,
+        description="Who may call the endpoint, each with its API keys and limits; with any, "
+        "every request needs a tenant's key (Authorization: Bearer). Empty: anyone may.",
     )
 
 
@@ -153,6 +206,14 @@ SERVICE_RULES: tuple[CrossFieldRule[InferenceServiceSpec], ...] = (
         message="at least one deployment needs a weight above zero",
         holds=lambda s: any(d.weight > 0 for d in s.deployments),
         field_path=".deployments",
+    ),
+    CrossFieldRule(
+        cel="!has(self.tenants) || "
+        "self.tenants.all(t, self.tenants.filter(u, u.name == t.name).size() == 1)",
+        message="each tenant may be listed once",
+        holds=lambda s: len({t.name for t in s.tenants}) == len(s.tenants),
+        field_path=".tenants",
+        reason="FieldValueDuplicate",
     ),
 )
 InferenceServiceSpec.cross_field_rules = SERVICE_RULES

@@ -33,7 +33,7 @@ from typing import Any, Final
 
 from inferfleet import __version__
 from inferfleet.api.common import API_GROUP, API_VERSION
-from inferfleet.api.inference_service import KIND, DeploymentRef, InferenceService
+from inferfleet.api.inference_service import KIND, DeploymentRef, InferenceService, Tenant
 from inferfleet.api.model_deployment import ModelDeployment
 from inferfleet.engines import ENGINE_PORT, PORT_NAME, roles_of
 from inferfleet.render.common import (
@@ -156,7 +156,44 @@ def router_args(
     if slo.tpot_p95_ms is not None:
         args += ["--slo-tpot-p95-ms", f"{slo.tpot_p95_ms:g}"]
     args += ["--slo-attainment-target", f"{slo.attainment_target:g}"]
+    return args + tenant_args(isvc.spec.tenants)
+
+
+TENANT_KEYS_DIR: Final = "/etc/inferfleet/tenants"
+"""Where each tenant's key Secret is mounted in the router, one directory per tenant."""
+
+
+def tenant_args(tenants: Sequence[Tenant]) -> list[str]:
+    args = []
+    for tenant in tenants:
+        limits = tenant.limits
+        fields = [f"name={tenant.name}", f"keys={TENANT_KEYS_DIR}/{tenant.name}"]
+        if limits.requests_per_second is not None:
+            fields.append(f"rps={limits.requests_per_second:g}")
+        if limits.tokens_per_minute is not None:
+            fields.append(f"tpm={limits.tokens_per_minute}")
+        if limits.max_concurrent_requests is not None:
+            fields.append(f"concurrency={limits.max_concurrent_requests}")
+        if tenant.models:
+            fields.append("models=" + ";".join(tenant.models))
+        args += ["--tenant", ",".join(fields)]
     return args
+
+
+def tenant_volumes(tenants: Sequence[Tenant]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Each tenant's key Secret as a volume (readable by the router's group only) and its
+    mount. The kubelet updates the files when the Secret changes; the router reads them
+    again, so rotating a key rolls nothing out."""
+    # Numbered: a tenant's name may be as long as a volume's.
+    volumes = [
+        {"name": f"tenant-{i}", "secret": {"secretName": t.api_key_secret, "defaultMode": 0o440}}
+        for i, t in enumerate(tenants)
+    ]
+    mounts = [
+        {"name": f"tenant-{i}", "mountPath": f"{TENANT_KEYS_DIR}/{t.name}", "readOnly": True}
+        for i, t in enumerate(tenants)
+    ]
+    return volumes, mounts
 
 
 ROUTER_MEMORY_LIMIT: Final = "1Gi"
@@ -211,6 +248,9 @@ def router_deployment(
     discovery: DiscoveryMode = DiscoveryMode.ENDPOINT_SLICES,
 ) -> dict[str, Any]:
     labels = router_labels(owner.name)
+    tenant_secrets, tenant_mounts = tenant_volumes(isvc.spec.tenants)
+    router = _router_container(image, router_args(isvc, resolved, discovery))
+    router["volumeMounts"] += tenant_mounts
     template: dict[str, Any] = {
         "metadata": {
             "labels": dict(sorted(labels.items())),
@@ -226,8 +266,11 @@ def router_deployment(
             "automountServiceAccountToken": True,
             "enableServiceLinks": False,
             "securityContext": pod_security_context(ROUTER_UID),
-            "containers": [_router_container(image, router_args(isvc, resolved, discovery))],
-            "volumes": [{"name": SCRATCH_VOLUME, "emptyDir": {"sizeLimit": "64Mi"}}],
+            "containers": [router],
+            "volumes": [
+                {"name": SCRATCH_VOLUME, "emptyDir": {"sizeLimit": "64Mi"}},
+                *tenant_secrets,
+            ],
             # The two replicas on different nodes where there is room: one node's loss must
             # not take the endpoint down.
             "topologySpreadConstraints": [
