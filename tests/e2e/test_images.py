@@ -230,3 +230,69 @@ def test_a_deleted_pod_ends_its_container(fleet: Fleet) -> None:
     assert wait_until(lambda: not Path(f"/proc/{pid}").exists(), 90, 0.5), fleet.diagnostics()
     uid = engine["metadata"]["uid"][:8]
     assert not [c for c in fleet.containers() if c.endswith(uid)]
+
+
+def _routers_with_tenants(fleet: Fleet, namespace: str) -> list[str]:
+    """The pod IPs of the service's routers once every one running has its tenants' flags
+    (the rollout that added them is over) and answers its health check; [] until then."""
+    pods = [
+        p
+        for p in fleet.kubectl.json("get", "pods", "-n", namespace, "-l", ROUTERS)["items"]
+        if not p["metadata"].get("deletionTimestamp")
+    ]
+    if not pods or any(
+        p["status"].get("phase") != "Running"
+        or not p["status"].get("podIP")
+        or "--tenant" not in p["spec"]["containers"][0]["args"]
+        for p in pods
+    ):
+        return []
+    ips = sorted(p["status"]["podIP"] for p in pods)
+    return ips if all(_healthy(ip) for ip in ips) else []
+
+
+def _complete(ip: str, key: str | None) -> int:
+    headers = {} if key is None else {"Authorization": f"Bearer {key}"}
+    answer = httpx.post(
+        f"http://{ip}:{PORT}/v1/completions",
+        json={"model": MODEL, "prompt": "hello", "max_tokens": 2},
+        headers=headers,
+        timeout=30.0,
+    )
+    return answer.status_code
+
+
+def test_a_tenants_key_opens_its_own_service_and_no_other(fleet: Fleet) -> None:
+    """Two namespaces, a service each, a tenant each with a key in a Secret: the router
+    (from its image, in crun) reads the keys from the Secret mounted as the renderer mounts
+    it, as the router's user; a key opens its own service only."""
+    other = "images-tenant-b"
+    fleet.kubectl.run("create", "namespace", other)
+    fleet.kubectl.run("apply", "--server-side", "-n", other, "-f", str(EXAMPLE))
+    keys = {NAMESPACE: "key-of-team-a", other: "key-of-team-b"}
+    for namespace, tenant in ((NAMESPACE, "team-a"), (other, "team-b")):
+        fleet.kubectl.run(
+            "create", "secret", "generic", "chat-keys", "-n", namespace,
+            f"--from-literal=current={keys[namespace]}",
+        )  # fmt: skip
+        tenants = [{"name": tenant, "apiKeySecret": "chat-keys"}]
+        fleet.kubectl.run(
+            "patch", "infsvc", "chat", "-n", namespace, "--type=merge",
+            "-p", json.dumps({"spec": {"tenants": tenants}}),
+        )  # fmt: skip
+    routers: dict[str, list[str]] = {}
+    for namespace in (NAMESPACE, other):
+
+        def rolled_out(namespace: str = namespace) -> bool:
+            routers[namespace] = _routers_with_tenants(fleet, namespace)
+            return bool(routers[namespace])
+
+        assert wait_until(rolled_out, 240, 1.0), fleet.diagnostics()
+    own_a, own_b = routers[NAMESPACE][0], routers[other][0]
+    assert _complete(own_a, None) == 401
+    assert _complete(own_a, keys[other]) == 401
+    assert _complete(own_b, keys[NAMESPACE]) == 401
+    for ip in routers[NAMESPACE]:
+        assert _complete(ip, keys[NAMESPACE]) == 200
+    for ip in routers[other]:
+        assert _complete(ip, keys[other]) == 200

@@ -34,7 +34,9 @@ from inferfleet.devcluster.oci import (
     ImageConfig,
     ImageError,
     MountPoint,
+    SecretKeys,
     Token,
+    Volume,
     command_line,
     container_launch,
     crun_argv,
@@ -626,12 +628,28 @@ def test_container_env_wins_over_the_images() -> None:
         ({"name": "data", "hostPath": {"path": "/"}}, "hostPath is not supported"),
         ({"name": "data", "projected": {"sources": [{"secret": {"name": "s"}}]}},
          "not supported"),
+        ({"name": "keys", "secret": {"secretName": "s", "items": [{"key": "a", "path": "a"}]}},
+         "secret items are not supported"),
     ],
 )  # fmt: skip
 def test_volumes_the_agent_cannot_provide_are_refused(volume: Wire, match: str) -> None:
     pod = {"metadata": {"name": "p", "namespace": "n"}, "spec": {"volumes": [volume]}}
     with pytest.raises(ImageError, match=match):
         pod_volumes(pod)
+
+
+def test_a_secret_volume_is_every_key_in_its_mode_and_the_pods_fs_group() -> None:
+    pod = {
+        "metadata": {"name": "p", "namespace": "n"},
+        "spec": {
+            "securityContext": {"fsGroup": 65532},
+            "volumes": [{"name": "keys", "secret": {"secretName": "s", "defaultMode": 0o440}}],
+        },
+    }
+    assert pod_volumes(pod) == {"keys": Volume("keys", files=(SecretKeys("s", 0o440, 65532),))}
+    del pod["spec"]["securityContext"]
+    pod["spec"]["volumes"][0]["secret"] = {"secretName": "s"}
+    assert pod_volumes(pod)["keys"].files == (SecretKeys("s", 0o644, None),)
 
 
 def test_the_runtime_config_isolates_all_but_the_network() -> None:

@@ -36,8 +36,9 @@ PDEATHSIG, and stopped on SIGTERM.
 The OCI runtime mode (`--images STORE`): instead of the venv's `inferfleet`, each Running pod
 whose first container's image is in the store runs from that image through crun (`oci`): the
 kubelet's command/args rules over the image's entrypoint and cmd, the image's env under the
-container's, the pod's user, volumes (emptyDir, and the projected ServiceAccount token, CA
-and namespace that in-cluster clients read, with KUBERNETES_SERVICE_HOST/PORT naming this API
+container's, the pod's user, volumes (emptyDir; the projected ServiceAccount token, CA
+and namespace that in-cluster clients read; Secrets, written at each start, not updated in
+place as a kubelet updates them; with KUBERNETES_SERVICE_HOST/PORT naming this API
 server), in namespaces of its own but the host's network (routers and sim engines still get
 `--host <podIP>`). Any command runs so, the operator's `inferfleet run` too; a pod whose
 image is not in the store is left alone (said once). Restarts, probes, readiness, grace and
@@ -50,6 +51,7 @@ Everything that decides what to run is pure (`pod_process`, `oci_pod_process` an
 from __future__ import annotations
 
 import argparse
+import base64
 import dataclasses
 import json
 import logging
@@ -484,6 +486,9 @@ class PodSupervisor:
             return
         directory.chmod(0o755)
         for item in volume.files:
+            if isinstance(item, oci.SecretKeys):
+                self._write_secret(directory, item)
+                continue
             if isinstance(item, oci.Token):
                 content = kubelet_api.request_token(
                     self.context.kube,
@@ -506,6 +511,17 @@ class PodSupervisor:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(content)
             target.chmod(oci.PROJECTED_FILE_MODE)
+
+    def _write_secret(self, directory: Path, item: oci.SecretKeys) -> None:
+        found = self.context.kube.get("v1", "Secret", item.secret, self.pod.namespace)
+        if found is None:
+            raise LookupError(f"secret {item.secret} not found (yet)")
+        for key, value in (found.get("data") or {}).items():
+            target = directory / key
+            target.write_bytes(base64.b64decode(value))
+            if item.group is not None:
+                os.chown(target, -1, item.group)
+            target.chmod(item.mode)
 
     def _delete_container(self) -> None:
         subprocess.run(

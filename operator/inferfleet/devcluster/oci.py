@@ -12,7 +12,8 @@ environment (the image's, then the container's, then the API server's address), 
 (`runAsUser`/`runAsGroup`, else the image's user; `fsGroup` and `supplementalGroups` as
 extra groups; `runAsNonRoot` refused for uid 0), the mounts (`emptyDir` as a bind directory or,
 with `medium: Memory`, a tmpfs; `projected` volumes as files the agent writes: the
-ServiceAccount token, `ca.crt`, `namespace`), and the isolation: the host's network
+ServiceAccount token, `ca.crt`, `namespace`; `secret` volumes as a file per key, in the
+volume's `defaultMode` and the pod's `fsGroup`), and the isolation: the host's network
 namespace (the pod's IP is a loopback address the process binds to), its own pid, mount, ipc
 and uts namespaces, no capabilities, `no_new_privs`.
 """
@@ -195,7 +196,17 @@ class FieldValue:
     value: str
 
 
-ProjectedFile = Token | ConfigMapKey | FieldValue
+@dataclass(frozen=True)
+class SecretKeys:
+    """Every key of a Secret as a file named for it (a `secret` volume without `items`), in
+    `mode`, of the pod's `fsGroup` where it has one, as a kubelet writes them."""
+
+    secret: str
+    mode: int = PROJECTED_FILE_MODE
+    group: int | None = None
+
+
+ProjectedFile = Token | ConfigMapKey | FieldValue | SecretKeys
 
 
 @dataclass(frozen=True)
@@ -255,6 +266,17 @@ def pod_volumes(pod: Mapping[str, Any]) -> dict[str, Volume]:
         elif "projected" in volume:
             sources = volume["projected"].get("sources") or []
             volumes[name] = Volume(name, files=tuple(projected_files(pod, sources)))
+        elif "secret" in volume:
+            source = volume["secret"] or {}
+            if source.get("items"):
+                raise ImageError(f"volume {name}: secret items are not supported")
+            group = ((pod.get("spec") or {}).get("securityContext") or {}).get("fsGroup")
+            keys = SecretKeys(
+                str(source["secretName"]),
+                int(source.get("defaultMode", PROJECTED_FILE_MODE)),
+                None if group is None else int(group),
+            )
+            volumes[name] = Volume(name, files=(keys,))
         else:
             kinds = sorted(set(volume) - {"name"})
             raise ImageError(f"volume {name}: {', '.join(kinds)} is not supported")
