@@ -22,6 +22,7 @@ from enum import StrEnum
 from urllib.parse import urlsplit
 
 from inferfleet.api.model_deployment import EngineName, Role
+from inferfleet.router.flags import key_values
 from inferfleet.router.tenants import TenantSpec
 from inferfleet.slo import Slo
 
@@ -84,17 +85,7 @@ def _url(text: str) -> str:
 
 def parse_backend(text: str) -> Backend:
     """A `--backend` flag's value."""
-    fields: dict[str, str] = {}
-    for item in text.split(","):
-        key, sep, value = item.partition("=")
-        key = key.strip()
-        if not sep or key not in _BACKEND_KEYS:
-            raise RouterConfigError(
-                f"backend {text!r}: {item!r} is not one of {', '.join(_BACKEND_KEYS)} as key=value"
-            )
-        if key in fields:
-            raise RouterConfigError(f"backend {text!r}: {key} given twice")
-        fields[key] = value.strip()
+    fields = key_values(text, _BACKEND_KEYS, what="backend", error=RouterConfigError)
     missing = [key for key in _REQUIRED_KEYS if not fields.get(key)]
     if missing:
         raise RouterConfigError(f"backend {text!r}: missing {', '.join(missing)}")

@@ -27,6 +27,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from inferfleet.router.flags import key_values
+
 _TENANT_KEYS = ("name", "keys", "rps", "tpm", "concurrency", "models")
 
 
@@ -48,17 +50,7 @@ class TenantSpec:
 
 def parse_tenant(text: str) -> TenantSpec:
     """A `--tenant` flag's value."""
-    fields: dict[str, str] = {}
-    for item in text.split(","):
-        key, sep, value = item.partition("=")
-        key = key.strip()
-        if not sep or key not in _TENANT_KEYS:
-            raise TenantConfigError(
-                f"tenant {text!r}: {item!r} is not one of {', '.join(_TENANT_KEYS)} as key=value"
-            )
-        if key in fields:
-            raise TenantConfigError(f"tenant {text!r}: {key} given twice")
-        fields[key] = value.strip()
+    fields = key_values(text, _TENANT_KEYS, what="tenant", error=TenantConfigError)
     if not fields.get("name") or not fields.get("keys"):
         raise TenantConfigError(f"tenant {text!r}: name= and keys= are required")
     try:
