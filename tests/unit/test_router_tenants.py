@@ -195,3 +195,17 @@ async def test_two_tenants_keys_limits_and_a_rotation_without_restart(
     assert series(text, "inferfleet_router_rejected_requests_total", reason="rate_limited") >= 2
     assert series(text, "inferfleet_router_rejected_requests_total", reason="forbidden") == 1
     assert series(text, "inferfleet_router_requests_total") == 3  # refusals are not judged
+    # Usage per tenant: what each was served, and what each was refused.
+    assert series(text, "inferfleet_router_tenant_requests_total", tenant="a") == 3
+    assert series(text, "inferfleet_router_tenant_requests_total", tenant="b") == 0
+    assert series(text, "inferfleet_router_tenant_tokens_total", tenant="a", kind="output") == 3
+    assert series(text, "inferfleet_router_tenant_tokens_total", tenant="a", kind="prompt") > 0
+    assert series(text, "inferfleet_router_tenant_rejected_requests_total", tenant="a") == series(
+        text, "inferfleet_router_rejected_requests_total", reason="rate_limited"
+    )
+    assert (
+        series(
+            text, "inferfleet_router_tenant_rejected_requests_total", tenant="b", reason="forbidden"
+        )
+        == 1
+    )

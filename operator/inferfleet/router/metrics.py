@@ -12,6 +12,13 @@ InferenceService); the controller reads, over a window `w`:
 * the mix: `rate(inferfleet_router_prompt_tokens_total[w])` and `..._output_tokens_total`
   over the request rate.
 
+Per tenant (with tenants, `router.tenants`): finished requests by outcome
+(`inferfleet_router_tenant_requests_total{service,tenant,outcome}`), their prompt and output
+tokens (`inferfleet_router_tenant_tokens_total{service,tenant,kind}`, kind `prompt` or
+`output`) and the requests refused over the tenant's limits or models
+(`inferfleet_router_tenant_rejected_requests_total{service,tenant,reason}`): usage, and each
+tenant's attainment, from the router that served it.
+
 `role` on the per-role series: `aggregated`, or `prefill` and `decode` for a disaggregated
 pair, so time spent in each pool is visible (`inferfleet_router_upstream_seconds`: prefill =
 the prefill call, decode and aggregated = time to the first token of that call).
@@ -19,11 +26,28 @@ the prefill call, decode and aggregated = time to the first token of that call).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from inferfleet.slo import TPOT_BUCKETS_S, TTFT_BUCKETS_S, Outcome
 
 E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """A request judged against the SLO, as its series count it."""
+
+    deployment: str
+    outcome: Outcome
+    e2e_s: float
+    ttft_s: float | None
+    tpot_s: float | None
+    prompt_tokens: int | None
+    """The engine's count; None when it reported none."""
+    output_tokens: int
+    tenant: str | None = None
 
 
 class RouterMetrics:
@@ -128,7 +152,33 @@ class RouterMetrics:
             (*labels, "role", "state"),
             registry=self.registry,
         )
+        tenant = ("service", "tenant")
+        self.tenant_requests = Counter(
+            "inferfleet_router_tenant_requests",
+            "Requests finished per tenant, by SLO outcome (as inferfleet_router_requests).",
+            (*tenant, "outcome"),
+            registry=self.registry,
+        )
+        self.tenant_tokens = Counter(
+            "inferfleet_router_tenant_tokens",
+            "Tokens per tenant of the requests finished: kind prompt or output.",
+            (*tenant, "kind"),
+            registry=self.registry,
+        )
+        self.tenant_rejected = Counter(
+            "inferfleet_router_tenant_rejected_requests",
+            "Requests of a tenant refused over its limits (rate_limited) or models (forbidden).",
+            (*tenant, "reason"),
+            registry=self.registry,
+        )
         self.in_flight.labels(service).set(0)
+
+    def declare_tenant(self, tenant: str) -> None:
+        """Create a tenant's series at zero (see `declare`)."""
+        for outcome in Outcome:
+            self.tenant_requests.labels(self.service, tenant, outcome.value)
+        for kind in ("prompt", "output"):
+            self.tenant_tokens.labels(self.service, tenant, kind)
 
     def declare(self, deployment: str) -> None:
         """Create a deployment's outcome series at zero, so that `rate()` and `increase()`
@@ -145,5 +195,23 @@ class RouterMetrics:
         ):
             series.labels(self.service, deployment)
 
-    def outcome(self, deployment: str, outcome: Outcome) -> None:
-        self.requests.labels(self.service, deployment, outcome.value).inc()
+    def finished(self, request: Finished) -> None:
+        labels = (self.service, request.deployment)
+        self.requests.labels(*labels, request.outcome.value).inc()
+        self.e2e.labels(*labels).observe(request.e2e_s)
+        if request.ttft_s is not None:
+            self.ttft.labels(*labels).observe(request.ttft_s)
+        if request.tpot_s is not None:
+            self.tpot.labels(*labels).observe(request.tpot_s)
+        if request.prompt_tokens is not None:
+            self.prompt_tokens.labels(*labels).inc(request.prompt_tokens)
+        if request.output_tokens:
+            self.output_tokens.labels(*labels).inc(request.output_tokens)
+        if request.tenant is None:
+            return
+        per_tenant = (self.service, request.tenant)
+        self.tenant_requests.labels(*per_tenant, request.outcome.value).inc()
+        if request.prompt_tokens is not None:
+            self.tenant_tokens.labels(*per_tenant, "prompt").inc(request.prompt_tokens)
+        if request.output_tokens:
+            self.tenant_tokens.labels(*per_tenant, "output").inc(request.output_tokens)

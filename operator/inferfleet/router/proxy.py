@@ -59,7 +59,7 @@ from inferfleet.router.answers import error_body, error_response, message_of
 from inferfleet.router.balancer import Balancer, Replica
 from inferfleet.router.config import Backend, RouterConfig
 from inferfleet.router.keyfiles import load_keys, reload_keys
-from inferfleet.router.metrics import RouterMetrics
+from inferfleet.router.metrics import Finished, RouterMetrics
 from inferfleet.router.requests import (
     BadRequestError,
     CharsPerToken,
@@ -154,6 +154,8 @@ class Router:
             self.balancer.declare(backend.deployment, backend.role)
             self.metrics.declare(backend.deployment)
         self.tenants = Tenants(config.tenants)
+        for tenant in config.tenants:
+            self.metrics.declare_tenant(tenant.name)
         self.draining = False
         self._held_requests = 0
         self._held_bytes = 0
@@ -272,7 +274,7 @@ class Router:
                 return self._refuse(who, "unauthenticated")
             refused = self.tenants.admit(who, asyncio.get_running_loop().time())
             if refused is not None:
-                return self._refuse(refused, "rate_limited")
+                return self._refuse(refused, "rate_limited", who)
             tenant = who
         try:
             return await self._held(request, chat=chat, tenant=tenant)
@@ -280,8 +282,10 @@ class Router:
             if tenant is not None:
                 self.tenants.end(tenant)
 
-    def _refuse(self, refusal: Refusal, reason: str) -> web.Response:
+    def _refuse(self, refusal: Refusal, reason: str, tenant: str | None = None) -> web.Response:
         self.metrics.rejected.labels(self.config.service, reason).inc()
+        if tenant is not None:
+            self.metrics.tenant_rejected.labels(self.config.service, tenant, reason).inc()
         headers = None
         if refusal.retry_after_s is not None:
             headers = {"Retry-After": str(max(1, math.ceil(refusal.retry_after_s)))}
@@ -369,10 +373,10 @@ class Router:
             charged = routed.prompt_tokens_estimate + routed.max_tokens_estimate
             refused = self.tenants.may_use(tenant, routed.model)
             if refused is not None:
-                return self._refuse(refused, "forbidden")
+                return self._refuse(refused, "forbidden", tenant)
             refused = self.tenants.charge(tenant, charged, loop.time())
             if refused is not None:
-                return self._refuse(refused, "rate_limited")
+                return self._refuse(refused, "rate_limited", tenant)
         deployment = self.balancer.choose_deployment(among)
         if deployment is None:
             if tenant is not None:
@@ -412,7 +416,7 @@ class Router:
         finally:
             self.metrics.in_flight.labels(service).dec()
             if judged is not None:
-                self._record(deployment, judged, timing, loop.time())
+                self._record(deployment, tenant, judged, timing, loop.time())
             if tenant is not None:
                 used = (timing.prompt_tokens or routed.prompt_tokens_estimate) + timing.tokens
                 self.tenants.refund(tenant, charged - used, loop.time())
@@ -426,22 +430,24 @@ class Router:
             headers={"Retry-After": str(self.config.retry_after_s)},
         )
 
-    def _record(self, deployment: str, outcome: Outcome, timing: _Timing, now: float) -> None:
-        labels = (self.config.service, deployment)
-        metrics = self.metrics
-        metrics.outcome(deployment, outcome)
-        metrics.e2e.labels(*labels).observe(now - timing.arrived)
-        if timing.first_token is not None:
-            metrics.ttft.labels(*labels).observe(timing.first_token - timing.arrived)
-        tpot = self._tpot(timing)
-        if tpot is not None:
-            metrics.tpot.labels(*labels).observe(tpot)
-        if timing.prompt_tokens is not None:
-            metrics.prompt_tokens.labels(*labels).inc(timing.prompt_tokens)
-            if timing.prompt_chars is not None:
-                self.chars_per_token.observe(timing.prompt_chars, timing.prompt_tokens)
-        if timing.tokens:
-            metrics.output_tokens.labels(*labels).inc(timing.tokens)
+    def _record(
+        self, deployment: str, tenant: str | None, outcome: Outcome, timing: _Timing, now: float
+    ) -> None:
+        first = timing.first_token
+        self.metrics.finished(
+            Finished(
+                deployment,
+                outcome,
+                e2e_s=now - timing.arrived,
+                ttft_s=None if first is None else first - timing.arrived,
+                tpot_s=self._tpot(timing),
+                prompt_tokens=timing.prompt_tokens,
+                output_tokens=timing.tokens,
+                tenant=tenant,
+            )
+        )
+        if timing.prompt_tokens is not None and timing.prompt_chars is not None:
+            self.chars_per_token.observe(timing.prompt_chars, timing.prompt_tokens)
 
     @staticmethod
     def _tpot(timing: _Timing) -> float | None:
