@@ -19,6 +19,7 @@ from inferfleet.render import (
     spec_hash,
 )
 from inferfleet.render.common import dns_label, label_value
+from inferfleet.render.model_deployment import CPUS_PER_GPU
 from tests.unit.golden import check_golden
 from tests.unit.golden.specs import (
     AGGREGATED_EXAMPLE,
@@ -201,13 +202,40 @@ def test_gpu_requests_follow_parallelism(
 ) -> None:
     spec = spec_on(engine, parallelism={"tensor": tensor, "pipeline": pipeline})
     (container,) = pod_spec(render(spec)[-1])["containers"]
-    if gpus is None:
-        assert "resources" not in container
+    resources = container["resources"]
+    if gpus is None:  # the emulator holds no GPU
+        assert GPU_RESOURCE not in resources["requests"]
+        assert GPU_RESOURCE not in resources["limits"]
     else:
-        assert container["resources"] == {
-            "limits": {GPU_RESOURCE: gpus},
-            "requests": {GPU_RESOURCE: gpus},
-        }
+        assert resources["limits"][GPU_RESOURCE] == gpus
+        assert resources["requests"][GPU_RESOURCE] == gpus
+        assert resources["requests"]["cpu"] == str(int(gpus) * CPUS_PER_GPU)
+
+
+def mebibytes(quantity: str) -> int:
+    assert quantity.endswith("Mi"), quantity
+    return int(quantity[:-2])
+
+
+def test_engines_ask_for_host_memory_by_their_weights_and_are_never_best_effort() -> None:
+    """An engine loads its weights through host memory and shares tensors through /dev/shm:
+    its memory request holds its share of both, plus room per GPU; the limit doubles it. No
+    pod is BestEffort (the first evicted), the emulator included."""
+    small = pod_spec(render(spec_on("vllm"))[-1])["containers"][0]["resources"]
+    fp8 = pod_spec(render(spec_on("vllm", precision={"weights": "fp8", "method": "fp8"}))[-1])
+    halved = fp8["containers"][0]["resources"]
+    # Llama-3.1-8B in BF16 on one GPU: 16 GB of weights, 2 GiB of shm, 4 GiB more.
+    assert mebibytes(small["requests"]["memory"]) == pytest.approx(
+        (16.06e9 + 6 * 2**30) / 2**20, rel=0.01
+    )
+    assert mebibytes(halved["requests"]["memory"]) < mebibytes(small["requests"]["memory"])
+    for resources in (small, halved):
+        request = mebibytes(resources["requests"]["memory"])
+        assert mebibytes(resources["limits"]["memory"]) == 2 * request
+        assert "cpu" not in resources["limits"]
+    emulator = pod_spec(render(spec_on("sim"))[-1])["containers"][0]["resources"]
+    assert emulator["requests"]["cpu"]
+    assert emulator["limits"]["memory"]
 
 
 @pytest.mark.parametrize("gpu", list(GpuType))

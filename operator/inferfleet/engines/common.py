@@ -9,7 +9,8 @@ Contract with the renderer:
 * every volume the container mounts is in `EngineContainer.volumes`, except `engine-config`:
   the renderer binds that one to the ConfigMap it makes from `config_files`, mounted at
   `ENGINE_CONFIG_DIR`;
-* resources are not set here: the renderer requests `gpus` GPUs.
+* resources are not set here: the renderer sets them from `gpus`
+  (`render.model_deployment.engine_resources`).
 
 Model sources (`spec.model.source`, `speculativeDecoding.draftModel`):
 * `hf://org/repo`: the repo id is the model argument; weights download into the model cache
@@ -204,13 +205,18 @@ def source_volumes(
     return volumes, mounts
 
 
+SHM_GIB_PER_GPU: Final = 2
+"""RAM-backed /dev/shm per GPU (`gpu_volumes`); it counts against the pod's memory."""
+
+
 def gpu_volumes(gpus: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The model cache (node-local, refilled on restart) and a RAM-backed /dev/shm: NCCL and
     the engines' worker processes exchange tensors through shared memory, and a container's
-    default 64 MiB is far too small. 2 GiB per GPU; it counts against the pod's memory."""
+    default 64 MiB is far too small."""
+    shm = f"{SHM_GIB_PER_GPU * gpus}Gi"
     volumes = [
         {"name": MODEL_CACHE_VOLUME, "emptyDir": {}},
-        {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": f"{2 * gpus}Gi"}},
+        {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": shm}},
     ]
     mounts = [
         {"name": MODEL_CACHE_VOLUME, "mountPath": MODEL_CACHE_DIR},

@@ -26,6 +26,7 @@ would otherwise inject VLLM_PORT, which vLLM reads as its own setting).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -36,12 +37,15 @@ from inferfleet.engines import (
     ENGINE_CONFIG_VOLUME,
     ENGINE_PORT,
     PORT_NAME,
+    SHM_GIB_PER_GPU,
     EngineContainer,
     EngineOptions,
     UnsupportedSpecError,
     build_engine_container,
     roles_of,
 )
+from inferfleet.planning.memory import weight_bytes_per_gpu
+from inferfleet.planning.replica import ReplicaConfig
 from inferfleet.render.common import (
     ENGINE_APP,
     LABEL_COMPONENT,
@@ -151,16 +155,51 @@ def engine_config_map(owner: Owner, role: Role, files: Mapping[str, str]) -> dic
     }
 
 
+CPUS_PER_GPU: Final = 4
+"""CPU cores an engine asks for per GPU: its API server, tokenizer and scheduler, one worker
+process per GPU."""
+HOST_BYTES_PER_GPU: Final = 4 * 2**30
+"""Host memory an engine asks for per GPU beyond its share of the weights (which are read
+through host memory as they load) and its /dev/shm: CUDA's host allocations, the tokenizer,
+buffers."""
+EMULATOR_RESOURCES: Final = {
+    "limits": {"memory": "1Gi"},
+    "requests": {"cpu": "250m", "memory": "256Mi"},
+}
+"""The `sim` engine's: a CPU process that emulates the GPU's timing and holds no weights."""
+HOST_MEMORY_LIMIT_FACTOR: Final = 2
+"""The memory limit over the request: room for a load's peak, a bound on a leak."""
+
+
+def engine_resources(spec: ModelDeploymentSpec, gpus: int) -> dict[str, Any]:
+    """GPUs as requested and limited; CPU and host memory requested in proportion (so the pod
+    is not BestEffort, the first evicted when a node runs short): the weights' share, /dev/shm
+    and `HOST_BYTES_PER_GPU` a GPU, limited to `HOST_MEMORY_LIMIT_FACTOR` times that; no CPU
+    limit (throttling would slow every step). An engine without GPUs (`sim`) gets
+    `EMULATOR_RESOURCES`."""
+    if not gpus:
+        return {kind: dict(amounts) for kind, amounts in EMULATOR_RESOURCES.items()}
+    weights = weight_bytes_per_gpu(ReplicaConfig.from_spec(spec, GpuCatalog.builtin()))
+    per_gpu = math.ceil(weights) + HOST_BYTES_PER_GPU + SHM_GIB_PER_GPU * 2**30
+    mebibytes = math.ceil(gpus * per_gpu / 2**20)
+    return {
+        "limits": {
+            "memory": f"{mebibytes * HOST_MEMORY_LIMIT_FACTOR}Mi",
+            GPU_RESOURCE: str(gpus),
+        },
+        "requests": {
+            "cpu": str(gpus * CPUS_PER_GPU),
+            "memory": f"{mebibytes}Mi",
+            GPU_RESOURCE: str(gpus),
+        },
+    }
+
+
 def _pod_spec(
     owner: Owner, spec: ModelDeploymentSpec, role: Role, engine: EngineContainer
 ) -> dict[str, Any]:
     container = dict(engine.container)
-    if engine.gpus:
-        count = str(engine.gpus)
-        container["resources"] = {
-            "limits": {GPU_RESOURCE: count},
-            "requests": {GPU_RESOURCE: count},
-        }
+    container["resources"] = engine_resources(spec, engine.gpus)
     container["securityContext"] = container_security_context()
     volumes = list(engine.volumes)
     if engine.config_files:
