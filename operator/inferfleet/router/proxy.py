@@ -342,10 +342,8 @@ class Router:
                 "RequestTimeoutError",
             )
         try:
-            parsed = json.loads(raw)
-            del raw  # the parsed body is what is kept, for as long as the request runs
             routed = read_request(
-                parsed,
+                json.loads(raw),
                 chat=chat,
                 chars_per_token=self.chars_per_token.value,
                 longest_context=self.config.longest_context,
