@@ -135,9 +135,10 @@ class RouterConfig:
     held costs about three times its body (the bytes read, the parsed body, the body sent
     upstream): the router's memory stays within about four times this over its idle size,
     whatever the clients send (`render.inference_service.ROUTER_MEMORY_LIMIT` holds that)."""
-    idle_timeout_s: float = 15.0
+    idle_timeout_s: float = 75.0
     """A connection that has not sent a whole request header within this, or sits idle
-    between requests, is closed."""
+    between requests, is closed. Longer than the idle timeouts of the usual load balancers in
+    front (60 s), so that none reuses a connection the router has just closed."""
     body_read_timeout_s: float = 30.0
     """A body that has not arrived whole within this gets 408."""
     max_attempts: int = 3
