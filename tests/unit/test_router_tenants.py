@@ -160,7 +160,9 @@ async def test_two_tenants_keys_limits_and_a_rotation_without_restart(
         config(
             aggregated(engine),
             tenants=(
-                parse_tenant(f"name=a,keys={keys_a},rps=2"),
+                # One request a second: the second, sent at once, waits a second however slow
+                # the machine.
+                parse_tenant(f"name=a,keys={keys_a},rps=1"),
                 parse_tenant(f"name=b,keys={keys_b},models=other"),
             ),
             key_reload_s=0.05,
@@ -174,7 +176,7 @@ async def test_two_tenants_keys_limits_and_a_rotation_without_restart(
 
     assert (await post(None)).status_code == 401
     assert (await post("nobody")).status_code == 401
-    assert [(await post("a-1")).status_code for _ in range(3)] == [200, 200, 429]
+    assert (await post("a-1")).status_code == 200
     limited = await post("a-1")
     assert limited.status_code == 429
     assert int(limited.headers["Retry-After"]) >= 1
@@ -188,17 +190,17 @@ async def test_two_tenants_keys_limits_and_a_rotation_without_restart(
             break
         await asyncio.sleep(0.02)
     assert (await post("a-1")).status_code == 401
-    await asyncio.sleep(0.6)  # the request bucket refills
+    await asyncio.sleep(1.1)  # the request bucket refills
     assert (await post("a-2")).status_code == 200
     text = await metrics(client)
     assert series(text, "inferfleet_router_rejected_requests_total", reason="unauthenticated") >= 3
-    assert series(text, "inferfleet_router_rejected_requests_total", reason="rate_limited") >= 2
+    assert series(text, "inferfleet_router_rejected_requests_total", reason="rate_limited") >= 1
     assert series(text, "inferfleet_router_rejected_requests_total", reason="forbidden") == 1
-    assert series(text, "inferfleet_router_requests_total") == 3  # refusals are not judged
+    assert series(text, "inferfleet_router_requests_total") == 2  # refusals are not judged
     # Usage per tenant: what each was served, and what each was refused.
-    assert series(text, "inferfleet_router_tenant_requests_total", tenant="a") == 3
+    assert series(text, "inferfleet_router_tenant_requests_total", tenant="a") == 2
     assert series(text, "inferfleet_router_tenant_requests_total", tenant="b") == 0
-    assert series(text, "inferfleet_router_tenant_tokens_total", tenant="a", kind="output") == 3
+    assert series(text, "inferfleet_router_tenant_tokens_total", tenant="a", kind="output") == 2
     assert series(text, "inferfleet_router_tenant_tokens_total", tenant="a", kind="prompt") > 0
     assert series(text, "inferfleet_router_tenant_rejected_requests_total", tenant="a") == series(
         text, "inferfleet_router_rejected_requests_total", reason="rate_limited"
