@@ -533,6 +533,46 @@ def test_packaged_chart_holds_what_the_templates_read(tmp_path: Path) -> None:
 # The schema -------------------------------------------------------------------------------
 
 
+def test_policies_are_opt_in_and_land_where_they_apply() -> None:
+    assert not {"ValidatingAdmissionPolicy", "PriorityClass", "ResourceQuota"} & set(
+        kinds(template())
+    )
+    objects = template(
+        {
+            "policies.enabled": "true",
+            "policies.allowedImageRegistries": "{registry.example.com/ml}",
+            "policies.tenants[0].namespace": "team-b",
+            "policies.tenants[0].gpus": "16",
+            "policies.tenants[0].maxGpusPerReplica": "8",
+            "policies.tenants[1].namespace": "team-c",
+        }
+    )
+    policies = {o["metadata"]["name"] for o in objects if o["kind"] == "ValidatingAdmissionPolicy"}
+    assert policies == {f"{OPERATOR}-{p}" for p in ("engine-image", "engine-args", "tenant-gpus")}
+    bindings = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"]
+    assert {b["spec"]["policyName"] for b in bindings} == policies
+    assert all(b["spec"]["validationActions"] == ["Deny"] for b in bindings)
+    # Each tenant's rules live beside the operator, where tenants cannot edit them.
+    tenant = find(objects, "ValidatingAdmissionPolicyBinding", f"{OPERATOR}-tenant-team-b")
+    assert tenant["spec"]["paramRef"]["namespace"] == NAMESPACE
+    assert tenant["spec"]["matchResources"]["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": "team-b"
+    }
+    params = find(objects, "ConfigMap", tenant["spec"]["paramRef"]["name"])
+    assert params["metadata"]["namespace"] == NAMESPACE
+    assert params["data"] == {"namespace": "team-b", "maxGpusPerReplica": "8"}
+    quota = find(objects, "ResourceQuota")
+    assert (quota["metadata"]["namespace"], quota["spec"]["hard"]) == (
+        "team-b",
+        {"requests.nvidia.com/gpu": "16"},
+    )
+    assert find(objects, "LimitRange")["metadata"]["namespace"] == "team-b"
+    assert sorted(o["metadata"]["name"] for o in objects if o["kind"] == "PriorityClass") == [
+        "inferfleet-batch",
+        "inferfleet-interactive",
+    ]
+
+
 @pytest.mark.parametrize(
     ("values", "complaint"),
     [
@@ -553,6 +593,11 @@ def test_packaged_chart_holds_what_the_templates_read(tmp_path: Path) -> None:
         ({"podSecurityContext.runAsNonRoot": "false"}, "runAsNonRoot"),
         ({"monitoring.serviceMonitor.interval": "often"}, "interval"),
         ({"monitoring.grafana.enabled": "true"}, "grafana"),
+        ({"policies.tenants[0].namespace": "Team_A"}, "namespace"),
+        ({"policies.tenants[0].namespace": "a", "policies.tenants[0].gpus": "-1"}, "gpus"),
+        ({"policies.allowedImageRegistries": "{https://registry.example.com}"}, "0"),
+        ({"policies.deniedEngineArgs": "{trust-remote-code}"}, "0"),
+        ({"policies.priorityClasses[0].value": "2000000000"}, "value"),
     ],
 )
 def test_schema_refuses_bad_values(values: dict[str, str], complaint: str) -> None:
