@@ -84,6 +84,42 @@ def test_pods_the_scheduler_cannot_place_are_reported_with_its_reason(
     assert wait_until(lambda: _ready(kubectl, namespace, "crowded"), 60, 1), operator.tail()
 
 
+def test_a_namespace_at_its_gpu_quota_gets_a_condition_not_pending_pods(
+    operator: Operator, kubectl: Kubectl, namespace: str
+) -> None:
+    quota = {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": "gpus"},
+        "spec": {"hard": {"requests.nvidia.com/gpu": "2"}},
+    }
+    _apply(kubectl, namespace, quota)
+    docs = yaml.safe_load_all((EXAMPLES / "llama-3.1-8b-aggregated-vllm.yaml").read_text())
+    greedy = next(d for d in docs if d["kind"] == "ModelDeployment")
+    greedy["metadata"]["name"] = "greedy"
+    greedy["spec"]["replicas"] = 3  # one GPU each
+    _apply(kubectl, namespace, greedy)
+
+    def degraded() -> dict[str, Any]:
+        return _condition(_md(kubectl, namespace, "greedy"), "Degraded")
+
+    assert wait_until(lambda: degraded().get("reason") == "QuotaExhausted", 60, 1), (
+        degraded(),
+        operator.tail(),
+    )
+    assert degraded()["status"] == "True"
+    assert "exceeded quota: gpus" in degraded()["message"], degraded()
+    assert wait_until(lambda: '"QuotaExhausted"' in _events(kubectl, namespace), 15, 0.5)
+    # The quota admitted two pods and refused the third: none is left Pending for want of GPUs.
+    pods = kubectl.json("get", "pods", "-n", namespace, "-l", "inferfleet.io/model-deployment")
+    assert len(pods["items"]) == 2, [p["metadata"]["name"] for p in pods["items"]]
+    # The platform team raises the quota: the third pod is created and the condition clears.
+    quota["spec"]["hard"]["requests.nvidia.com/gpu"] = "3"
+    _apply(kubectl, namespace, quota)
+    assert wait_until(lambda: degraded().get("status") == "False", 60, 1), degraded()
+    assert wait_until(lambda: _ready(kubectl, namespace, "greedy"), 60, 1), operator.tail()
+
+
 def test_one_of_two_autoscaling_services_owns_a_deployment_and_the_other_says_so(
     operator: Operator, kubectl: Kubectl, namespace: str
 ) -> None:

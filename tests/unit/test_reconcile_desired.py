@@ -6,10 +6,12 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from inferfleet.api.model_deployment import Role
@@ -25,6 +27,7 @@ from inferfleet.reconcile.desired import (
     model_deployment_outcome,
 )
 from inferfleet.reconcile.events import event_name
+from inferfleet.reconcile.status import RoleProgress
 from inferfleet.render import InstallSettings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -266,6 +269,59 @@ def test_pods_the_scheduler_cannot_place_degrade_the_deployment_with_its_reason(
     assert degraded["reason"] == "Unschedulable"
     assert "Insufficient nvidia.com/gpu" in degraded["message"]
     assert "Unschedulable" in [e.reason for e in outcome.events]
+
+
+@pytest.mark.parametrize(
+    ("why", "reason"),
+    [
+        (
+            'pods "llm-aggregated-5d8f" is forbidden: exceeded quota: gpus, requested: '
+            "requests.nvidia.com/gpu=1, used: requests.nvidia.com/gpu=4, limited: "
+            "requests.nvidia.com/gpu=4",
+            "QuotaExhausted",
+        ),
+        (
+            'pods "llm-aggregated-5d8f" is forbidden: maximum nvidia.com/gpu usage per '
+            "Container is 1, but limit is 2",
+            "PodsRefused",
+        ),
+    ],
+)
+def test_pods_the_api_server_refuses_degrade_the_deployment_and_say_why(
+    why: str, reason: str
+) -> None:
+    body = _example("ModelDeployment")
+    children = _settled(body, _md_outcome(body), ready=False)
+    children = [
+        replace(c, progress=replace(c.progress, ready=0, available=0, refused=why))
+        if c.progress is not None
+        else c
+        for c in children
+    ]
+    outcome = _md_outcome(body, children=children)
+    degraded = _condition(outcome.status, "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", reason)
+    assert degraded["message"] == f"aggregated: {why}"
+    assert [(e.reason, e.warning) for e in outcome.events] == [(reason, True)]
+
+
+def test_a_refusal_the_deployment_controller_reports_is_read_from_its_conditions() -> None:
+    why = 'pods "x" is forbidden: exceeded quota: gpus'
+    deployment = {
+        "metadata": {"generation": 2},
+        "spec": {"replicas": 3},
+        "status": {
+            "observedGeneration": 2, "replicas": 2, "readyReplicas": 2,
+            "conditions": [
+                {"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable"},
+                {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate",
+                 "message": why},
+            ],
+        },
+    }  # fmt: skip
+    assert RoleProgress.from_deployment(deployment).refused == why
+    deployment["status"]["conditions"][1]["status"] = "False"
+    assert RoleProgress.from_deployment(deployment).refused is None
 
 
 def _service_outcome(

@@ -273,6 +273,8 @@ PROBLEMS = frozenset(
         "PinIgnored",
         "RolloutStalled",
         "Unschedulable",
+        "QuotaExhausted",
+        "PodsRefused",
         "MissingDeployment",
     }
 )

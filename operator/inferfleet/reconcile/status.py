@@ -2,9 +2,9 @@
 the typed status model, so that what is written is what the CRD's schema says.
 
 Conditions follow Kubernetes conventions (`api.conditions`). `Ready` is the summary; `Fits`
-is the planner's verdict; `Progressing` and `Degraded` follow the rollout (a stalled rollout and
-pods the scheduler cannot place degrade it); `Pinned` says whether an SRE pin is in force, or
-why one is ignored.
+is the planner's verdict; `Progressing` and `Degraded` follow the rollout (a stalled rollout,
+pods the scheduler cannot place and pods the API server refuses, by quota or policy, degrade
+it); `Pinned` says whether an SRE pin is in force, or why one is ignored.
 """
 
 from __future__ import annotations
@@ -40,21 +40,35 @@ class RoleProgress:
     """Whether the Deployment controller has seen the latest Deployment spec."""
     stalled: str | None = None
     """The Deployment controller's message when the rollout passed its progress deadline."""
+    refused: str | None = None
+    """Its message when the API server refused to create pods (a namespace's ResourceQuota,
+    a LimitRange, an admission policy)."""
 
     @classmethod
     def from_deployment(cls, deployment: Mapping[str, Any]) -> RoleProgress:
         spec, status = deployment.get("spec") or {}, deployment.get("status") or {}
         generation = (deployment.get("metadata") or {}).get("generation", 0)
+        conditions = status.get("conditions") or []
         stalled = next(
             (
                 str(c.get("message", ""))
-                for c in status.get("conditions") or []
+                for c in conditions
                 if c.get("type") == "Progressing" and c.get("reason") == "ProgressDeadlineExceeded"
+            ),
+            None,
+        )
+        # The Deployment controller copies its ReplicaSet's failure to create pods here.
+        refused = next(
+            (
+                str(c.get("message") or "the API server refused the pods")
+                for c in conditions
+                if c.get("type") == "ReplicaFailure" and c.get("status") == "True"
             ),
             None,
         )
         return cls(
             stalled=stalled,
+            refused=refused,
             desired=int(spec.get("replicas", 0)),
             updated=int(status.get("updatedReplicas", 0)),
             ready=int(status.get("readyReplicas", 0)),
@@ -182,10 +196,21 @@ def model_deployment_status(
     )
 
 
+QUOTA_REFUSAL = "exceeded quota"
+"""What the API server's ResourceQuota admission says when a pod would pass a quota."""
+
+
 def _degraded(
     cond: Any, roles: Mapping[Role, RoleProgress], unschedulable: Mapping[Role, str]
 ) -> dict[str, Any]:
     stalled = {role: p.stalled for role, p in roles.items() if p.stalled}
+    refused = {role: p.refused for role, p in roles.items() if p.refused}
+    if refused:
+        message = "; ".join(f"{role.value}: {why}" for role, why in sorted(refused.items()))
+        # A quota is the platform's limit, not a fault of the spec: said apart so that an SRE
+        # asks for quota rather than debugging the pods.
+        reason = "QuotaExhausted" if QUOTA_REFUSAL in message else "PodsRefused"
+        return dict(cond("Degraded", True, reason, message))
     if unschedulable:
         message = "; ".join(f"{role.value}: {why}" for role, why in sorted(unschedulable.items()))
         return dict(cond("Degraded", True, "Unschedulable", message))
