@@ -167,11 +167,28 @@ def _owned_by_release(install: Install) -> list[str]:
     return sorted(f"{o['kind']}/{o['metadata']['name']}" for o in found)
 
 
-@pytest.mark.parametrize("scope", ["namespace", "cluster"])
-def test_every_rendered_object_passes_server_side_dry_run(install: Install, scope: str) -> None:
+@pytest.mark.parametrize(
+    "settings",
+    [
+        ["rbac.scope=namespace"],
+        ["rbac.scope=cluster"],
+        # Tenant namespaces, with the admission policies and the tenant's quota and limits.
+        [
+            "rbac.scope=namespaces", f"rbac.namespaces={{{NAMESPACE}}}", "policies.enabled=true",
+            "policies.allowedImageRegistries={registry.example.com/ml}",
+            f"policies.tenants[0].namespace={NAMESPACE}", "policies.tenants[0].gpus=8",
+            "policies.tenants[0].gpuTypes={H100-80GB,L4-24GB}",
+            "policies.tenants[0].maxGpusPerReplica=4",
+        ],
+    ],
+    ids=["namespace", "cluster", "tenant-namespaces-with-policies"],
+)  # fmt: skip
+def test_every_rendered_object_passes_server_side_dry_run(
+    install: Install, settings: list[str]
+) -> None:
     rendered = install.helm(
         "template", RELEASE, str(CHART), "--namespace", NAMESPACE, *install.values(),
-        "--set", f"rbac.scope={scope}",
+        *(flag for setting in settings for flag in ("--set", setting)),
     ).stdout  # fmt: skip
     # CRDs aside (templates only): the API server validates each against its schema.
     result = install.kubectl.run(

@@ -15,6 +15,7 @@ from inferfleet.api.inference_service import InferenceService
 from inferfleet.api.model_deployment import ModelDeployment, Role
 from inferfleet.autoscale.controller import (
     AutoscalerSettings,
+    GpuQuota,
     MetricsUnavailableError,
     autoscaled_by,
     current_replicas,
@@ -186,6 +187,35 @@ def test_a_load_step_scales_up_and_says_why() -> None:
     assert "llama" in status["autoscalerState"]
     assert any(reason.startswith("ScaleUp") for reason, _, _ in result.events)
     assert any('service="chat"' in query for query in source.asked)
+
+
+def test_a_load_step_takes_no_more_gpus_than_the_namespace_quota_leaves() -> None:
+    md = model_deployment()  # two 1-GPU replicas, both created
+    answers = busy(60.0, attainment=0.7, ttft_p95_s=1.2)
+    free = tick(inference_service(), {"llama": md}, Scripted(answers), settings=SETTINGS, now=NOW)
+    wanted = free.deployments[0].decision.replicas[Role.AGGREGATED]
+    assert wanted >= 3
+    # The namespace's other pods leave one GPU fewer than the step wants.
+    quota = GpuQuota(left=wanted - 3, pods={"llama": {Role.AGGREGATED: 2}})
+    result = tick(
+        inference_service(), {"llama": md}, Scripted(answers),
+        settings=SETTINGS, now=NOW, gpu_quota=quota,
+    )  # fmt: skip
+    [decided] = result.deployments
+    assert decided.decision.replicas == {Role.AGGREGATED: wanted - 1}
+    assert decided.decision.reason.value == "QuotaExhausted"
+    [autoscaling] = [c for c in result.status["conditions"] if c["type"] == "Autoscaling"]
+    assert (autoscaling["status"], autoscaling["reason"]) == ("True", "QuotaExhausted")
+    assert f"the namespace's GPU quota leaves it {wanted - 1} GPUs" in autoscaling["message"]
+    assert [(r, warning) for r, _, warning in result.events if r == "QuotaExhausted"] == [
+        ("QuotaExhausted", True)
+    ]
+    # Said once: the next tick, still short, posts no second Event.
+    again = tick(
+        inference_service(result.status), {"llama": md}, Scripted(answers),
+        settings=SETTINGS, now=NOW + timedelta(seconds=15), gpu_quota=quota,
+    )  # fmt: skip
+    assert "QuotaExhausted" not in [r for r, _, _ in again.events]
 
 
 def test_prometheus_down_holds_replicas_and_warns_once() -> None:

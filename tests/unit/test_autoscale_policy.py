@@ -449,6 +449,18 @@ def test_budget_with_no_missed_role_is_shared_by_need() -> None:
     assert f"GPU budget {2 * BUDGET} exhausted" in decision.message
 
 
+def test_a_namespace_quota_below_the_budget_caps_a_scale_up_and_says_so() -> None:
+    spec = policy(DISAGGREGATED, config=TP2, gpu_budget=4 * BUDGET, gpu_quota=2 * BUDGET)
+    decision = decide(spec, snapshot(HIGH, DIS_LOW), DIS_LOW, recommended(NOW - 30, DIS_LOW))
+    assert decision.reason == Reason.QUOTA_EXHAUSTED
+    assert gpus(spec, decision.replicas) == 2 * BUDGET
+    assert f"the namespace's GPU quota leaves it {2 * BUDGET} GPUs" in decision.message
+    # The budget is the lower: the budget is what binds, and the reason says that.
+    spec = replace(spec, gpu_budget=2 * BUDGET, gpu_quota=8 * BUDGET)
+    decision = decide(spec, snapshot(HIGH, DIS_LOW), DIS_LOW, recommended(NOW - 30, DIS_LOW))
+    assert decision.reason == Reason.BUDGET_EXHAUSTED
+
+
 SHIFT_RATE = 60.0
 MIX_BEFORE, MIX_AFTER = (1000, 400), (3000, 50)
 
@@ -865,6 +877,7 @@ def scenarios(draw: st.DrawFn) -> Scenario:
         roles=tuple(pools),
         slo=replace(SLO, attainment_target=draw(st.sampled_from([0.9, 0.99]))),
         gpu_budget=budget,
+        gpu_quota=draw(st.none() | st.integers(floor, floor * 12)),
     )
     current = {r: draw(st.integers(0, 15)) for r in roles}
     at_s = NOW + draw(st.floats(0, 600))
@@ -904,17 +917,18 @@ def test_replicas_stay_within_one_and_max(scenario: Scenario) -> None:
             continue
         assert 1 <= count <= spec.role(role).max_replicas
         floors = sum(pins.get(p.role, p.min_replicas) * p.gpus_per_replica for p in spec.roles)
-        if spec.gpu_budget is None or spec.gpu_budget >= floors:
+        if spec.gpu_limit is None or spec.gpu_limit >= floors:
             assert count >= spec.role(role).min_replicas
 
 
 @settings(max_examples=100, deadline=None)
 @given(scenarios())
-def test_never_exceeds_the_gpu_budget(scenario: Scenario) -> None:
+def test_never_exceeds_the_gpu_budget_or_quota(scenario: Scenario) -> None:
     spec, observed, current, history, _ = scenario
     decision = decide(spec, observed, current, history)
-    if spec.gpu_budget is not None:
-        assert gpus(spec, decision.replicas) <= spec.gpu_budget
+    for limit in (spec.gpu_budget, spec.gpu_quota):
+        if limit is not None:
+            assert gpus(spec, decision.replicas) <= limit
 
 
 @settings(max_examples=60, deadline=None)

@@ -416,6 +416,33 @@ def test_single_namespace_rbac_is_the_generated_one() -> None:
     assert flag(operator_container(objects), "--namespace") == NAMESPACE
 
 
+def test_tenant_namespaces_rbac_grants_only_in_those_namespaces() -> None:
+    objects = template({"rbac.scope": "namespaces", "rbac.namespaces": "{team-b,team-c}"})
+    rendered = rbac_objects(objects)
+    namespaced = single_namespace(NAMESPACE)
+    operator_roles = [
+        o for o in rendered if o["kind"] == "Role" and o["metadata"]["name"] == OPERATOR
+    ]
+    assert sorted(r["metadata"]["namespace"] for r in operator_roles) == ["team-b", "team-c"]
+    # Each is the single-namespace Role; nothing of the operator's grants is cluster-wide but
+    # the CRD reader (the release namespace keeps only the leader election's Lease grant).
+    generated_role = find(namespaced, "Role", OPERATOR)["rules"]
+    assert all(r["rules"] == generated_role for r in operator_roles)
+    assert wire(rendered, "ClusterRole") == wire(namespaced, "ClusterRole")
+    bindings = [
+        b for b in rendered if b["kind"] == "RoleBinding" and b["metadata"]["name"] == OPERATOR
+    ]
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-b", "team-c"]
+    assert all(
+        b["subjects"] == [{"kind": "ServiceAccount", "name": OPERATOR, "namespace": NAMESPACE}]
+        for b in bindings
+    )
+    assert [a for a in operator_container(objects)["args"] if a.startswith("--namespace=")] == [
+        "--namespace=team-b",
+        "--namespace=team-c",
+    ]
+
+
 def test_two_single_namespace_installs_do_not_share_cluster_objects() -> None:
     def cluster_names(namespace: str) -> set[str]:
         objects = template({"rbac.scope": "namespace"}, namespace=namespace)
@@ -582,6 +609,8 @@ def test_policies_are_opt_in_and_land_where_they_apply() -> None:
         ({"leaderElection.enabled": "yes"}, "enabled"),
         ({"podDisruptionBudget.minAvailable": "1"}, "minAvailable"),
         ({"rbac.scope": "everything"}, "scope"),
+        ({"rbac.scope": "namespaces"}, "namespaces"),
+        ({"rbac.scope": "namespaces", "rbac.namespaces": "{Team_B}"}, "namespaces"),
         ({"image.registry": "https://registry.example.com"}, "registry"),
         ({"image.operator.repository": "Inferfleet/Operator"}, "repository"),
         ({"image.pullPolicy": "Sometimes"}, "pullPolicy"),

@@ -72,6 +72,7 @@ EXPECTED: Grants = {
     ("", "configmaps"): WRITE,
     ("policy", "poddisruptionbudgets"): WRITE,
     ("", "pods"): {"get", "list", "watch"},
+    ("", "resourcequotas"): {"get", "list", "watch"},
     ("", "serviceaccounts"): WRITE,
     ("rbac.authorization.k8s.io", "roles"): WRITE,
     ("rbac.authorization.k8s.io", "rolebindings"): WRITE,

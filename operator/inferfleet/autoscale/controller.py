@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -158,6 +158,22 @@ class DeploymentDecision:
     decision: Decision
     changed: bool
     """Whether the replicas differ from what the deployment runs now."""
+
+
+@dataclass(frozen=True)
+class GpuQuota:
+    """What a namespace's ResourceQuota on GPUs leaves a tick."""
+
+    left: int
+    """GPUs no pod of the namespace holds yet."""
+    pods: Mapping[str, Mapping[Role, int]]
+    """Per deployment and role, the pods that exist (their GPUs count against the quota)."""
+
+    def limit(self, deployment: str, spec: PolicySpec) -> PolicySpec:
+        """`spec` with the GPUs `deployment` may hold: those its pods hold now and those left."""
+        held = self.pods.get(deployment, {})
+        pods_gpus = sum(held.get(p.role, 0) * p.gpus_per_replica for p in spec.roles)
+        return replace(spec, gpu_quota=self.left + pods_gpus)
 
 
 @dataclass(frozen=True)
@@ -319,10 +335,12 @@ def tick(
     now: datetime,
     claims: Mapping[str, Sequence[Claim]] | None = None,
     catalog: GpuCatalog | None = None,
+    gpu_quota: GpuQuota | None = None,
 ) -> TickResult:
     """One autoscaling tick of `service`, whose referenced ModelDeployments found in its
     namespace are `deployments`; `claims`: per deployment, every service's claim on it (None:
-    this service is taken to own every deployment it autoscales)."""
+    this service is taken to own every deployment it autoscales); `gpu_quota`: what the
+    namespace's quota on GPUs leaves (None: no quota)."""
     catalog = catalog or GpuCatalog.builtin()
     name = str(service.metadata.get("name"))
     namespace = str(service.metadata.get("namespace"))
@@ -341,6 +359,7 @@ def tick(
         spec = policy_spec(
             service.spec, md.spec, catalog, traffic_share=weights[deployment] / total_weight
         )
+        spec = gpu_quota.limit(deployment, spec) if gpu_quota is not None else spec
         snapshot = _snapshot(
             reading, source, namespace, deployment, spec.role_names,
             settings=settings, now_s=now_s,
@@ -368,7 +387,7 @@ def tick(
     previous = service.status.to_wire() if service.status else {}
     conditions, events = _conditions(
         previous.get("conditions") or [], reading.problem, sorted(owned), elsewhere,
-        generation=int(str(service.metadata.get("generation", 0))), now=now,
+        decisions, generation=int(str(service.metadata.get("generation", 0))), now=now,
     )  # fmt: skip
     status = _tick_status(
         conditions, state, decisions, reading=reading, usage=usage, now=now, events=events
@@ -450,12 +469,17 @@ def _conditions(
     problem: tuple[str, str] | None,
     owned: Sequence[str],
     elsewhere: Mapping[str, str],
+    decisions: Sequence[DeploymentDecision],
     *,
     generation: int,
     now: datetime,
 ) -> tuple[list[dict[str, Any]], list[tuple[str, str, bool]]]:
     """The autoscaler's conditions (MetricsAvailable, Autoscaling) over `previous`, and the
     Events their changes call for."""
+    # The deployments the namespace's GPU quota holds below what their load needs.
+    short_of_quota = {
+        d.name: d.decision.message for d in decisions if d.decision.reason is Reason.QUOTA_EXHAUSTED
+    }
     metrics = condition(
         previous, METRICS_AVAILABLE, status=problem is None,
         reason=problem[0] if problem else "MetricsFresh",
@@ -479,6 +503,14 @@ def _conditions(
             message=message + (f"; autoscales {', '.join(owned)}" if owned else ""),
             generation=generation, now=now,
         )  # fmt: skip
+    elif short_of_quota:
+        short = "; ".join(f"{md}: {why}" for md, why in sorted(short_of_quota.items()))
+        autoscaling = condition(
+            previous, AUTOSCALING, status=True, reason=Reason.QUOTA_EXHAUSTED.value,
+            message=f"the namespace's GPU quota holds {', '.join(sorted(short_of_quota))} below "
+            f"what the load needs ({short})",
+            generation=generation, now=now,
+        )  # fmt: skip
     else:
         autoscaling = condition(
             previous, AUTOSCALING, status=True, reason="Autoscaling",
@@ -488,6 +520,8 @@ def _conditions(
     before = find(previous, AUTOSCALING) or {}
     if elsewhere and before.get("message") != autoscaling["message"]:
         events.append(("AutoscaledElsewhere", autoscaling["message"], True))
+    if short_of_quota and before.get("reason") != Reason.QUOTA_EXHAUSTED.value:
+        events.append((Reason.QUOTA_EXHAUSTED.value, autoscaling["message"], True))
     return with_condition(with_condition(previous, metrics), autoscaling), events
 
 

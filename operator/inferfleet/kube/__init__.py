@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
+from kubernetes.utils import parse_quantity
 
 FIELD_MANAGER = "inferfleet-operator"
 """The one field manager of everything inferfleet applies (what the operator always applied
@@ -30,6 +32,13 @@ CREATE_ONLY_PRECONDITION = "1"
 """A resourceVersion no stored object has (etcd's first write is revision 2): as an apply's
 precondition, an object that exists fails it (409), and one being created ignores it. An apply
 that may only create, in one request."""
+
+
+def quantity(text: str) -> Decimal:
+    """A resource quantity as the API server writes it ("4", "500m", "16Gi"), as a number;
+    ValueError for one that is not."""
+    parsed: Decimal = parse_quantity(text)  # type: ignore[no-untyped-call]
+    return parsed
 
 
 def _wire(response: Any) -> dict[str, Any]:

@@ -37,9 +37,9 @@ from pydantic import ValidationError
 from inferfleet.api.conditions import find
 from inferfleet.api.inference_service import InferenceService
 from inferfleet.api.model_deployment import ModelDeployment, Role
-from inferfleet.autoscale.controller import AutoscalerSettings, PrometheusSource, tick
+from inferfleet.autoscale.controller import AutoscalerSettings, GpuQuota, PrometheusSource, tick
 from inferfleet.autoscale.ownership import Claim, claims_of
-from inferfleet.kube import AlreadyExistsError, Kube, StaleObjectError
+from inferfleet.kube import AlreadyExistsError, Kube, StaleObjectError, quantity
 from inferfleet.reconcile.desired import (
     APPLIED_HASH_ANNOTATION,
     Child,
@@ -155,6 +155,26 @@ def unschedulable_entry(namespace: str, pod: Mapping[str, Any]) -> dict[Any, Any
     return {}
 
 
+GPU_QUOTA = "requests.nvidia.com/gpu"
+"""The ResourceQuota resource that limits a namespace's GPUs (extended resources are quoted by
+their requests only)."""
+
+
+def gpu_quota_entry(namespace: str, quota: Mapping[str, Any]) -> dict[Any, Any]:
+    """An index entry for a ResourceQuota on GPUs: the GPUs it leaves (hard - used, as the
+    quota controller last counted them; the spec's hard limit before it has)."""
+    status = quota.get("status") or {}
+    hard = (status.get("hard") or (quota.get("spec") or {}).get("hard") or {}).get(GPU_QUOTA)
+    if hard is None:
+        return {}
+    used = (status.get("used") or {}).get(GPU_QUOTA, "0")
+    try:
+        left = int(quantity(str(hard)) - quantity(str(used)))
+    except ValueError:
+        return {}
+    return {("gpus", namespace): max(0, left)}
+
+
 class Indices:
     """Reads of kopf's indices (each key maps to the values of the objects that gave it)."""
 
@@ -195,6 +215,18 @@ class Indices:
             children=self.children(namespace, uid),
             holder=functools.partial(self.holder, namespace),
         )
+
+    def gpu_quota_left(self, namespace: str) -> int | None:
+        """The GPUs the namespace's quotas leave (the tightest); None: no quota on GPUs."""
+        return min(self._values("gpu_quotas", ("gpus", namespace)), default=None)
+
+    def pods_created(self, namespace: str, uid: str) -> dict[Role, int]:
+        """Per role, the pods of a ModelDeployment that exist."""
+        return {
+            child.role: child.progress.created
+            for child in self.children(namespace, uid)
+            if child.role is not None and child.progress is not None
+        }
 
     def unschedulable_pods(self, namespace: str, label: str) -> set[str]:
         """Names of the unschedulable pods of the deployment whose label value is `label`."""
@@ -549,7 +581,22 @@ class Controller:
             else None
         )
         claims = {d: self.indices.claims(namespace, d) for d in deployments}
-        result = tick(service, deployments, source, settings=settings, now=_now(), claims=claims)
+        quota_left = self.indices.gpu_quota_left(namespace)
+        quota = (
+            None
+            if quota_left is None
+            else GpuQuota(
+                quota_left,
+                {
+                    d: self.indices.pods_created(namespace, str(md.metadata.get("uid")))
+                    for d, md in deployments.items()
+                },
+            )
+        )
+        result = tick(
+            service, deployments, source,
+            settings=settings, now=_now(), claims=claims, gpu_quota=quota,
+        )  # fmt: skip
         self._post(body, (Event(*event) for event in result.events))
         self._write_status(service_key, body, result.status)
         self._ticked[key] = time.monotonic()

@@ -30,6 +30,7 @@ from inferfleet.reconcile.controller import (
     Controller,
     child_entries,
     child_index,
+    gpu_quota_entry,
     unschedulable_entry,
 )
 from inferfleet.render import InstallSettings
@@ -139,6 +140,11 @@ for _api_version, _kind in CHILD_KINDS:
 @kopf.index("", "v1", "pods", labels=MANAGED_BY_SELECTOR)
 async def unschedulable_pods(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any]:
     return unschedulable_entry(namespace, dict(body)) if namespace else {}
+
+
+@kopf.index("", "v1", "resourcequotas")
+async def gpu_quotas(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    return gpu_quota_entry(namespace, dict(body)) if namespace else {}
 
 
 def _controller(memo: kopf.Memo, indices: dict[str, Any]) -> Controller:

@@ -36,6 +36,8 @@ class RoleProgress:
     updated: int = 0
     ready: int = 0
     available: int = 0
+    created: int = 0
+    """Its pods that exist, ready or not (what a namespace's quota counts)."""
     observed_current: bool = True
     """Whether the Deployment controller has seen the latest Deployment spec."""
     stalled: str | None = None
@@ -73,6 +75,7 @@ class RoleProgress:
             updated=int(status.get("updatedReplicas", 0)),
             ready=int(status.get("readyReplicas", 0)),
             available=int(status.get("availableReplicas", 0)),
+            created=int(status.get("replicas", 0)),
             observed_current=status.get("observedGeneration", 0) >= generation,
         )
 

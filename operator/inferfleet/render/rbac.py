@@ -112,6 +112,12 @@ NAMESPACED_RULES: Final = (
     ),
     Rule(
         ("",),
+        ("resourcequotas",),
+        ("get", "list", "watch"),
+        "the GPUs a namespace's quota leaves: the autoscaler orders no more than that",
+    ),
+    Rule(
+        ("",),
         ("serviceaccounts",),
         _WRITE,
         "each router's own identity, for finding its replicas",

@@ -1,5 +1,5 @@
 """Step 4 and 5 of a tick: scale-down stabilisation, and every constraint in one place
-(bounds, pins, the GPU budget, at least one replica)."""
+(bounds, pins, the GPU budget and quota, at least one replica)."""
 
 from __future__ import annotations
 
@@ -32,6 +32,8 @@ class Constrained:
     """Pinned roles whose pin overrode the recommendation."""
     budget_cut: frozenset[Role]
     max_cut: frozenset[Role]
+    by_quota: bool = False
+    """Whether `budget_cut` was cut to the namespace's GPU quota rather than the budget."""
 
 
 def constrain(
@@ -40,7 +42,8 @@ def constrain(
     pins: Mapping[Role, int],
     priority: frozenset[Role],
 ) -> Constrained:
-    """Every constraint, in one place: bounds, pins, the GPU budget, at least one replica."""
+    """Every constraint, in one place: bounds, pins, the GPU budget and the namespace's GPU
+    quota, at least one replica."""
     replicas: dict[Role, int] = {}
     max_cut: set[Role] = set()
     pinned: set[Role] = set()
@@ -57,30 +60,39 @@ def constrain(
         replicas[role] = max(1, policy.min_replicas, min(want, policy.max_replicas))
 
     budget_cut: set[Role] = set()
-    if spec.gpu_budget is not None:
-        budget_cut = _fit_budget(spec, replicas, pins, priority)
-    return Constrained(replicas, frozenset(pinned), frozenset(budget_cut), frozenset(max_cut))
+    if spec.gpu_limit is not None:
+        budget_cut = _fit_budget(spec, replicas, pins, priority, spec.gpu_limit)
+    return Constrained(
+        replicas,
+        frozenset(pinned),
+        frozenset(budget_cut),
+        frozenset(max_cut),
+        by_quota=bool(budget_cut) and spec.quota_binds,
+    )
 
 
 def _fit_budget(
-    spec: PolicySpec, replicas: dict[Role, int], pins: Mapping[Role, int], priority: frozenset[Role]
+    spec: PolicySpec,
+    replicas: dict[Role, int],
+    pins: Mapping[Role, int],
+    priority: frozenset[Role],
+    budget: int,
 ) -> set[Role]:
-    """Cut unpinned roles to the budget, in place: each keeps its minReplicas (one replica when
-    even those exceed the budget), then the roles whose SLO is missed are filled first, the rest
-    after, evenly by the share of their want."""
-    assert spec.gpu_budget is not None
+    """Cut unpinned roles to `budget` GPUs, in place: each keeps its minReplicas (one replica
+    when even those exceed the budget), then the roles whose SLO is missed are filled first, the
+    rest after, evenly by the share of their want."""
     gpus = {p.role: p.gpus_per_replica for p in spec.roles}
-    if sum(replicas[r] * gpus[r] for r in replicas) <= spec.gpu_budget:
+    if sum(replicas[r] * gpus[r] for r in replicas) <= budget:
         return set()
     wanted = dict(replicas)
     free = [r for r in spec.role_names if r not in pins]
     pinned_gpus = sum(replicas[r] * gpus[r] for r in replicas if r in pins)
     # minReplicas holds while the budget has room for it; one replica per role always does.
     minimums = {r: spec.role(r).min_replicas for r in free}
-    fits_minimums = pinned_gpus + sum(minimums[r] * gpus[r] for r in free) <= spec.gpu_budget
+    fits_minimums = pinned_gpus + sum(minimums[r] * gpus[r] for r in free) <= budget
     for role in free:
         replicas[role] = min(wanted[role], minimums[role]) if fits_minimums else 1
-    left = spec.gpu_budget - sum(replicas[r] * gpus[r] for r in replicas)
+    left = budget - sum(replicas[r] * gpus[r] for r in replicas)
     for tier in ([r for r in free if r in priority], [r for r in free if r not in priority]):
         while True:
             growable = [r for r in tier if replicas[r] < wanted[r] and gpus[r] <= left]

@@ -87,7 +87,7 @@ def choose_reason(
     if constrained.pinned:
         return Reason.PINNED
     if constrained.budget_cut:
-        return Reason.BUDGET_EXHAUSTED
+        return Reason.QUOTA_EXHAUSTED if constrained.by_quota else Reason.BUDGET_EXHAUSTED
     if constrained.max_cut:
         return Reason.AT_MAX
     if grew and feedback_reason is not None and grew & (learned | missed):
@@ -163,7 +163,9 @@ def explain(
             detail += f" (short: max {spec.role(role).max_replicas} replicas cannot hold the SLO)"
         if role in pins:
             detail += " (pinned)"
-        if role in constrained.budget_cut:
+        if role in constrained.budget_cut and constrained.by_quota:
+            detail += f" (the namespace's GPU quota leaves it {spec.gpu_quota} GPUs)"
+        elif role in constrained.budget_cut:
             detail += f" (GPU budget {spec.gpu_budget} exhausted)"
         parts.append(detail)
     if note:

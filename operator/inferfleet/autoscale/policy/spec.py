@@ -40,6 +40,8 @@ class Reason(StrEnum):
     """More replicas are needed than maxReplicas allows."""
     BUDGET_EXHAUSTED = "BudgetExhausted"
     """More replicas are needed than the GPU budget allows."""
+    QUOTA_EXHAUSTED = "QuotaExhausted"
+    """More replicas are needed than the namespace's GPU quota leaves."""
     PINNED = "HoldPinned"
     """A pin fixes a role's replicas over the recommendation."""
     STALE_METRICS = "HoldStaleMetrics"
@@ -81,6 +83,9 @@ class PolicySpec:
     slo: Slo
     """The targets and the share of requests that should meet them."""
     gpu_budget: int | None = None
+    gpu_quota: int | None = None
+    """GPUs the namespace's ResourceQuota leaves this deployment: what its pods hold and what
+    no pod holds yet. None: no quota on GPUs."""
     scale_down_stabilization_s: float = 300.0
     cold_start_s: float = 120.0
     enabled: bool = True
@@ -176,6 +181,8 @@ class PolicySpec:
             raise ValueError("the SLO needs a TTFT target, a TPOT target or both")
         if self.gpu_budget is not None and self.gpu_budget < 1:
             raise ValueError(f"gpu_budget must be >= 1 (got {self.gpu_budget})")
+        if self.gpu_quota is not None and self.gpu_quota < 0:
+            raise ValueError(f"gpu_quota must be >= 0 (got {self.gpu_quota})")
         if not 0 < self.traffic_share <= 1:
             raise ValueError(f"traffic_share must be in (0, 1] (got {self.traffic_share})")
 
@@ -192,6 +199,21 @@ class PolicySpec:
     @property
     def attainment_target(self) -> float:
         return self.slo.attainment_target
+
+    @property
+    def gpu_limit(self) -> int | None:
+        """The most GPUs the deployment may hold: the budget or the quota, the lower."""
+        limits = [n for n in (self.gpu_budget, self.gpu_quota) if n is not None]
+        return min(limits) if limits else None
+
+    @property
+    def quota_binds(self) -> bool:
+        """Whether the namespace's quota, not the service's budget, sets `gpu_limit`."""
+        return (
+            self.gpu_quota is not None
+            and self.gpu_limit == self.gpu_quota
+            and (self.gpu_budget is None or self.gpu_quota < self.gpu_budget)
+        )
 
     @property
     def role_names(self) -> tuple[Role, ...]:
