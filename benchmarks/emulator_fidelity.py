@@ -128,13 +128,13 @@ def measure(
         seed=seed,
     )
     meter = CpuMeter({"engine": engine.pid})
-    before = scrape(engine.url)
+    before = scrape(engine.metrics_url)
     meter.start()
     run: RunResult = asyncio.run(
         LoadGenerator(engine.url, model=shape.model).run(schedule, drain_s=120.0)
     )
     meter.stop()
-    after = scrape(engine.url)
+    after = scrape(engine.metrics_url)
     measured = [r for r in run.results if r.ok and r.scheduled_s >= excluded]
     steps = delta(after, before, "vllm:iteration_tokens_total_count")
     engine_ttft_count = delta(after, before, "vllm:time_to_first_token_seconds_count")

@@ -254,13 +254,13 @@ def measure(
     pids = {f"engine {i}": engine.pid for i, engine in enumerate(engines)} | {"router": router.pid}
     urls = [engine.url for engine in engines] if path == "direct" else [router.url]
     meter = CpuMeter(pids)
-    before = [scrape(engine.url) for engine in engines]
-    router_before = scrape(router.url)
+    before = [scrape(engine.metrics_url) for engine in engines]
+    router_before = scrape(router.metrics_url)
     meter.start()
     results = asyncio.run(closed_loop(urls, load, model, streams_per_pool))
     meter.stop()
-    after = [scrape(engine.url) for engine in engines]
-    router_after = scrape(router.url)
+    after = [scrape(engine.metrics_url) for engine in engines]
+    router_after = scrape(router.metrics_url)
     ttft_sum = sum(
         delta(new, old, "vllm:time_to_first_token_seconds_sum")
         for old, new in zip(before, after, strict=True)

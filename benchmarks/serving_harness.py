@@ -107,6 +107,8 @@ class Service:
     url: str
     process: subprocess.Popen[bytes]
     log_path: Path
+    metrics_url: str
+    """Where its /metrics is: its own URL, or a router's admin port."""
 
     @property
     def pid(self) -> int:
@@ -114,9 +116,16 @@ class Service:
 
 
 def start_process(
-    name: str, arguments: Sequence[str], port: int, log_dir: Path, cpus: set[int] | None = None
+    name: str,
+    arguments: Sequence[str],
+    port: int,
+    log_dir: Path,
+    cpus: set[int] | None = None,
+    *,
+    metrics_port: int | None = None,
 ) -> Service:
-    """Start `inferfleet <arguments>` listening on `port`; its output goes to a log file."""
+    """Start `inferfleet <arguments>` listening on `port` (and its /metrics on `metrics_port`,
+    default the same); its output goes to a log file."""
     log_path = log_dir / f"{name}.log"
     command = [sys.executable, "-m", "inferfleet.cli", *arguments]
     if cpus is not None:
@@ -129,7 +138,8 @@ def start_process(
             preexec_fn=_die_with_parent,  # noqa: PLW1509 (the benchmark starts no threads before)
             cwd=ROOT,
         )
-    return Service(name, f"http://127.0.0.1:{port}", process, log_path)
+    metrics_url = f"http://127.0.0.1:{metrics_port or port}"
+    return Service(name, f"http://127.0.0.1:{port}", process, log_path, metrics_url)
 
 
 def start_engine(
@@ -143,7 +153,7 @@ def start_engine(
 def start_router(
     name: str, engines: Sequence[Service], model: str, log_dir: Path, cpus: set[int] | None = None
 ) -> Service:
-    port = free_port()
+    port, admin_port = free_port(), free_port()
     urls = ";".join(engine.url for engine in engines)
     arguments = [
         "router",
@@ -151,10 +161,11 @@ def start_router(
         f"--backend=deployment=bench,role=aggregated,engine=sim,model={model},urls={urls}",
         "--host=127.0.0.1",
         f"--port={port}",
+        f"--admin-port={admin_port}",
         "--drain-delay=0",
         "--drain-timeout=2",
     ]
-    return start_process(name, arguments, port, log_dir, cpus)
+    return start_process(name, arguments, port, log_dir, cpus, metrics_port=admin_port)
 
 
 def wait_healthy(services: Sequence[Service], timeout_s: float = 60.0) -> None:

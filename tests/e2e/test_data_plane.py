@@ -61,6 +61,8 @@ def _healthy(url: str) -> bool:
 def data_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DataPlane]:
     logs = tmp_path_factory.mktemp("data-plane")
     ports = {name: processes.free_port() for name in ("prefill", "decode", "router")}
+    # Prometheus reads the router's admin port, as it does in a cluster.
+    router_admin = processes.free_port()
     command = _inferfleet()
     engine = (command, "sim-engine", "--model", MODEL, "--gpu", "H100-80GB", "--host", "127.0.0.1")
     specs = [
@@ -84,6 +86,8 @@ def data_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DataPlane]:
                 "127.0.0.1",
                 "--port",
                 str(ports["router"]),
+                "--admin-port",
+                str(router_admin),
                 "--backend",
                 backends[0],
                 "--backend",
@@ -107,8 +111,10 @@ def data_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DataPlane]:
                 raise AssertionError(
                     f"{name} never became healthy:\n{processes.log_tail(logs, name)}"
                 )
+        scraped = ports | {"router": router_admin}
         jobs = [
-            static_job(name, [f"127.0.0.1:{port}"], {"role": name}) for name, port in ports.items()
+            static_job(name, [f"127.0.0.1:{port}"], {"role": name})
+            for name, port in scraped.items()
         ]
         prometheus = Prometheus.start(logs / "prometheus", jobs, scrape_interval_s=0.5)
         yield DataPlane(f"http://127.0.0.1:{ports['router']}", prometheus, logs)

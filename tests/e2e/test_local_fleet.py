@@ -25,6 +25,7 @@ from inferfleet.devcluster.cluster import DevCluster, running
 from inferfleet.devcluster.nodes import NodePool
 from inferfleet.devcluster.processes import alive, wait_until
 from inferfleet.devcluster.prometheus import Prometheus
+from inferfleet.router.config import ADMIN_PORT
 from tests.e2e.conftest import Kubectl
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "llama-3.1-8b-aggregated-sim.yaml"
@@ -106,7 +107,7 @@ def _pids_listening_on(ip: str) -> set[int]:
 
 
 def _replicas(router_ip: str) -> list[str]:
-    listed = httpx.get(f"http://{router_ip}:{PORT}/debug/replicas", timeout=2.0).json()
+    listed = httpx.get(f"http://{router_ip}:{ADMIN_PORT}/debug/replicas", timeout=2.0).json()
     return sorted(r["url"] for r in listed if r.get("healthy", True))
 
 

@@ -12,7 +12,8 @@ import httpx
 from inferfleet.kube import Kube
 from inferfleet.router.config import RouterConfig, parse_backend
 from inferfleet.router.discovery import discovery_for
-from inferfleet.router.proxy import RouterServer, create_app
+from inferfleet.router.proxy import create_app
+from inferfleet.router.server import RouterServer
 
 
 def endpoint_slice(
@@ -58,12 +59,13 @@ async def test_replicas_follow_the_endpointslices(kube: Kube, namespace: str) ->
     )
     discovery = discovery_for(config, kube)
     assert discovery is not None
-    server = RouterServer(create_app(config, discovery), "127.0.0.1", 0)
+    server = RouterServer(create_app(config, discovery), "127.0.0.1", 0, admin_port=0)
     port = await server.start()
+    admin = server.admin_port
 
     async def replicas() -> dict[str, list[str]]:
         async with httpx.AsyncClient() as client:
-            listed = (await client.get(f"http://127.0.0.1:{port}/debug/replicas")).json()
+            listed = (await client.get(f"http://127.0.0.1:{admin}/debug/replicas")).json()
         found: dict[str, list[str]] = {}
         for replica in listed:
             found.setdefault(replica["role"], []).append(replica["url"])

@@ -23,6 +23,7 @@ import yaml
 from inferfleet import __version__
 from inferfleet.api.crd import crd_files
 from inferfleet.devcluster.tools import TOOLS_DIR, cached_tool
+from inferfleet.render import render_inference_service
 from inferfleet.render.rbac import (
     CRD_RULE,
     LEADER_ELECTION_RULES,
@@ -33,6 +34,7 @@ from inferfleet.render.rbac import (
     single_namespace,
 )
 from tests.unit.golden import check_text
+from tests.unit.golden.specs import AGGREGATED_EXAMPLE, example_objects
 
 REPO_ROOT: Final = Path(__file__).resolve().parents[2]
 CHART: Final = REPO_ROOT / "charts" / "inferfleet"
@@ -472,11 +474,28 @@ def test_monitoring_objects_select_the_operator_and_the_rendered_workloads() -> 
     assert pod_monitor["selector"]["matchLabels"] == {"app.kubernetes.io/managed-by": "inferfleet"}
     (names,) = pod_monitor["selector"]["matchExpressions"]
     assert names["values"] == ["inferfleet-engine", "inferfleet-router"]
-    # The port name the rendered engine and router containers carry.
-    assert [e["port"] for e in pod_monitor["podMetricsEndpoints"]] == ["http"]
+    # The port names the rendered containers carry: the engines' API port, the routers'
+    # admin port; each endpoint keeps only its own pods.
+    endpoints = {
+        e["port"]: e["relabelings"][0]["regex"] for e in pod_monitor["podMetricsEndpoints"]
+    }
+    assert endpoints == {"http": "inferfleet-engine", "admin": "inferfleet-router"}
+    md, isvc = example_objects(AGGREGATED_EXAMPLE)
+    routers = render_inference_service(isvc, {str(md.metadata["name"]): md})
+    router_ports = {
+        p["name"]
+        for o in routers
+        if o["kind"] == "Deployment"
+        for c in o["spec"]["template"]["spec"]["containers"]
+        for p in c["ports"]
+    }
+    assert "admin" in router_ports
 
     single = find(template({**MONITORING_ON, "rbac.scope": "namespace"}), "PodMonitor")
     assert single["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    tenants = {"rbac.scope": "namespaces", "rbac.namespaces": "{team-b,team-c}"}
+    several = find(template({**MONITORING_ON, **tenants}), "PodMonitor")
+    assert several["spec"]["namespaceSelector"] == {"matchNames": ["team-b", "team-c"]}
 
 
 def test_prometheus_rule_is_the_rule_file() -> None:

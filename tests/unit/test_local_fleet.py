@@ -359,12 +359,15 @@ def test_prometheus_reads_pods_and_nothing_else() -> None:
 
 
 def test_rendered_pods_carry_what_the_discovery_job_keeps() -> None:
-    for component in ("aggregated", "router"):
+    # Engines serve metrics on their API port; routers on their admin port, never the users'.
+    for component, port in (("aggregated", "8000"), ("router", "8001")):
         template = deployment_of(rendered(), component)["spec"]["template"]
         annotations = template["metadata"]["annotations"]
         assert annotations["prometheus.io/scrape"] == "true"
-        assert annotations["prometheus.io/port"] == "8000"
+        assert annotations["prometheus.io/port"] == port
         assert annotations["prometheus.io/path"] == "/metrics"
+        ports = {p["containerPort"] for c in template["spec"]["containers"] for p in c["ports"]}
+        assert int(port) in ports
 
 
 def test_state_files_without_the_fleet_still_load(tmp_path: Path) -> None:

@@ -151,8 +151,9 @@ def test_router_args_list_backends_per_role_and_the_slo() -> None:
          "model": "llama-3.3-70b", "context": "16384", "service": "llama-pd-decode",
          "port": "8000"},
     ]  # fmt: skip
-    assert args[:6] == [
-        "--service", "chat", "--port", "8000", "--namespace", "$(POD_NAMESPACE)"
+    assert args[:8] == [
+        "--service", "chat", "--port", "8000", "--admin-port", "8001",
+        "--namespace", "$(POD_NAMESPACE)",
     ]  # fmt: skip
     assert args[-6:] == [
         "--slo-ttft-p95-ms", "1500", "--slo-tpot-p95-ms", "62.5",

@@ -39,7 +39,7 @@ def peak_rss(pid: int) -> int:
 def router_port() -> Iterator[tuple[int, int]]:
     """A router (its port and pid) whose body limit takes the 15 MiB bodies whole, so that
     only its cap on the bytes it holds stands between them and its memory."""
-    engine_port, port = free_port(), free_port()
+    engine_port, port, admin_port = free_port(), free_port(), free_port()
     cli = [sys.executable, "-m", "inferfleet.cli"]
     engine = subprocess.Popen(
         [*cli, "sim-engine", "--model", "llama-3.1-8b", "--gpu", "H100-80GB",
@@ -48,7 +48,7 @@ def router_port() -> Iterator[tuple[int, int]]:
     )  # fmt: skip
     router = subprocess.Popen(
         [*cli, "router", "--service", "chat", "--host", "127.0.0.1", "--port", str(port),
-         "--max-request-bytes", str(16 * MIB), "--backend",
+         "--admin-port", str(admin_port), "--max-request-bytes", str(16 * MIB), "--backend",
          "deployment=d,role=aggregated,engine=sim,model=llama-3.1-8b,context=131072,"
          f"urls=http://127.0.0.1:{engine_port}"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

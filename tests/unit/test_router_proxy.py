@@ -16,7 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from inferfleet.api.catalog import GpuType
 from inferfleet.api.model_deployment import Role
 from inferfleet.router.config import RouterConfig, parse_backend
-from inferfleet.router.proxy import ROUTER, RouterServer, create_app
+from inferfleet.router.proxy import ROUTER, create_admin_app, create_app
+from inferfleet.router.server import RouterServer
 from inferfleet.sim.openai_api import SimServer
 from inferfleet.sim.openai_api import create_app as create_engine
 from inferfleet.slo import Slo
@@ -88,12 +89,23 @@ def config(*backends: str, **options: Any) -> RouterConfig:
     return RouterConfig("chat", tuple(parse_backend(b) for b in backends), **(settings | options))
 
 
+ADMIN: dict[int, httpx.AsyncClient] = {}
+"""The admin port's client of each router's users' client (by id)."""
+
+
+def admin(client: httpx.AsyncClient) -> httpx.AsyncClient:
+    return ADMIN[id(client)]
+
+
 async def start_router(servers: dict[str, Any], router_config: RouterConfig) -> httpx.AsyncClient:
-    server = RouterServer(create_app(router_config), "127.0.0.1", 0)
+    server = RouterServer(create_app(router_config), "127.0.0.1", 0, admin_port=0)
     port = await server.start()
     servers["routers"].append(server)
     client = httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10.0, verify=False)
-    servers["clients"].append(client)
+    ADMIN[id(client)] = httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{server.admin_port}", timeout=10.0
+    )
+    servers["clients"] += [client, ADMIN[id(client)]]
     for _ in range(200):  # until the first health checks pass
         if (await client.get("/health")).status_code == 200:
             break
@@ -121,7 +133,19 @@ def series(text: str, name: str, **labels: str) -> float:
 
 
 async def metrics(client: httpx.AsyncClient) -> str:
-    return (await client.get("/metrics")).text
+    return (await admin(client).get("/metrics")).text
+
+
+async def test_metrics_and_debug_pages_are_served_on_the_admin_port_only(
+    servers: dict[str, Any],
+) -> None:
+    engine = await start_engine(servers)
+    client = await start_router(servers, config(aggregated(engine)))
+    for path in ("/metrics", "/debug/replicas"):
+        assert (await client.get(path)).status_code == 404, path
+        assert (await admin(client).get(path)).status_code == 200, path
+    assert (await admin(client).get("/health")).status_code == 200
+    assert (await admin(client).post("/v1/completions", json={})).status_code in {404, 405}
 
 
 async def test_a_stream_passes_through_timed_and_judged(servers: dict[str, Any]) -> None:
@@ -364,7 +388,7 @@ async def test_a_huge_max_tokens_leaves_no_load_behind(servers: dict[str, Any], 
             "/v1/completions", json={"prompt": "w", "max_tokens": asked, "stream": stream}
         )
         assert answer.status_code < 500, answer.text
-    replicas = (await client.get("/debug/replicas")).json()
+    replicas = (await admin(client).get("/debug/replicas")).json()
     assert [(r["outstandingTokens"], r["inFlight"], r["healthy"]) for r in replicas] == [
         (0, 0, True)
     ]
@@ -402,8 +426,12 @@ async def test_a_client_hanging_up_as_a_write_fails_is_not_the_replicas_failure(
         ):
             break
         await asyncio.sleep(0.01)
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
-        text = await metrics(client)
+    pages = web.AppRunner(create_admin_app(router))
+    await pages.setup()
+    await web.TCPSite(pages, "127.0.0.1", 0).start()
+    servers["runners"].append(pages)
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{pages.addresses[0][1]}") as client:
+        text = (await client.get("/metrics")).text
         assert series(text, "inferfleet_router_cancelled_requests_total") == 1
         assert series(text, "inferfleet_router_requests_total") == 0
         assert series(text, "inferfleet_router_upstream_errors_total") == 0

@@ -15,7 +15,7 @@ import typer
 from inferfleet.cli.common import EXIT_INVALID, app
 from inferfleet.engines.common import DEFAULT_SIM_ENGINE_IMAGE
 from inferfleet.render import DEFAULT_ROUTER_IMAGE
-from inferfleet.router.config import DiscoveryMode, RouterConfig, parse_backends
+from inferfleet.router.config import ADMIN_PORT, DiscoveryMode, RouterConfig, parse_backends
 from inferfleet.router.tenants import parse_tenant
 from inferfleet.slo import Slo as RequestSlo
 
@@ -138,6 +138,9 @@ def router_command(
     ] = DiscoveryMode.ENDPOINT_SLICES,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    admin_port: Annotated[
+        int, typer.Option(help="Port of /metrics and /debug/replicas (never the users' port).")
+    ] = ADMIN_PORT,
     slo_ttft_p95_ms: Annotated[float | None, typer.Option(help="TTFT target, ms.")] = None,
     slo_tpot_p95_ms: Annotated[float | None, typer.Option(help="TPOT target, ms.")] = None,
     slo_attainment_target: Annotated[
@@ -158,7 +161,7 @@ def router_command(
     """Serve an InferenceService's router: an OpenAI-compatible streaming proxy that picks
     replicas by outstanding tokens and prefix, hands prefill over to decode, and counts each
     request's SLO outcome for Prometheus."""
-    from inferfleet.router import proxy as router_proxy
+    from inferfleet.router import server as router_server
     from inferfleet.router.discovery import discovery_for
 
     try:
@@ -182,7 +185,12 @@ def router_command(
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    router_proxy.run(config, host=host, port=port, discovery=discovery_for(config))
+    if admin_port == port:
+        typer.echo("error: --admin-port must differ from --port", err=True)
+        raise typer.Exit(EXIT_INVALID)
+    router_server.run(
+        config, host=host, port=port, admin_port=admin_port, discovery=discovery_for(config)
+    )
 
 
 # Options of `inferfleet run` that the chart sets, named here to keep the command short.

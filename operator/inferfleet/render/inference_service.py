@@ -60,9 +60,10 @@ from inferfleet.render.common import (
     spec_hash,
 )
 from inferfleet.render.model_deployment import engine_name, served_model_name
-from inferfleet.router.config import DiscoveryMode
+from inferfleet.router.config import ADMIN_PORT, DiscoveryMode
 
 ROUTER_PORT: Final = 8000
+ADMIN_PORT_NAME: Final = "admin"
 SERVICE_PORT: Final = 80
 ROUTER_REPLICAS: Final = 2
 ROUTER_UID: Final = 1000
@@ -147,6 +148,7 @@ def router_args(
 ) -> list[str]:
     slo = isvc.spec.slo
     args = ["--service", str(isvc.metadata["name"]), "--port", str(ROUTER_PORT)]
+    args += ["--admin-port", str(ADMIN_PORT)]
     args += ["--namespace", "$(POD_NAMESPACE)"]
     if discovery != DiscoveryMode.ENDPOINT_SLICES:
         args += ["--discovery", discovery.value]
@@ -208,7 +210,10 @@ def _router_container(image: str, args: list[str]) -> dict[str, Any]:
         "image": image,
         "command": ["inferfleet", "router"],
         "args": args,
-        "ports": [{"name": PORT_NAME, "containerPort": ROUTER_PORT, "protocol": "TCP"}],
+        "ports": [
+            {"name": PORT_NAME, "containerPort": ROUTER_PORT, "protocol": "TCP"},
+            {"name": ADMIN_PORT_NAME, "containerPort": ADMIN_PORT, "protocol": "TCP"},
+        ],
         "env": [
             {
                 "name": "POD_NAMESPACE",
@@ -256,7 +261,7 @@ def router_deployment(
             "labels": dict(sorted(labels.items())),
             "annotations": {
                 PROMETHEUS_PATH: "/metrics",
-                PROMETHEUS_PORT: str(ROUTER_PORT),
+                PROMETHEUS_PORT: str(ADMIN_PORT),
                 PROMETHEUS_SCRAPE: "true",
             },
         },

@@ -29,6 +29,9 @@ from inferfleet.slo import Slo
 _BACKEND_KEYS = (
     "deployment", "role", "engine", "weight", "model", "context", "service", "port", "urls",
 )  # fmt: skip
+ADMIN_PORT = 8001
+"""Default port of the router's admin listener (metrics, debug pages): never the users' port,
+so that a NetworkPolicy can open it to Prometheus alone."""
 MIB = 1024**2
 BODY_BYTES_PER_CONTEXT_TOKEN = 32
 """A request body's bytes per token of context, at most: about four characters a token, each

@@ -3,8 +3,9 @@
 Endpoints: `POST /v1/completions` and `/v1/chat/completions` (JSON or server-sent events,
 passed through as the engine writes them), `GET /v1/models` (the served models of the
 backends), `GET /health` (200 while some deployment can take requests and the router is not
-draining, else 503), `GET /metrics` (see `router.metrics`), `GET /debug/replicas` (what the
-router knows of each replica, as JSON).
+draining, else 503). On the admin port only (`create_admin_app`), never the users': `GET
+/metrics` (see `router.metrics`), `GET /debug/replicas` (what the router knows of each
+replica, as JSON), and `/health` again.
 
 Per request: choose a deployment and replicas (`router.balancer`); for a disaggregated
 deployment, call a prefill replica, then hand its answer over to a decode replica
@@ -71,7 +72,6 @@ from inferfleet.router.requests import (
     upstream_body,
 )
 from inferfleet.router.tenants import Refusal, Tenants
-from inferfleet.serving import serve_until_signalled
 from inferfleet.slo import Outcome
 from inferfleet.streaming import DONE_EVENT, TokenStream
 
@@ -697,7 +697,8 @@ Discovery = Callable[[Router], Awaitable[None]]
 
 
 def create_app(config: RouterConfig, discovery: Discovery | None = None) -> web.Application:
-    """The router as an aiohttp application; `discovery` runs while the app does."""
+    """The router as an aiohttp application (what users call); `discovery` runs while the app
+    does. Its metrics and debug pages are `create_admin_app`'s, on another port."""
     router = Router(config)
     app = web.Application(client_max_size=config.request_bytes_limit)
     app[ROUTER] = router
@@ -705,8 +706,6 @@ def create_app(config: RouterConfig, discovery: Discovery | None = None) -> web.
     app.router.add_post("/v1/chat/completions", router.chat_completions)
     app.router.add_get("/v1/models", router.models)
     app.router.add_get("/health", router.health)
-    app.router.add_get("/metrics", router.metrics_endpoint)
-    app.router.add_get("/debug/replicas", router.replicas)
 
     async def start(app: web.Application) -> None:
         await router.start()
@@ -721,70 +720,14 @@ def create_app(config: RouterConfig, discovery: Discovery | None = None) -> web.
     return app
 
 
-class RouterServer:
-    """The router listening on a TCP port, with a graceful drain."""
-
-    def __init__(self, app: web.Application, host: str = "0.0.0.0", port: int = 8000) -> None:
-        self.app = app
-        self.host = host
-        self.port = port
-        config = app[ROUTER].config
-        self._runner = web.AppRunner(
-            app,
-            handler_cancellation=True,
-            shutdown_timeout=config.drain_timeout_s,
-            keepalive_timeout=config.idle_timeout_s,
-            access_log=None,
-        )
-        self._stopped = False
-
-    @property
-    def router(self) -> Router:
-        return self.app[ROUTER]
-
-    async def start(self) -> int:
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, backlog=4096)
-        await site.start()
-        self.port = int(self._runner.addresses[0][1])
-        return self.port
-
-    async def stop(self, *, drain: bool = True) -> None:
-        """Say 503 on /health for `drain_delay_s` while still serving, then stop listening and
-        let in-flight streams finish within `drain_timeout_s`. Idempotent."""
-        if self._stopped:
-            return
-        self._stopped = True
-        self.router.draining = True
-        if drain and self.router.config.drain_delay_s > 0:
-            await asyncio.sleep(self.router.config.drain_delay_s)
-        await self._runner.cleanup()
+def create_admin_app(router: Router) -> web.Application:
+    """What operators and Prometheus read of `router`, kept off the users' port: `/metrics`,
+    and `/debug/replicas` (replica addresses and load)."""
+    app = web.Application()
+    app.router.add_get("/metrics", router.metrics_endpoint)
+    app.router.add_get("/debug/replicas", router.replicas)
+    app.router.add_get("/health", router.health)
+    return app
 
 
-async def serve(
-    config: RouterConfig,
-    *,
-    host: str = "0.0.0.0",
-    port: int = 8000,
-    discovery: Discovery | None = None,
-    stop: asyncio.Event | None = None,
-    on_ready: Callable[[int], None] | None = None,
-) -> None:
-    """Serve until SIGTERM/SIGINT (or `stop`), then drain."""
-    server = RouterServer(create_app(config, discovery), host, port)
-
-    def draining() -> None:
-        log.info(
-            "draining: /health says 503 for %.0f s, then the listener closes", config.drain_delay_s
-        )
-
-    await serve_until_signalled(
-        server.start, server.stop, stop=stop, on_ready=on_ready, on_stop=draining
-    )
-
-
-def run(config: RouterConfig, **options: Any) -> None:
-    asyncio.run(serve(config, **options))
-
-
-__all__ = ["EngineName", "Router", "RouterServer", "create_app", "run", "serve"]
+__all__ = ["ROUTER", "Discovery", "EngineName", "Router", "create_admin_app", "create_app"]
