@@ -89,7 +89,7 @@ class Install:
     def values(self) -> list[str]:
         """The install's values: the images from a registry, the dev cluster's Prometheus,
         routers that find replicas by pod (Services are not routed here), one namespace's RBAC,
-        and every monitoring object."""
+        NetworkPolicies, and every monitoring object."""
         settings = {
             "image.registry": REGISTRY,
             "rbac.scope": "namespace",
@@ -99,6 +99,8 @@ class Install:
             "monitoring.podMonitor.enabled": "true",
             "monitoring.prometheusRule.enabled": "true",
             "monitoring.dashboards.enabled": "true",
+            "operator.networkPolicies.enabled": "true",
+            "operator.networkPolicies.prometheusNamespaces": "{monitoring}",
         }
         return [flag for key, value in settings.items() for flag in ("--set", f"{key}={value}")]
 
@@ -278,6 +280,13 @@ def test_the_example_becomes_ready_with_the_images_of_the_values(install: Instal
     assert engines
     assert {p["spec"]["containers"][0]["image"] for p in routers} == {ROUTER_IMAGE}
     assert {p["spec"]["containers"][0]["image"] for p in engines} == {SIM_ENGINE_IMAGE}
+    # The NetworkPolicies the values ask for, stored by the API server (which validates them;
+    # the dev cluster has no network plugin to enforce them: tests/unit/test_render_network.py
+    # judges what they let through).
+    policies = install.kubectl.json("get", "networkpolicies", "-n", NAMESPACE)["items"]
+    assert sorted(p["metadata"]["name"] for p in policies) == [
+        "chat-router", "chat-router-to-engines", "llama-3-1-8b-engines",
+    ]  # fmt: skip
     # A request through a router pod reaches the engine and comes back (once the fleet agent
     # has started the router's container: kwok's Ready comes first).
     router_ip = routers[0]["status"]["podIP"]

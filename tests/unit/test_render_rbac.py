@@ -76,6 +76,7 @@ EXPECTED: Grants = {
     ("", "serviceaccounts"): WRITE,
     ("rbac.authorization.k8s.io", "roles"): WRITE,
     ("rbac.authorization.k8s.io", "rolebindings"): WRITE,
+    ("networking.k8s.io", "networkpolicies"): WRITE,
     ("discovery.k8s.io", "endpointslices"): {"get", "list", "watch"},
     ("", "events"): {"create", "patch"},
     ("events.k8s.io", "events"): {"create", "patch"},
@@ -114,6 +115,7 @@ def test_the_operator_writes_every_kind_it_renders() -> None:
         "ServiceAccount": ("", "serviceaccounts"),
         "Role": ("rbac.authorization.k8s.io", "roles"),
         "RoleBinding": ("rbac.authorization.k8s.io", "rolebindings"),
+        "NetworkPolicy": ("networking.k8s.io", "networkpolicies"),
     }
     for rendered in KIND_ORDER:
         assert {"create", "patch", "delete"} <= granted[resources[rendered]]

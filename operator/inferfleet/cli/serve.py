@@ -237,6 +237,35 @@ RecentMetricsWindow = Annotated[
         "at least two Prometheus scrape intervals.",
     ),
 ]
+NetworkPolicies = Annotated[
+    bool,
+    typer.Option(
+        help="Render NetworkPolicies: engines admit only their deployment's engines, the "
+        "routers that route to them and Prometheus; routers' admin port admits Prometheus alone."
+    ),
+]
+PrometheusNamespaces = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--prometheus-namespace",
+        help="Namespace of the Prometheus that scrapes engines and routers, admitted by the "
+        "NetworkPolicies (repeatable).",
+    ),
+]
+LeaseNamespace = Annotated[
+    str | None,
+    typer.Option(help="Namespace of the Lease (default: the pod's own, else `default`)."),
+]
+LeaseName = Annotated[
+    str, typer.Option(help="Name of the Lease; replicas with the same one take turns.")
+]
+LeaseOwner = Annotated[
+    str | None,
+    typer.Option(
+        help="The operator's Deployment, in the Lease's namespace: the Lease's owner, so "
+        "that removing the operator removes the Lease.",
+    ),
+]
 LeaderElect = Annotated[
     bool,
     typer.Option(
@@ -273,23 +302,12 @@ def run_command(
     metrics_address: MetricsAddress = "127.0.0.1",
     router_image: RouterImage = DEFAULT_ROUTER_IMAGE,
     sim_engine_image: SimEngineImage = DEFAULT_SIM_ENGINE_IMAGE,
+    network_policies: NetworkPolicies = False,
+    prometheus_namespace: PrometheusNamespaces = None,
     leader_elect: LeaderElect = False,
-    leader_election_namespace: Annotated[
-        str | None,
-        typer.Option(
-            help="Namespace of the Lease (default: the pod's own, else `default`).",
-        ),
-    ] = None,
-    leader_election_id: Annotated[
-        str, typer.Option(help="Name of the Lease; replicas with the same one take turns.")
-    ] = DEFAULT_ELECTION_ID,
-    leader_election_owner: Annotated[
-        str | None,
-        typer.Option(
-            help="The operator's Deployment, in the Lease's namespace: the Lease's owner, so "
-            "that removing the operator removes the Lease.",
-        ),
-    ] = None,
+    leader_election_namespace: LeaseNamespace = None,
+    leader_election_id: LeaseName = DEFAULT_ELECTION_ID,
+    leader_election_owner: LeaseOwner = None,
 ) -> None:
     """Run the operator: reconcile ModelDeployments and InferenceServices into workloads, and
     autoscale the services with `autoscaling.policy: goodput` from Prometheus."""
@@ -298,6 +316,7 @@ def run_command(
     from inferfleet.reconcile import operator
     from inferfleet.reconcile.leadership import LeaderElection, default_namespace
     from inferfleet.render import EngineOptions, InstallSettings
+    from inferfleet.render.network import NetworkIsolation
 
     try:
         Kube.from_environment()
@@ -315,6 +334,7 @@ def run_command(
         router_image=router_image,
         router_discovery=router_discovery,
         engines=EngineOptions(sim_engine_image=sim_engine_image),
+        network=NetworkIsolation(tuple(prometheus_namespace or ())) if network_policies else None,
     )
     election = (
         LeaderElection(

@@ -66,6 +66,7 @@ CHILD_KINDS = (
     ("v1", "ServiceAccount"),
     ("rbac.authorization.k8s.io/v1", "Role"),
     ("rbac.authorization.k8s.io/v1", "RoleBinding"),
+    ("networking.k8s.io/v1", "NetworkPolicy"),
 )
 """What the operator renders for its resources: it watches them, to reconcile their owner when
 they change and to know what exists without asking the API server."""
@@ -260,7 +261,8 @@ def _as_served(body: Mapping[str, Any]) -> tuple[str, Any, str | None]:
 
 def child_index(kind: str) -> str:
     """The plural of a kind the operator renders: its resource, and the name of its index."""
-    return kind.lower() + "s"
+    lower = kind.lower()
+    return lower[:-1] + "ies" if lower.endswith("y") else lower + "s"
 
 
 @dataclass(frozen=True)

@@ -393,7 +393,10 @@ def _rendered(
         return [], Blocked("SpecNotApplied", f"not applied: {capacity.memory.verdict()}")
     try:
         objects = render_model_deployment(
-            md, replicas=dict(overrides) or None, options=install.engines
+            md,
+            replicas=dict(overrides) or None,
+            options=install.engines,
+            isolation=install.network,
         )
     except UnsupportedSpecError as error:
         return [], Blocked("SpecNotApplied", f"not applied: {error}")
@@ -491,6 +494,7 @@ def inference_service_outcome(
             referenced,
             router_image=install.router_image,
             router_discovery=install.router_discovery,
+            isolation=install.network,
         )
     except MissingReferenceError as error:
         objects, verdict = [], (False, "MissingDeployment", str(error))

@@ -176,6 +176,7 @@ KIND_ORDER: Final = (
     "ServiceAccount",
     "Role",
     "RoleBinding",
+    "NetworkPolicy",
     "ConfigMap",
     "Service",
     "PodDisruptionBudget",

@@ -60,6 +60,7 @@ from inferfleet.render.common import (
     spec_hash,
 )
 from inferfleet.render.model_deployment import engine_name, served_model_name
+from inferfleet.render.network import NetworkIsolation, router_network_policies
 from inferfleet.router.config import ADMIN_PORT, DiscoveryMode
 
 ROUTER_PORT: Final = 8000
@@ -384,21 +385,31 @@ def render_inference_service(
     *,
     router_image: str = DEFAULT_ROUTER_IMAGE,
     router_discovery: DiscoveryMode = DiscoveryMode.ENDPOINT_SLICES,
+    isolation: NetworkIsolation | None = None,
 ) -> list[dict[str, Any]]:
     """The router objects of one InferenceService, in apply order. `deployments` maps names
     to the ModelDeployments found in the service's namespace; `router_discovery` is how the
-    router finds their replicas.
+    router finds their replicas; with `isolation`, the NetworkPolicies that let the router in
+    to their engines and users and Prometheus in to the router.
 
     Raises `MissingReferenceError` when a referenced ModelDeployment is not among them."""
     owner = Owner.of(f"{API_GROUP}/{API_VERSION}", KIND, isvc.metadata)
     resolved = resolve_deployments(isvc, owner, deployments)
-    return apply_order(
-        [
-            router_service_account(owner),
-            router_role(owner, router_discovery),
-            router_role_binding(owner),
-            router_service(owner),
-            router_pod_disruption_budget(owner),
-            router_deployment(owner, isvc, resolved, router_image, router_discovery),
-        ]
-    )
+    objects = [
+        router_service_account(owner),
+        router_role(owner, router_discovery),
+        router_role_binding(owner),
+        router_service(owner),
+        router_pod_disruption_budget(owner),
+        router_deployment(owner, isvc, resolved, router_image, router_discovery),
+    ]
+    if isolation is not None:
+        objects += router_network_policies(
+            owner,
+            router_labels(owner.name),
+            router_selector_labels(owner.name),
+            [str(md.metadata["name"]) for _, md in resolved],
+            router_port=ROUTER_PORT,
+            isolation=isolation,
+        )
+    return apply_order(objects)

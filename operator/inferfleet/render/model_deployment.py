@@ -70,6 +70,7 @@ from inferfleet.render.common import (
     rolling_update,
     spec_hash,
 )
+from inferfleet.render.network import NetworkIsolation, engine_network_policy
 
 GPU_RESOURCE: Final = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL: Final = "nvidia.com/gpu.product"
@@ -104,12 +105,22 @@ def selector_labels(deployment: str, role: Role) -> dict[str, str]:
     }
 
 
-def engine_labels(deployment: str, role: Role) -> dict[str, str]:
-    return selector_labels(deployment, role) | {
+def deployment_labels(deployment: str) -> dict[str, str]:
+    """The labels of what a ModelDeployment renders for all its roles."""
+    return {
+        LABEL_NAME: ENGINE_APP,
+        LABEL_MODEL_DEPLOYMENT: label_value(deployment),
         LABEL_INSTANCE: label_value(deployment),
-        LABEL_COMPONENT: role.value,
         LABEL_MANAGED_BY: MANAGED_BY,
     }
+
+
+def engine_labels(deployment: str, role: Role) -> dict[str, str]:
+    return (
+        deployment_labels(deployment)
+        | selector_labels(deployment, role)
+        | {LABEL_COMPONENT: role.value}
+    )
 
 
 def replicas_per_role(
@@ -292,9 +303,11 @@ def render_model_deployment(
     *,
     replicas: Mapping[Role, int] | None = None,
     options: EngineOptions | None = None,
+    isolation: NetworkIsolation | None = None,
 ) -> list[dict[str, Any]]:
-    """Every object of one ModelDeployment, in apply order (ConfigMaps, Services, PDBs,
-    Deployments). `replicas` overrides the spec's counts per role (autoscaler, pins).
+    """Every object of one ModelDeployment, in apply order (its NetworkPolicy with
+    `isolation`, ConfigMaps, Services, PDBs, Deployments). `replicas` overrides the spec's
+    counts per role (autoscaler, pins).
 
     Raises `UnsupportedSpecError` for a spec the engine or the renderer cannot honour."""
     owner = Owner.of(f"{API_GROUP}/{API_VERSION}", KIND, md.metadata)
@@ -313,4 +326,6 @@ def render_model_deployment(
             engine_pod_disruption_budget(owner, role),
             engine_deployment(owner, spec, role, engine, counts[role]),
         ]
+    if isolation is not None:
+        objects.append(engine_network_policy(owner, deployment_labels(owner.name), isolation))
     return apply_order(objects)

@@ -129,6 +129,12 @@ NAMESPACED_RULES: Final = (
         "each router's read access to the EndpointSlices (or pods and Services) of its namespace",
     ),
     Rule(
+        ("networking.k8s.io",),
+        ("networkpolicies",),
+        _WRITE,
+        "with --network-policies, the NetworkPolicies that admit only routers to their engines",
+    ),
+    Rule(
         ("discovery.k8s.io",),
         ("endpointslices",),
         ("get", "list", "watch"),

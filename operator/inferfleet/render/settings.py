@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from inferfleet.engines import EngineOptions
 from inferfleet.render.inference_service import DEFAULT_ROUTER_IMAGE
+from inferfleet.render.network import NetworkIsolation
 from inferfleet.router.config import DiscoveryMode
 
 
@@ -14,8 +15,10 @@ from inferfleet.router.config import DiscoveryMode
 class InstallSettings:
     """`router_image`: the router pods' image (where the install pushed it);
     `router_discovery`: how those routers find replicas; `engines`: the engine adapters'
-    install-wide options (the sim engine's image, the Hugging Face token Secret, cold start)."""
+    install-wide options (the sim engine's image, the Hugging Face token Secret, cold start);
+    `network`: NetworkPolicies for engines and routers, or None for none."""
 
     router_image: str = DEFAULT_ROUTER_IMAGE
     router_discovery: DiscoveryMode = DiscoveryMode.ENDPOINT_SLICES
     engines: EngineOptions = field(default_factory=EngineOptions)
+    network: NetworkIsolation | None = None
