@@ -4,6 +4,7 @@ loopback in front of an emulated engine."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,11 @@ from inferfleet.router.tenants import (
     TokenBucket,
     parse_tenant,
 )
+from inferfleet.sim.openai_api import SimServer
+from inferfleet.sim.openai_api import create_app as create_engine
 from tests.unit import test_router_proxy
 from tests.unit.test_router_proxy import (
+    CONFIG,
     MODEL,
     aggregated,
     config,
@@ -211,3 +215,92 @@ async def test_two_tenants_keys_limits_and_a_rotation_without_restart(
         )
         == 1
     )
+
+
+async def _noisy_and_quiet(
+    servers: dict[str, Any], tmp_path: Path, noisy_limits: str, quiet_requests: int
+) -> tuple[list[float | None], list[int]]:
+    """A noisy tenant keeps 16 requests going at an engine of four sequences while a quiet one
+    sends a request every 0.2 s; the quiet tenant's TTFTs (None: failed or refused) and the
+    noisy one's answer codes."""
+    server = SimServer(
+        create_engine(replace(CONFIG, max_sequences=4), MODEL), "127.0.0.1", 0, drain_timeout_s=1.0
+    )
+    servers["engines"].append(server)
+    engine = f"http://127.0.0.1:{await server.start()}"
+    noisy_keys = key_dir(tmp_path / "noisy", "noisy", "noisy-1")
+    quiet_keys = key_dir(tmp_path / "quiet", "quiet", "quiet-1")
+    client = await start_router(
+        servers,
+        config(
+            aggregated(engine),
+            tenants=(
+                parse_tenant(f"name=noisy,keys={noisy_keys}{noisy_limits}"),
+                parse_tenant(f"name=quiet,keys={quiet_keys}"),
+            ),
+        ),
+    )
+
+    done = asyncio.Event()
+
+    async def noisy() -> list[int]:
+        """Back to back until the quiet tenant is done: a refusal only slows it a little."""
+        body = {"model": MODEL, "prompt": "w " * 200, "max_tokens": 100}
+        codes = []
+        while not done.is_set():
+            answer = await client.post(
+                "/v1/completions", json=body, headers={"Authorization": "Bearer noisy-1"},
+                timeout=120,
+            )  # fmt: skip
+            codes.append(answer.status_code)
+            if answer.status_code == 429:
+                await asyncio.sleep(0.05)
+        return codes
+
+    async def quiet() -> float | None:
+        body = {"model": MODEL, "prompt": "w " * 50, "max_tokens": 4, "stream": True}
+        started = asyncio.get_running_loop().time()
+        headers = {"Authorization": "Bearer quiet-1"}
+        async with client.stream(
+            "POST", "/v1/completions", json=body, headers=headers, timeout=60
+        ) as answer:
+            if answer.status_code != 200:
+                return None
+            async for line in answer.aiter_lines():
+                if line.startswith("data: {"):
+                    return asyncio.get_running_loop().time() - started
+        return None
+
+    flood = [asyncio.create_task(noisy()) for _ in range(16)]
+    await asyncio.sleep(0.3)  # the flood is in
+    ttfts = []
+    for _ in range(quiet_requests):
+        ttfts.append(await quiet())
+        await asyncio.sleep(0.2)
+    done.set()
+    return ttfts, [code for codes in await asyncio.gather(*flood) for code in codes]
+
+
+QUIET_TTFT_S = 0.5
+"""The quiet tenant's TTFT target: a 50-token prompt takes a few tens of ms on this engine."""
+
+
+async def test_a_noisy_tenant_over_its_limit_gets_429_and_the_quiet_one_keeps_its_slo(
+    servers: dict[str, Any], tmp_path: Path
+) -> None:
+    ttfts, codes = await _noisy_and_quiet(servers, tmp_path, ",concurrency=2", 20)
+    assert codes.count(429) > codes.count(200), codes  # two at a time: the rest refused
+    assert set(codes) <= {200, 429}, codes
+    met = [t for t in ttfts if t is not None and t <= QUIET_TTFT_S]
+    assert len(met) >= 0.9 * len(ttfts), ttfts
+
+
+async def test_without_a_limit_the_same_flood_takes_the_quiet_tenant_s_slo(
+    servers: dict[str, Any], tmp_path: Path
+) -> None:
+    # The control: what the limit protects against. The flood holds the engine's four
+    # sequences for seconds and queues behind them; so does the quiet tenant.
+    ttfts, codes = await _noisy_and_quiet(servers, tmp_path, "", 5)
+    assert set(codes) == {200}, codes
+    met = [t for t in ttfts if t is not None and t <= QUIET_TTFT_S]
+    assert len(met) < 0.9 * len(ttfts), ttfts
