@@ -142,14 +142,14 @@ def test_router_args_list_backends_per_role_and_the_slo() -> None:
     args = router_args(render_inference_service(isvc, deployments))
     assert backends(args) == [
         {"deployment": "llama", "role": "aggregated", "engine": "vllm", "weight": "10",
-         "model": "llama-3.1-8b", "context": "32768", "service": "llama-aggregated",
-         "port": "8000"},
+         "model": "llama-3.1-8b", "context": "32768", "seqs": "256",
+         "service": "llama-aggregated", "port": "8000"},
         {"deployment": "llama-pd", "role": "prefill", "engine": "tensorrt-llm", "weight": "90",
-         "model": "llama-3.3-70b", "context": "16384", "service": "llama-pd-prefill",
-         "port": "8000"},
+         "model": "llama-3.3-70b", "context": "16384", "seqs": "256",
+         "service": "llama-pd-prefill", "port": "8000"},
         {"deployment": "llama-pd", "role": "decode", "engine": "tensorrt-llm", "weight": "90",
-         "model": "llama-3.3-70b", "context": "16384", "service": "llama-pd-decode",
-         "port": "8000"},
+         "model": "llama-3.3-70b", "context": "16384", "seqs": "256",
+         "service": "llama-pd-decode", "port": "8000"},
     ]  # fmt: skip
     assert args[:8] == [
         "--service", "chat", "--port", "8000", "--admin-port", "8001",

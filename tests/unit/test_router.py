@@ -29,7 +29,7 @@ from inferfleet.streaming import TokenStream
 # Flags.
 
 RENDERED = (
-    "deployment=chat,role=decode,engine=vllm,weight=100,model=llama,context=8192,"
+    "deployment=chat,role=decode,engine=vllm,weight=100,model=llama,context=8192,seqs=256,"
     "service=chat-decode,port=8000"
 )
 
@@ -37,8 +37,17 @@ RENDERED = (
 def test_a_rendered_backend_flag_parses() -> None:
     backend = parse_backend(RENDERED)
     assert backend == Backend(
-        "chat", Role.DECODE, EngineName.VLLM, "llama", 100, "chat-decode", context=8192
-    )
+        "chat", Role.DECODE, EngineName.VLLM, "llama", 100, "chat-decode",
+        context=8192, sequences=256,
+    )  # fmt: skip
+
+
+def test_the_engines_sequences_bound_the_router_only_where_every_serving_pool_says() -> None:
+    prefill = parse_backend("deployment=pd,role=prefill,engine=sim,model=m,service=p,seqs=8")
+    decode = parse_backend("deployment=pd,role=decode,engine=sim,model=m,service=d,seqs=64")
+    other = parse_backend("deployment=b,role=aggregated,engine=sim,model=m,service=b")
+    assert RouterConfig("s", (prefill, decode)).engine_sequences() == {("pd", Role.DECODE): 64}
+    assert RouterConfig("s", (prefill, decode, other)).engine_sequences() is None
 
 
 def test_fixed_urls_parse() -> None:
@@ -59,6 +68,8 @@ def test_fixed_urls_parse() -> None:
         ("deployment=a,role=aggregated,engine=sim,model=m,urls=127.0.0.1:80", "http(s)://"),
         ("deployment=a,role=aggregated,engine=sim,model=m,service=s,port=x", "integers"),
         ("deployment=a,role=aggregated,engine=sim,model=m,service=s,context=0", "a context in"),
+        ("deployment=a,role=aggregated,engine=sim,model=m,service=s,seqs=0", "seqs is at least"),
+        ("deployment=a,role=aggregated,engine=sim,model=m,service=s,seqs=x", "integers"),
         ("deployment=a,deployment=b,role=aggregated,engine=sim,model=m,service=s", "twice"),
     ],
 )

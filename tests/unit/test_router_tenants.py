@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from inferfleet.router.fairness import Priority
 from inferfleet.router.tenants import (
     KeyRing,
     Refusal,
@@ -41,6 +42,7 @@ def test_a_tenant_flag_parses() -> None:
     spec = parse_tenant("name=a,keys=/k/a,rps=2.5,tpm=6000,concurrency=4,models=m1;m2")
     assert spec == TenantSpec("a", "/k/a", 2.5, 6000.0, 4, ("m1", "m2"))
     assert parse_tenant("name=b,keys=/k/b") == TenantSpec("b", "/k/b")
+    assert parse_tenant("name=c,keys=/k/c,priority=batch").priority is Priority.BATCH
 
 
 @pytest.mark.parametrize(
@@ -52,6 +54,7 @@ def test_a_tenant_flag_parses() -> None:
         ("name=a,keys=/k,tpm=nan", "positive"),
         ("name=a,keys=/k,colour=red", "'colour=red'"),
         ("name=a,name=b,keys=/k", "twice"),
+        ("name=a,keys=/k,priority=urgent", "priority is interactive or batch"),
     ],
 )
 def test_bad_tenant_flags_say_what_is_wrong(flag: str, says: str) -> None:
@@ -304,3 +307,48 @@ async def test_without_a_limit_the_same_flood_takes_the_quiet_tenant_s_slo(
     assert set(codes) == {200}, codes
     met = [t for t in ttfts if t is not None and t <= QUIET_TTFT_S]
     assert len(met) < 0.9 * len(ttfts), ttfts
+
+
+async def test_when_the_engine_is_full_interactive_goes_first_and_tenants_share_fairly(
+    servers: dict[str, Any], tmp_path: Path
+) -> None:
+    # One sequence at a time: every other request waits at the router, where the order is
+    # decided (the engine itself would serve first come, first served).
+    server = SimServer(
+        create_engine(replace(CONFIG, max_sequences=1), MODEL), "127.0.0.1", 0, drain_timeout_s=1.0
+    )
+    servers["engines"].append(server)
+    engine = f"http://127.0.0.1:{await server.start()}"
+    names = ("etl", "chat", "search")
+    flags = {name: f"name={name},keys={key_dir(tmp_path, name, name + '-key')}" for name in names}
+    client = await start_router(
+        servers,
+        config(
+            aggregated(engine) + ",seqs=1",
+            tenants=(
+                parse_tenant(flags["etl"] + ",priority=batch"),
+                parse_tenant(flags["chat"]),
+                parse_tenant(flags["search"]),
+            ),
+        ),
+    )
+    finished: list[str] = []
+
+    async def call(tenant: str, tokens: int) -> None:
+        body = {"model": MODEL, "prompt": "w " * 20, "max_tokens": tokens}
+        headers = {"Authorization": f"Bearer {tenant}-key"}
+        answer = await client.post("/v1/completions", json=body, headers=headers, timeout=60)
+        assert answer.status_code == 200, answer.text
+        finished.append(tenant)
+
+    calls = [asyncio.create_task(call("etl", 200)) for _ in range(3)]
+    await asyncio.sleep(0.2)  # the first batch request holds the engine, two wait
+    calls += [asyncio.create_task(call("chat", 40)) for _ in range(4)]
+    await asyncio.sleep(0.05)
+    calls.append(asyncio.create_task(call("search", 40)))
+    await asyncio.gather(*calls)
+    # The batch request already running ends first; then interactive before batch, and among
+    # the interactive, search (served nothing yet) before chat's second request.
+    assert finished[0] == "etl"
+    assert finished[1:3] == ["chat", "search"], finished
+    assert finished[-2:] == ["etl", "etl"], finished

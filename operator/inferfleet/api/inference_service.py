@@ -127,6 +127,14 @@ class AutoscalingSpec(WireModel):
     )
 
 
+class TenantPriority(StrEnum):
+    """When the engines are full, interactive requests wait ahead of batch ones (and a full
+    queue sheds batch first); within a priority, tenants share by tokens served."""
+
+    INTERACTIVE = "interactive"
+    BATCH = "batch"
+
+
 class TenantLimits(WireModel):
     requests_per_second: float | None = Field(
         default=None,
@@ -169,6 +177,12 @@ class Tenant(WireModel):
     )
     limits: TenantLimits = Field(
         default_factory=TenantLimits, description="How much it may ask; unset: no limit."
+    )
+    priority: TenantPriority = Field(
+        strict=False,
+        default=TenantPriority.INTERACTIVE,
+        description="interactive or batch: when the engines are full, interactive requests go "
+        "first and batch ones are shed first; tenants of one priority share by tokens served.",
     )
 
 

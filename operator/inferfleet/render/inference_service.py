@@ -33,7 +33,13 @@ from typing import Any, Final
 
 from inferfleet import __version__
 from inferfleet.api.common import API_GROUP, API_VERSION
-from inferfleet.api.inference_service import KIND, DeploymentRef, InferenceService, Tenant
+from inferfleet.api.inference_service import (
+    KIND,
+    DeploymentRef,
+    InferenceService,
+    Tenant,
+    TenantPriority,
+)
 from inferfleet.api.model_deployment import ModelDeployment
 from inferfleet.engines import ENGINE_PORT, PORT_NAME, roles_of
 from inferfleet.render.common import (
@@ -135,6 +141,7 @@ def backend_args(resolved: Sequence[tuple[DeploymentRef, ModelDeployment]]) -> l
                 f"weight={ref.weight}",
                 f"model={served_model_name(md.spec)}",
                 f"context={md.spec.max_model_length()}",
+                f"seqs={md.spec.batching.max_sequences}",
                 f"service={engine_name(ref.name, role)}",
                 f"port={ENGINE_PORT}",
             )
@@ -179,6 +186,8 @@ def tenant_args(tenants: Sequence[Tenant]) -> list[str]:
             fields.append(f"concurrency={limits.max_concurrent_requests}")
         if tenant.models:
             fields.append("models=" + ";".join(tenant.models))
+        if tenant.priority is not TenantPriority.INTERACTIVE:
+            fields.append(f"priority={tenant.priority.value}")
         args += ["--tenant", ",".join(fields)]
     return args
 

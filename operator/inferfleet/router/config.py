@@ -27,7 +27,8 @@ from inferfleet.router.tenants import TenantSpec
 from inferfleet.slo import Slo
 
 _BACKEND_KEYS = (
-    "deployment", "role", "engine", "weight", "model", "context", "service", "port", "urls",
+    "deployment", "role", "engine", "weight", "model", "context", "seqs", "service", "port",
+    "urls",
 )  # fmt: skip
 ADMIN_PORT = 8001
 """Default port of the router's admin listener (metrics, debug pages): never the users' port,
@@ -71,6 +72,9 @@ class Backend:
     port: int = 8000
     urls: tuple[str, ...] = ()
     context: int = LONGEST_CONTEXT
+    sequences: int | None = None
+    """Sequences a replica batches at once (the engine's limit); None: not known, and the
+    router admits every request at once (`fairness.FairGate`)."""
 
     @property
     def key(self) -> tuple[str, Role]:
@@ -101,22 +105,26 @@ def parse_backend(text: str) -> Backend:
         weight = int(fields.get("weight", "100"))
         port = int(fields.get("port", "8000"))
         context = int(fields.get("context", str(LONGEST_CONTEXT)))
+        sequences = int(fields["seqs"]) if "seqs" in fields else None
     except ValueError as error:
         raise RouterConfigError(
-            f"backend {text!r}: weight, port and context are integers"
+            f"backend {text!r}: weight, port, context and seqs are integers"
         ) from error
     if weight < 0 or not 0 < port < 65536 or not 0 < context <= LONGEST_CONTEXT:
         raise RouterConfigError(
             f"backend {text!r}: weight >= 0, a port in 1..65535 and a context in "
             f"1..{LONGEST_CONTEXT}"
         )
+    if sequences is not None and sequences < 1:
+        raise RouterConfigError(f"backend {text!r}: seqs is at least 1")
     urls = tuple(_url(url) for url in fields.get("urls", "").split(";") if url.strip())
     service = fields.get("service") or None
     if not urls and service is None:
         raise RouterConfigError(f"backend {text!r}: give service= (Kubernetes) or urls=")
     return Backend(
-        fields["deployment"], role, engine, fields["model"], weight, service, port, urls, context
-    )
+        fields["deployment"], role, engine, fields["model"], weight, service, port, urls, context,
+        sequences,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,9 +168,21 @@ class RouterConfig:
     """Who may call the service and how much (`router.tenants`); none: anyone, unlimited."""
     key_reload_s: float = 10.0
     """How often the tenants' key files are read again (a rotated Secret's new keys)."""
+    max_queued_requests: int = 4096
+    """Requests that may wait for the engines when they are full (`fairness.FairGate`)."""
+    max_queue_wait_s: float = 30.0
+    """How long a request may wait for the engines before a 503 with Retry-After."""
     affinity_slack_tokens: int = 8192
     """How many more outstanding tokens a replica holding a request's prefix may carry than
     the least loaded one and still be chosen for it."""
+
+    def engine_sequences(self) -> dict[tuple[str, Role], int] | None:
+        """Per serving pool (aggregated or decode), the sequences a replica batches; None when
+        some pool does not say (then nothing bounds what goes to the engines)."""
+        pools = {b.key: b.sequences for b in self.backends if b.role is not Role.PREFILL}
+        if any(n is None for n in pools.values()):
+            return None
+        return {key: n for key, n in pools.items() if n is not None}
 
     def __post_init__(self) -> None:
         if not self.backends:

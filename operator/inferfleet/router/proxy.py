@@ -59,6 +59,7 @@ from inferfleet.api.model_deployment import EngineName, Role
 from inferfleet.router.answers import error_body, error_response, message_of
 from inferfleet.router.balancer import Balancer, Replica
 from inferfleet.router.config import Backend, RouterConfig
+from inferfleet.router.fairness import FairGate, ShedError
 from inferfleet.router.keyfiles import load_keys, reload_keys
 from inferfleet.router.metrics import Finished, RouterMetrics
 from inferfleet.router.requests import (
@@ -154,6 +155,9 @@ class Router:
             self.balancer.declare(backend.deployment, backend.role)
             self.metrics.declare(backend.deployment)
         self.tenants = Tenants(config.tenants)
+        self.gate = FairGate(
+            max_queue=config.max_queued_requests, max_wait_s=config.max_queue_wait_s
+        )
         for tenant in config.tenants:
             self.metrics.declare_tenant(tenant.name)
         self.draining = False
@@ -234,6 +238,8 @@ class Router:
             await asyncio.sleep(self.config.health_interval_s)
 
     def _publish_replicas(self) -> None:
+        # No healthy replica: nothing to wait for (requests get their 503 at once).
+        self.gate.set_capacity(self._engine_capacity() or None)
         for (deployment, role), pool in self.balancer.replicas.items():
             healthy = sum(1 for replica in pool.values() if replica.healthy)
             series = self.metrics.replicas
@@ -241,6 +247,16 @@ class Router:
             series.labels(self.config.service, deployment, role.value, "unhealthy").set(
                 len(pool) - healthy
             )
+
+    def _engine_capacity(self) -> int | None:
+        """Requests the healthy replicas batch at once, or None where a pool does not say."""
+        sequences = self.config.engine_sequences()
+        if sequences is None:
+            return None
+        return sum(
+            n * sum(1 for r in self.balancer.replicas.get(key, {}).values() if r.healthy)
+            for key, n in sequences.items()
+        )
 
     def _mark_down(self, replica: Replica) -> None:
         if replica.healthy:
@@ -375,8 +391,17 @@ class Router:
             refused = self.tenants.charge(tenant, charged, loop.time())
             if refused is not None:
                 return self._refuse(refused, "rate_limited", tenant)
+        try:  # wait while the engines are full; the wait is part of the TTFT
+            ticket = await self.gate.enter(
+                tenant or "", self.tenants.priority(tenant), routed.prompt_tokens_estimate
+            )
+        except ShedError as shed:
+            if tenant is not None:
+                self.tenants.refund(tenant, charged, loop.time())
+            return self._shed(shed, tenant)
         deployment = self.balancer.choose_deployment(among)
         if deployment is None:
+            self.gate.leave(ticket, 0)
             if tenant is not None:
                 self.tenants.refund(tenant, charged, loop.time())
             serving = "any deployment" if routed.model is None else repr(routed.model)
@@ -412,12 +437,23 @@ class Router:
             judged = Outcome.FAILED
             return error_response(error.message, error.status, "BadGatewayError")
         finally:
+            self.gate.leave(ticket, timing.tokens)
             self.metrics.in_flight.labels(service).dec()
             if judged is not None:
                 self._record(deployment, tenant, judged, timing, loop.time())
             if tenant is not None:
                 used = (timing.prompt_tokens or routed.prompt_tokens_estimate) + timing.tokens
                 self.tenants.refund(tenant, charged - used, loop.time())
+
+    def _shed(self, shed: ShedError, tenant: str | None) -> web.Response:
+        self.metrics.rejected.labels(self.config.service, shed.reason).inc()
+        if tenant is not None:
+            self.metrics.tenant_rejected.labels(self.config.service, tenant, shed.reason).inc()
+        retry = str(max(1, math.ceil(shed.retry_after_s)))
+        message = f"the engines are full: {shed}"
+        return error_response(
+            message, 503, "ServiceUnavailableError", headers={"Retry-After": retry}
+        )
 
     def _unavailable(self, message: str) -> web.Response:
         self.metrics.rejected.labels(self.config.service, "no_replica").inc()

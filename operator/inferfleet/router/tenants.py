@@ -27,9 +27,10 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from inferfleet.router.fairness import Priority
 from inferfleet.router.flags import key_values
 
-_TENANT_KEYS = ("name", "keys", "rps", "tpm", "concurrency", "models")
+_TENANT_KEYS = ("name", "keys", "rps", "tpm", "concurrency", "models", "priority")
 
 
 class TenantConfigError(ValueError):
@@ -46,6 +47,8 @@ class TenantSpec:
     max_concurrent: int | None = None
     models: tuple[str, ...] = ()
     """Served model names the tenant may use; empty: every one."""
+    priority: Priority = Priority.INTERACTIVE
+    """When the engines are full: interactive requests wait ahead of batch ones."""
 
 
 def parse_tenant(text: str) -> TenantSpec:
@@ -63,7 +66,13 @@ def parse_tenant(text: str) -> TenantSpec:
     if any(not math.isfinite(v) or v <= 0 for v in limits):
         raise TenantConfigError(f"tenant {text!r}: limits must be positive")
     models = tuple(m for m in fields.get("models", "").split(";") if m)
-    return TenantSpec(fields["name"], fields["keys"], rps, tpm, concurrency, models)
+    try:
+        priority = Priority(fields.get("priority", Priority.INTERACTIVE.value))
+    except ValueError:
+        raise TenantConfigError(
+            f"tenant {text!r}: priority is {' or '.join(p.value for p in Priority)}"
+        ) from None
+    return TenantSpec(fields["name"], fields["keys"], rps, tpm, concurrency, models, priority)
 
 
 def key_digest(key: str) -> bytes:
@@ -199,6 +208,10 @@ class Tenants:
                 )
         state.running += 1
         return None
+
+    def priority(self, tenant: str | None) -> Priority:
+        """The tenant's priority class; anonymous requests (no tenants) are interactive."""
+        return Priority.INTERACTIVE if tenant is None else self._state[tenant].spec.priority
 
     def may_use(self, tenant: str, model: str | None) -> Refusal | None:
         allowed = self._state[tenant].spec.models
