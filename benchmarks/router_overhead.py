@@ -2,11 +2,12 @@
 
     .venv/bin/python -m benchmarks.router_overhead [--streams 100,500,1000] [--engines 2]
 
-Starts `--engines` emulated engines (`inferfleet sim-engine`) and one router in front of them
-(`inferfleet router`, static URLs), each its own process; the load runs in this process. For
-each stream count C it drives the same load twice, first straight to the engines (stream i
-to engine i mod N) and then through the router, and compares TTFT p50/p99, TPOT and output
-tokens/s between the two.
+Starts `--engines` emulated engines (`inferfleet sim-engine`) and two routers in front of
+them (`inferfleet router`, static URLs): one without tenants, and one with `--tenants` tenants
+(API keys, limits, the fair-share gate), each its own process; the load runs in this process.
+For each stream count C it drives the same load three times, straight to the engines (stream
+i to engine i mod N), through the router, and through the router with tenants (stream i with
+tenant i mod T's key), and compares TTFT p50/p99, TPOT and output tokens/s between them.
 
 The load is closed-loop at exactly C streams: C workers, each sending its next request as
 soon as the last one ended, so that C streams are open whatever the latency (an open loop
@@ -88,10 +89,15 @@ class Load:
 
 
 async def closed_loop(
-    urls: Sequence[str], load: Load, model: str, streams_per_pool: int
+    urls: Sequence[str],
+    load: Load,
+    model: str,
+    streams_per_pool: int,
+    keys: Sequence[str] = (),
 ) -> list[RequestResult]:
-    """`load.streams` workers, worker i on `urls[i % len(urls)]`, each sending its next
-    request when the last ended, until the measuring window closes."""
+    """`load.streams` workers, worker i on `urls[i % len(urls)]` (with the API key
+    `keys[i % len(keys)]` where keys are given), each sending its next request when the last
+    ended, until the measuring window closes."""
     loop = asyncio.get_running_loop()
     prompts = PromptBuilder(load.input_tokens + 16)
     request = TraceRequest(0.0, load.input_tokens, load.output_tokens)
@@ -118,7 +124,7 @@ async def closed_loop(
     _, stop_at = load.window
     counter = iter(range(1 << 62))
 
-    async def one(client: httpx.AsyncClient, url: str, t0: float) -> None:
+    async def one(client: httpx.AsyncClient, url: str, t0: float, key: str | None) -> None:
         index = next(counter)
         # A unique leading word: no prefix is shared, so prefix affinity plays no part.
         body = f'{head},"prompt":"{prompts.prompt(request, index)}"}}'.encode()
@@ -127,7 +133,8 @@ async def closed_loop(
         results.append(result)
         stream = TokenStream(gaps=result.gaps)
         try:
-            async with client.stream("POST", url, content=body) as response:
+            headers = None if key is None else {"Authorization": f"Bearer {key}"}
+            async with client.stream("POST", url, content=body, headers=headers) as response:
                 result.http_status = response.status_code
                 if response.status_code != 200:
                     await response.aread()
@@ -152,8 +159,9 @@ async def closed_loop(
         await asyncio.sleep(load.ramp_s * slot / load.streams)
         client = clients[slot // streams_per_pool]
         url = urls[slot % len(urls)].rstrip("/") + "/v1/completions"
+        key = keys[slot % len(keys)] if keys else None
         while loop.time() - t0 < stop_at:
-            await one(client, url, t0)
+            await one(client, url, t0, key)
 
     # As the load generator does: keep the collector off the long-lived objects.
     gc.collect()
@@ -250,6 +258,7 @@ def measure(
     load: Load,
     model: str,
     streams_per_pool: int,
+    keys: Sequence[str] = (),
 ) -> PathResult:
     pids = {f"engine {i}": engine.pid for i, engine in enumerate(engines)} | {"router": router.pid}
     urls = [engine.url for engine in engines] if path == "direct" else [router.url]
@@ -257,7 +266,7 @@ def measure(
     before = [scrape(engine.metrics_url) for engine in engines]
     router_before = scrape(router.metrics_url)
     meter.start()
-    results = asyncio.run(closed_loop(urls, load, model, streams_per_pool))
+    results = asyncio.run(closed_loop(urls, load, model, streams_per_pool, keys))
     meter.stop()
     after = [scrape(engine.metrics_url) for engine in engines]
     router_after = scrape(router.metrics_url)
@@ -321,6 +330,29 @@ def measure(
     )
 
 
+PATHS = ("direct", "router", "tenants")
+"""Straight to the engines; through the router as it runs without tenants; through a router
+with tenants' keys, their limits and the fair-share gate on."""
+
+
+def tenants(directory: Path, count: int) -> tuple[list[str], list[str]]:
+    """`count` tenants' keys (as a mounted Secret holds them) and the router's flags for them:
+    limits far above the load (so that none refuses, and each is checked on every request),
+    half of them batch."""
+    keys, flags = [], []
+    for i in range(count):
+        name, key = f"tenant-{i}", f"key-{i}-{'x' * 32}"
+        (directory / name).mkdir(parents=True)
+        (directory / name / "key").write_text(key + "\n")
+        priority = "batch" if i % 2 else "interactive"
+        flags.append(
+            f"--tenant=name={name},keys={directory / name},rps=1000000,tpm=1000000000000,"
+            f"concurrency=1000000,priority={priority}"
+        )
+        keys.append(key)
+    return keys, flags
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--streams", default="100,500,1000", help="Stream counts, comma-separated.")
@@ -348,6 +380,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"Streams per client connection pool (the load generator uses "
         f"{DEFAULT_STREAMS_PER_CLIENT}).",
     )
+    parser.add_argument(
+        "--tenants",
+        type=int,
+        default=4,
+        help="Tenants of the third path (half interactive, half batch), the streams spread "
+        "over their keys.",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     levels = [int(value) for value in args.streams.split(",")]
@@ -364,17 +403,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         log_dir = Path(logs)
         engines = [start_engine(f"engine-{i}", shape, log_dir) for i in range(args.engines)]
         router = start_router("router", engines, args.model, log_dir)
-        with running([*engines, router]):
-            # Warm-up: connections, imports, the router's first upstream calls.
+        keys, tenant_flags = tenants(log_dir / "keys", args.tenants)
+        tenanted = start_router(
+            "router-tenants", engines, args.model, log_dir,
+            sequences=args.max_sequences, extra=tenant_flags,
+        )  # fmt: skip
+        routers = {"direct": router, "router": router, "tenants": tenanted}
+        with running([*engines, router, tenanted]):
+            # Warm-up: connections, imports, the routers' first upstream calls.
             warm = Load(20, args.input_tokens, args.output_tokens, 0.5, 0.0, 3.0)
-            for path in ("direct", "router"):
+            for path in PATHS:
                 measure(
                     path,
                     engines,
-                    router,
+                    routers[path],
                     load=warm,
                     model=args.model,
                     streams_per_pool=args.streams_per_pool,
+                    keys=keys if path == "tenants" else (),
                 )
             for streams in levels:
                 point = closed_loop_point(
@@ -394,15 +440,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                     args.measure_seconds,
                 )
                 paths = {}
-                for path in ("direct", "router"):
+                for path in PATHS:
                     started = time.monotonic()
                     paths[path] = result = measure(
                         path,
                         engines,
-                        router,
+                        routers[path],
                         load=load,
                         model=args.model,
                         streams_per_pool=args.streams_per_pool,
+                        keys=keys if path == "tenants" else (),
                     )
                     print(
                         f"{streams} streams, {path}: {time.monotonic() - started:.0f} s, in "
@@ -432,6 +479,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "settle_seconds": args.settle_seconds,
         "measure_seconds": args.measure_seconds,
         "streams_per_pool": args.streams_per_pool,
+        "tenants": args.tenants,
         "levels": levels_out,
     }
     args.out.mkdir(parents=True, exist_ok=True)
@@ -439,6 +487,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     (args.out / "router_overhead.md").write_text(markdown(document))
     print(markdown(document))
     return 0
+
+
+def _tenant_row(level: dict[str, Any]) -> list[Any]:
+    plain, tenanted = level["paths"]["router"], level["paths"]["tenants"]
+    p50, t50 = _p(plain["ttft_ms"], "p50"), _p(tenanted["ttft_ms"], "p50")
+    p99, t99 = _p(plain["ttft_ms"], "p99"), _p(tenanted["ttft_ms"], "p99")
+    rate, tenant_rate = plain["output_tokens_per_s"], tenanted["output_tokens_per_s"]
+    return [
+        level["streams"],
+        f"{p50:.1f} / {t50:.1f}",
+        f"{t50 - p50:+.1f} ({ratio(t50, p50):.2f}x)",
+        f"{p99:.1f} / {t99:.1f}",
+        f"{t99 - p99:+.1f} ({ratio(t99, p99):.2f}x)",
+        f"{rate:.0f} / {tenant_rate:.0f} ({ratio(tenant_rate, rate):.3f}x)",
+        f"{plain['cpu_us_per_token']['router']:.0f} / {tenanted['cpu_us_per_token']['router']:.0f}",
+        f"{sum(plain['errors'].values())} / {sum(tenanted['errors'].values())}",
+    ]
 
 
 def _p(dist: dict[str, Any] | None, key: str) -> float:
@@ -464,7 +529,8 @@ def markdown(document: dict[str, Any]) -> str:
         f"{document['ramp_seconds']:g} s), then half a lifetime (at least "
         f"{document['settle_seconds']:g} s) to settle, then "
         f"the requests sent in the next {document['measure_seconds']:g} s are measured. "
-        "Direct (stream i to engine i mod N) first, then through the router, same load. The "
+        "Direct (stream i to engine i mod N) first, then through the router, then through "
+        "a router with tenants, same load. The "
         f"client: the load generator's transport, {document['streams_per_pool']} streams per "
         "connection pool. "
         "Added latency = routed - direct; ratios are routed / direct from the same run.",
@@ -505,6 +571,29 @@ def markdown(document: dict[str, Any]) -> str:
                 "errors",
             ],
             rows,
+        ),
+        "",
+        f"## With tenants: keys, limits and the fair-share gate on ({document['tenants']} "
+        "tenants; router / router with tenants)",
+        "",
+        "The same load through a second router process that checks each request's API key "
+        "(SHA-256 of the bearer key), charges its tenant's request, token and concurrency "
+        "limits (set far above the load, so that every request is checked and none refused) "
+        "and passes it through the fair-share gate (bounded by the engines' sequences, "
+        "interactive and batch tenants), against the router without tenants, same run.",
+        "",
+        table(
+            [
+                "streams",
+                "TTFT p50 ms",
+                "added p50 ms",
+                "TTFT p99 ms",
+                "added p99 ms",
+                "output tok/s",
+                "router us/token",
+                "errors",
+            ],
+            [_tenant_row(level) for level in document["levels"]],
         ),
         "",
         "## Where the first token's time went (means over each run, ms)",

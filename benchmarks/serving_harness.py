@@ -151,19 +151,30 @@ def start_engine(
 
 
 def start_router(
-    name: str, engines: Sequence[Service], model: str, log_dir: Path, cpus: set[int] | None = None
+    name: str,
+    engines: Sequence[Service],
+    model: str,
+    log_dir: Path,
+    cpus: set[int] | None = None,
+    *,
+    sequences: int | None = None,
+    extra: Sequence[str] = (),
 ) -> Service:
+    """A router in front of `engines`; `sequences` per engine bounds what it sends at once
+    (its fair-share gate), `extra` are more of its flags (tenants)."""
     port, admin_port = free_port(), free_port()
     urls = ";".join(engine.url for engine in engines)
+    seqs = "" if sequences is None else f",seqs={sequences}"
     arguments = [
         "router",
         "--service=bench",
-        f"--backend=deployment=bench,role=aggregated,engine=sim,model={model},urls={urls}",
+        f"--backend=deployment=bench,role=aggregated,engine=sim,model={model}{seqs},urls={urls}",
         "--host=127.0.0.1",
         f"--port={port}",
         f"--admin-port={admin_port}",
         "--drain-delay=0",
         "--drain-timeout=2",
+        *extra,
     ]
     return start_process(name, arguments, port, log_dir, cpus, metrics_port=admin_port)
 
