@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from inferfleet.api.catalog import GpuCatalog
+from inferfleet.api.catalog import GpuCatalog, GpuType
 from inferfleet.api.inference_service import InferenceService
 from inferfleet.api.model_deployment import ModelDeployment, Role
 from inferfleet.autoscale.controller import (
@@ -78,12 +78,19 @@ class Scripted:
         self.values = dict(answers)
         self.fail = fail
         self.asked: list[str] = []
+        self.vectors: dict[str, list[tuple[dict[str, str], float]]] = {}
 
     def answers(self, queries: Mapping[str, str]) -> dict[str, float | None]:
         self.asked.extend(queries.values())
         if self.fail:
             raise MetricsUnavailableError("Prometheus did not answer: connection refused")
         return {name: self.values.get(name) for name in queries}
+
+    def series(self, name: str, query: str) -> list[tuple[dict[str, str], float]]:
+        self.asked.append(query)
+        if self.fail or name not in self.vectors:
+            raise MetricsUnavailableError(f"{name}: no answer")
+        return self.vectors[name]
 
 
 def busy(rate: float, **overrides: float | None) -> dict[str, float | None]:
@@ -216,6 +223,39 @@ def test_a_load_step_takes_no_more_gpus_than_the_namespace_quota_leaves() -> Non
         settings=SETTINGS, now=NOW + timedelta(seconds=15), gpu_quota=quota,
     )  # fmt: skip
     assert "QuotaExhausted" not in [r for r, _, _ in again.events]
+
+
+def test_each_tenant_is_charged_its_share_of_the_gpus_by_tokens_served() -> None:
+    md = model_deployment()  # two H100 replicas
+    body = inference_service().to_wire()
+    body["spec"]["tenants"] = [
+        {"name": "search", "apiKeySecret": "search-keys"},
+        {"name": "etl", "apiKeySecret": "etl-keys", "priority": "batch"},
+    ]
+    service = InferenceService.model_validate(body)
+    source = Scripted(busy(10.0))
+    source.vectors["tenant_tokens"] = [
+        ({"tenant": "search", "kind": "prompt"}, 3000.0),
+        ({"tenant": "search", "kind": "output"}, 1500.0),
+        ({"tenant": "etl", "kind": "prompt"}, 1000.0),
+        ({"tenant": "etl", "kind": "output"}, 500.0),
+    ]
+    result = tick(service, {"llama": md}, source, settings=SETTINGS, now=NOW)
+    observed = result.status["observed"]
+    hourly = observed["costPerHourUsd"]
+    assert hourly == pytest.approx(2 * GpuCatalog.builtin()[GpuType.H100_80GB].hourly_price_usd)
+    tenants = {t["name"]: t for t in observed["tenants"]}
+    # Weighted tokens: search 3000 + 2 x 1500 = 6000, etl 1000 + 2 x 500 = 2000.
+    assert tenants["search"]["share"] == 0.75
+    assert tenants["etl"]["share"] == 0.25
+    assert tenants["search"]["costPerHourUsd"] == pytest.approx(0.75 * hourly, abs=1e-3)
+    assert tenants["etl"]["outputTokensPerSecond"] == 500.0
+    assert any("sum by (tenant, kind)" in q and 'service="chat"' in q for q in source.asked)
+    # Without an answer for the tenants the tick goes on, and the breakdown is left out.
+    source.vectors.clear()
+    again = tick(service, {"llama": md}, source, settings=SETTINGS, now=NOW)
+    assert again.status["observed"]["tenants"] == []
+    assert again.status["observed"]["attainment"] is not None
 
 
 def test_prometheus_down_holds_replicas_and_warns_once() -> None:

@@ -309,6 +309,71 @@ def test_the_cost_panel_computes_what_status_observed_reports() -> None:
     }
 
 
+def test_the_tenant_cost_panel_shares_the_hourly_cost_by_weighted_tokens(
+    promtool: Path, tmp_path: Path
+) -> None:
+    """Evaluated by promtool over series as the operator and the router export them: two
+    tenants, one served 3 prompt and 1 output token a second, the other 1 and 1 (weighted 5
+    and 3), on a service holding two GPUs at 2.5 USD an hour: 5/8 and 3/8 of 5 USD."""
+    dashboard = load_dashboards()["inferfleet-cost.json"]
+    [panel] = [p for p in dashboard["panels"] if p["title"] == "Hourly cost per tenant"]
+    expr = substitute(panel["targets"][0]["expr"].replace("$__rate_interval", "3m"))
+    labels = 'namespace="ns",service="chat"'
+    autoscaler = f'{labels},deployment="llama",role="aggregated"'
+
+    def counter(tenant: str, kind: str, per_s: int) -> dict[str, str]:
+        return {
+            "series": f'inferfleet_router_tenant_tokens_total{{{labels},tenant="{tenant}",'
+            f'kind="{kind}"}}',
+            "values": f"0+{per_s * 60}x10",
+        }
+
+    tests = {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    {
+                        "series": f"inferfleet_autoscaler_desired_replicas{{{autoscaler}}}",
+                        "values": "2x10",
+                    },
+                    {
+                        "series": f"inferfleet_autoscaler_gpus_per_replica{{{autoscaler}}}",
+                        "values": "1x10",
+                    },
+                    {
+                        "series": f"inferfleet_autoscaler_gpu_hourly_price_usd{{{autoscaler}}}",
+                        "values": "2.5x10",
+                    },
+                    counter("search", "prompt", 3),
+                    counter("search", "output", 1),
+                    counter("etl", "prompt", 1),
+                    counter("etl", "output", 1),
+                ],
+                "promql_expr_test": [
+                    {
+                        "expr": expr,
+                        "eval_time": "5m",
+                        "exp_samples": [
+                            {"labels": f'{{{labels},tenant="search"}}', "value": 5 * 5 / 8},
+                            {"labels": f'{{{labels},tenant="etl"}}', "value": 5 * 3 / 8},
+                        ],
+                    }
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "tenant_cost_test.yaml"
+    path.write_text(yaml.safe_dump(tests))
+    result = subprocess.run(
+        [str(promtool), "test", "rules", path.name],
+        cwd=tmp_path, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 # The rules.
 
 

@@ -233,6 +233,18 @@ SERVICE_RULES: tuple[CrossFieldRule[InferenceServiceSpec], ...] = (
 InferenceServiceSpec.cross_field_rules = SERVICE_RULES
 
 
+class TenantCost(StatusModel):
+    name: str = Field(description="The tenant.")
+    prompt_tokens_per_second: float = Field(ge=0, description="Prompt tokens/s it was served.")
+    output_tokens_per_second: float = Field(ge=0, description="Output tokens/s it was served.")
+    share: float = Field(
+        ge=0, le=1, description="Its share of the tokens served (prompt 1, output 2 each)."
+    )
+    cost_per_hour_usd: float = Field(
+        ge=0, description="Its share of the service's GPU cost an hour, in US dollars."
+    )
+
+
 class ObservedPerformance(StatusModel):
     ttft_p95_ms: float | None = Field(default=None, description="Observed p95 TTFT, ms.")
     tpot_p95_ms: float | None = Field(default=None, description="Observed p95 TPOT, ms.")
@@ -248,6 +260,14 @@ class ObservedPerformance(StatusModel):
     )
     mfu: float | None = Field(default=None, description="Model FLOPs utilisation (0-1).")
     mbu: float | None = Field(default=None, description="Memory bandwidth utilisation (0-1).")
+    cost_per_hour_usd: float | None = Field(
+        default=None, description="GPU cost an hour of the replicas held, in US dollars."
+    )
+    tenants: list[TenantCost] = Field(
+        default_factory=list,
+        max_length=MAX_TENANTS,
+        description="Per tenant: tokens served, share and cost an hour, over the rate window.",
+    )
 
 
 class RoleReplicas(StatusModel):

@@ -25,6 +25,7 @@ function of its arguments, so it is tested with a scripted metrics source.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -59,12 +60,15 @@ from inferfleet.autoscale.queries import (
     DeploymentUsage,
     MalformedAnswerError,
     instant_value,
+    labelled_values,
     observe,
+    render,
     role_queries,
     service_queries,
     snapshot_from_answers,
 )
 from inferfleet.autoscale.snapshot import MetricsSnapshot
+from inferfleet.autoscale.tenants import TENANT_TOKENS_QUERY, TenantTokens, tenant_tokens
 from inferfleet.engines import roles_of
 from inferfleet.planning.replica import ReplicaConfig
 
@@ -108,6 +112,10 @@ class MetricsSource(Protocol):
         """Each query's single value (None when it returns no series)."""
         ...
 
+    def series(self, name: str, query: str) -> list[tuple[dict[str, str], float]]:
+        """Every series the query returns: its labels and its value."""
+        ...
+
 
 class PrometheusSource:
     """Instant queries through prometheus-api-client, one try each, all of them within one
@@ -122,27 +130,7 @@ class PrometheusSource:
     def answers(self, queries: Mapping[str, str]) -> dict[str, float | None]:
         found: dict[str, float | None] = {}
         for name, query in queries.items():
-            left = self.deadline - time.monotonic()
-            if left <= 0:
-                raise MetricsUnavailableError(
-                    f"Prometheus answered too slowly (over {self.budget_s:g} s for a tick)"
-                )
-            try:
-                result = self.client.custom_query(query=query, timeout=left)
-            # A body that is not JSON, or JSON without `data.result` (an error answered with
-            # 200, say): the client indexes the body without checking it.
-            except (requests.JSONDecodeError, KeyError, TypeError) as error:
-                raise MetricsUnavailableError(
-                    f"{name}: Prometheus answered without a query result "
-                    f"({type(error).__name__}: {error})",
-                    MALFORMED_ANSWER,
-                ) from error
-            except PrometheusApiClientException as error:  # any HTTP status but 200
-                raise MetricsUnavailableError(
-                    f"{name}: Prometheus answered with an error: {error}", QUERY_FAILED
-                ) from error
-            except requests.RequestException as error:
-                raise MetricsUnavailableError(f"Prometheus did not answer: {error}") from error
+            result = self._result(name, query)
             try:
                 found[name] = instant_value(name, result)
             except MalformedAnswerError as error:
@@ -150,6 +138,35 @@ class PrometheusSource:
                     f"{error} (query: {query})", MALFORMED_ANSWER
                 ) from error
         return found
+
+    def series(self, name: str, query: str) -> list[tuple[dict[str, str], float]]:
+        try:
+            return labelled_values(name, self._result(name, query))
+        except MalformedAnswerError as error:
+            raise MetricsUnavailableError(f"{error} (query: {query})", MALFORMED_ANSWER) from error
+
+    def _result(self, name: str, query: str) -> object:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise MetricsUnavailableError(
+                f"Prometheus answered too slowly (over {self.budget_s:g} s for a tick)"
+            )
+        try:
+            return self.client.custom_query(query=query, timeout=left)
+        # A body that is not JSON, or JSON without `data.result` (an error answered with
+        # 200, say): the client indexes the body without checking it.
+        except (requests.JSONDecodeError, KeyError, TypeError) as error:
+            raise MetricsUnavailableError(
+                f"{name}: Prometheus answered without a query result "
+                f"({type(error).__name__}: {error})",
+                MALFORMED_ANSWER,
+            ) from error
+        except PrometheusApiClientException as error:  # any HTTP status but 200
+            raise MetricsUnavailableError(
+                f"{name}: Prometheus answered with an error: {error}", QUERY_FAILED
+            ) from error
+        except requests.RequestException as error:
+            raise MetricsUnavailableError(f"Prometheus did not answer: {error}") from error
 
 
 @dataclass(frozen=True)
@@ -242,17 +259,20 @@ class _Reading:
     service_answers: dict[str, float | None]
     problem: tuple[str, str] | None
     first_snapshot: MetricsSnapshot | None = None
+    tenants: dict[str, TenantTokens] | None = None
+    """Tokens served per tenant (services with tenants; None: not read)."""
 
 
 def _service_reading(
-    name: str, namespace: str, source: MetricsSource | None, settings: AutoscalerSettings
+    service: InferenceService, source: MetricsSource | None, settings: AutoscalerSettings
 ) -> _Reading:
     if source is None:
         return _Reading(
             {}, ("NoMetricsSource", "the operator was started without --prometheus-url")
         )
+    name, namespace = str(service.metadata.get("name")), str(service.metadata.get("namespace"))
     try:
-        return _Reading(
+        reading = _Reading(
             source.answers(
                 service_queries(name, namespace, settings.window_s, settings.recent_window_s)
             ),
@@ -260,6 +280,15 @@ def _service_reading(
         )
     except MetricsUnavailableError as error:
         return _Reading({}, (error.reason, str(error)))
+    if service.spec.tenants:
+        query = render(
+            TENANT_TOKENS_QUERY, service=name, namespace=namespace, window_s=settings.window_s
+        )
+        # Usage per tenant is a report, not an input of the decision: without it the tick
+        # goes on, and status leaves the breakdown out.
+        with contextlib.suppress(MetricsUnavailableError):
+            reading.tenants = tenant_tokens(source.series("tenant_tokens", query))
+    return reading
 
 
 def _snapshot(
@@ -346,7 +375,7 @@ def tick(
     namespace = str(service.metadata.get("namespace"))
     now_s = now.timestamp()
     owned, elsewhere = _ownership(service, deployments, claims)
-    reading = _service_reading(name, namespace, source, settings)
+    reading = _service_reading(service, source, settings)
     weights = {ref.name: ref.weight for ref in service.spec.deployments}
     total_weight = sum(w for n, w in weights.items() if n in deployments) or 1
     before = _own_decisions(service)
@@ -425,7 +454,8 @@ def _tick_status(
         for role, n in sorted(d.decision.replicas.items())
     ]
     if reading.first_snapshot is not None:
-        status["observed"] = observe(reading.first_snapshot.service, usage).to_wire()
+        observed = observe(reading.first_snapshot.service, usage, reading.tenants)
+        status["observed"] = observed.to_wire()
     moved = [d for d in decisions if d.changed]
     if moved:
         message = "; ".join(f"{d.name}: {d.decision.message}" for d in moved)

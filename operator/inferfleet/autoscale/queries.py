@@ -15,6 +15,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
@@ -28,6 +29,7 @@ from inferfleet.autoscale.snapshot import (
     RoleMetrics,
     ServiceMetrics,
 )
+from inferfleet.autoscale.tenants import TenantTokens, TenantUsage, tenant_usage
 from inferfleet.planning.memory import weight_bytes_per_gpu
 from inferfleet.planning.replica import ReplicaConfig
 from inferfleet.render.common import label_value
@@ -165,6 +167,26 @@ def instant_value(field: str, result: object) -> float | None:
     return value
 
 
+def labelled_values(field: str, result: object) -> list[tuple[dict[str, str], float]]:
+    """Every series of `result` (an instant vector) with its labels and its finite value;
+    MalformedAnswerError for anything but an instant vector of numbers."""
+    try:
+        samples = _INSTANT_VECTOR.validate_python(result)
+    except ValidationError:
+        raise MalformedAnswerError(f"{field}: not an instant vector") from None
+    found = []
+    for sample in samples:
+        try:
+            value = float(sample.value[1])
+        except ValueError:
+            raise MalformedAnswerError(
+                f"{field}: value {sample.value[1][:40]!r} is not a number"
+            ) from None
+        if math.isfinite(value):
+            found.append((sample.metric, value))
+    return found
+
+
 def _finite(value: float | None) -> float | None:
     """Prometheus answers NaN for 0/0 and +Inf for a quantile past the last bucket: neither is
     a measurement the policy can use."""
@@ -249,8 +271,10 @@ class Observed:
     cost_per_million_output_tokens_usd: float | None
     mfu: float | None
     mbu: float | None
+    cost_per_hour_usd: float | None = None
+    tenants: tuple[TenantUsage, ...] = ()
 
-    def to_wire(self) -> dict[str, float | None]:
+    def to_wire(self) -> dict[str, Any]:
         """As `ObservedPerformance` has it, with every field present: a figure that is undefined
         now is null, which removes the stale one from the stored status (a merge patch)."""
         figures = {
@@ -264,8 +288,10 @@ class Observed:
             ),
             "mfu": _rounded(self.mfu, 4),
             "mbu": _rounded(self.mbu, 4),
+            "cost_per_hour_usd": _rounded(self.cost_per_hour_usd, 4),
         }
-        known = {name: value for name, value in figures.items() if value is not None}
+        known: dict[str, Any] = {k: v for k, v in figures.items() if v is not None}
+        known["tenants"] = [tenant.to_wire() for tenant in self.tenants]
         return ObservedPerformance.model_validate(known).model_dump(mode="json", by_alias=True)
 
 
@@ -273,14 +299,19 @@ def _rounded(value: float | None, digits: int) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def observe(service: ServiceMetrics, usage: Sequence[DeploymentUsage]) -> Observed:
+def observe(
+    service: ServiceMetrics,
+    usage: Sequence[DeploymentUsage],
+    tenant_tokens: Mapping[str, TenantTokens] | None = None,
+) -> Observed:
     """Live performance: latency and attainment as the router measured them; throughput, cost
     and efficiency from the engines' token rates and the model's shape.
 
     MFU: 2 x active parameters FLOPs per token processed (prompt and output), over the GPUs'
     peak (attention FLOPs left out, so a lower bound). MBU: the weights are read once per
     decode step, and a replica takes `generation tokens/s / running sequences` steps per
-    second; KV-cache reads are left out (a lower bound too)."""
+    second; KV-cache reads are left out (a lower bound too). Cost per tenant: the GPUs' cost
+    shared by the tokens each tenant was served (`tenant_tokens`, `tenant_usage`)."""
     gpus = flops = peak_flops = bytes_read = peak_bytes = hourly = tokens = 0.0
     for deployment in usage:
         config = deployment.replica
@@ -313,4 +344,6 @@ def observe(service: ServiceMetrics, usage: Sequence[DeploymentUsage]) -> Observ
         cost_per_million_output_tokens_usd=hourly / 3600 / tokens * 1e6 if tokens > 0 else None,
         mfu=min(1.0, flops / peak_flops) if peak_flops else None,
         mbu=min(1.0, bytes_read / peak_bytes) if peak_bytes else None,
+        cost_per_hour_usd=hourly if gpus else None,
+        tenants=tenant_usage(tenant_tokens or {}, hourly),
     )
