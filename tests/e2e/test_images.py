@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from inferfleet.devcluster.binaries import ensure_binaries
 from inferfleet.devcluster.cluster import OPERATOR_IMAGE, DevCluster, Runtime, running
@@ -296,3 +297,50 @@ def test_a_tenants_key_opens_its_own_service_and_no_other(fleet: Fleet) -> None:
         assert _complete(ip, keys[NAMESPACE]) == 200
     for ip in routers[other]:
         assert _complete(ip, keys[other]) == 200
+
+
+def test_engines_with_an_api_key_answer_their_router_and_no_one_else(fleet: Fleet) -> None:
+    """A ModelDeployment with `engine.apiKeySecret`: its engine (from its image) takes the key
+    from the Secret by its environment, as the kubelet passes it; the router reads it from the
+    Secret mounted as the renderer mounts it and presents it. A call straight to the engine,
+    past the router, is refused."""
+    namespace = "images-engine-key"
+    fleet.kubectl.run("create", "namespace", namespace)
+    fleet.kubectl.run(
+        "create", "secret", "generic", "llama-engine-key", "-n", namespace,
+        "--from-literal=api-key=only-routers-know-this",
+    )  # fmt: skip
+    documents = list(yaml.safe_load_all(EXAMPLE.read_text()))
+    for document in documents:
+        if document["kind"] == "ModelDeployment":
+            document["spec"]["engine"]["apiKeySecret"] = "llama-engine-key"
+    fleet.kubectl.run(
+        "apply", "--server-side", "-n", namespace, "-f", "-", stdin=yaml.safe_dump_all(documents)
+    )
+
+    routers = [
+        p
+        for p in fleet.kubectl.json("get", "pods", "-n", namespace, "-l", ROUTERS)["items"]
+        if p["status"].get("phase") == "Running" and p["status"].get("podIP")
+    ]
+
+    def serving() -> bool:
+        try:
+            return all(_complete(p["status"]["podIP"], None) == 200 for p in routers)
+        except httpx.HTTPError:
+            return False
+
+    def routers_running() -> bool:
+        found = fleet.kubectl.json("get", "pods", "-n", namespace, "-l", ROUTERS)["items"]
+        routers[:] = [
+            p for p in found if p["status"].get("phase") == "Running" and p["status"].get("podIP")
+        ]
+        return bool(routers)
+
+    assert wait_until(routers_running, 180, 1.0), fleet.diagnostics()
+    assert wait_until(serving, 240, 1.0), fleet.diagnostics()
+    engine_ip = fleet.pod(namespace, ENGINES)["status"]["podIP"]
+    assert _complete(engine_ip, None) == 401
+    assert _complete(engine_ip, "a-guess") == 401
+    assert _complete(engine_ip, "only-routers-know-this") == 200  # the key is the engine's
+    assert httpx.get(f"http://{engine_ip}:{PORT}/health", timeout=10.0).status_code == 200

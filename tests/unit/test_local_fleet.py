@@ -141,8 +141,15 @@ def test_env_resolves_values_and_field_refs() -> None:
         "LABEL": "b",
         "URL": "http://127.1.0.3:8000",
     }
-    with pytest.raises(ValueError, match="SECRET"):
-        container_env(pod, {"env": [{"name": "SECRET", "valueFrom": {"secretKeyRef": {}}}]})
+    secret_env = {
+        "env": [{"name": "KEY", "valueFrom": {"secretKeyRef": {"name": "s", "key": "api-key"}}}]
+    }
+    # Without Secrets to read (the venv mode), refused with the variable's name; with them (the
+    # image mode's kubelet), the Secret's value.
+    with pytest.raises(ValueError, match="KEY"):
+        container_env(pod, secret_env)
+    values = {("s", "api-key"): "sesame"}
+    assert container_env(pod, secret_env, lambda name, key: values[name, key]) == {"KEY": "sesame"}
 
 
 @pytest.mark.parametrize(

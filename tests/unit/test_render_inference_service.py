@@ -272,3 +272,21 @@ def test_tenants_reach_the_router_as_mounted_key_secrets_and_flags() -> None:
         {"llama": model_deployment(aggregated_spec())},
     )
     assert "--tenant" not in router_args(no_tenants)
+
+
+def test_the_router_presents_each_deployment_s_engine_key_from_a_mounted_secret() -> None:
+    keyed = model_deployment(
+        aggregated_spec(engine={"name": "vllm", "apiKeySecret": "llama-engine-key"}),
+        name="llama",
+    )
+    plain = model_deployment(disaggregated_spec(), name="llama-pd")
+    isvc = service([{"name": "llama"}, {"name": "llama-pd"}])
+    objects = render_inference_service(isvc, {"llama": keyed, "llama-pd": plain})
+    by_deployment = {b["deployment"]: b for b in backends(router_args(objects))}
+    assert by_deployment["llama"]["keyfile"] == "/etc/inferfleet/engine-keys/llama/api-key"
+    assert "keyfile" not in by_deployment["llama-pd"]
+    pod = router(objects)["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if v["name"].startswith("engine-key")]
+    assert volume["secret"] == {"secretName": "llama-engine-key", "defaultMode": 0o440}
+    (mount,) = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == volume["name"]]
+    assert (mount["mountPath"], mount["readOnly"]) == ("/etc/inferfleet/engine-keys/llama", True)

@@ -260,7 +260,8 @@ def test_volumes_shm_and_model_cache() -> None:
     pod = pod_spec(render(spec_on("vllm", parallelism={"tensor": 4}))[-1])
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "8Gi"}
-    assert volumes["model-cache"] == {"name": "model-cache", "emptyDir": {}}
+    # The checkpoint (Llama-3.1-8B in BF16: 15 GiB) twice and 4 GiB spare, however sharded.
+    assert volumes["model-cache"] == {"name": "model-cache", "emptyDir": {"sizeLimit": "34Gi"}}
     mounts = {m["mountPath"]: m["name"] for m in pod["containers"][0]["volumeMounts"]}
     assert mounts == {"/dev/shm": "dshm", "/models": "model-cache"}
 
@@ -419,3 +420,26 @@ def test_names_keep_valid_inputs_and_separate_cleaned_ones() -> None:
 
 def test_rendering_is_deterministic() -> None:
     assert render(disaggregated_spec()) == render(disaggregated_spec())
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sim"])
+def test_an_engine_api_key_comes_from_its_secret_by_environment(engine: str) -> None:
+    objects = render(spec_on(engine, engine={"apiKeySecret": "llama-engine-key"}))
+    (container,) = pod_spec(deployments(objects)["aggregated"])["containers"]
+    (key,) = [e for e in container.get("env", []) if e["name"] == "VLLM_API_KEY"]
+    assert key["valueFrom"] == {"secretKeyRef": {"name": "llama-engine-key", "key": "api-key"}}
+    # Never on the command line, where `ps` and the pod spec's args would show it.
+    assert not any("llama-engine-key" in a or "api-key" in a for a in container.get("args", []))
+    without = render(spec_on(engine))
+    (plain,) = pod_spec(deployments(without)["aggregated"])["containers"]
+    assert "VLLM_API_KEY" not in {e["name"] for e in plain.get("env", [])}
+
+
+def test_the_model_cache_shrinks_with_the_checkpoint_s_precision() -> None:
+    fp8 = render(spec_on("vllm", precision={"weights": "fp8"}))
+    (cache,) = [
+        v for d in deployments(fp8).values() for v in pod_spec(d)["volumes"]
+        if v["name"] == "model-cache"
+    ]  # fmt: skip
+    # FP8 linear layers (7 GB) and 16-bit embeddings (2.1 GB): 8.5 GiB, twice, and 4 GiB.
+    assert cache["emptyDir"]["sizeLimit"] == "21Gi"

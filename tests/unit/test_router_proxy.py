@@ -15,7 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from inferfleet.api.catalog import GpuType
 from inferfleet.api.model_deployment import Role
-from inferfleet.router.config import RouterConfig, parse_backend
+from inferfleet.router.config import RouterConfig, RouterConfigError, parse_backend
+from inferfleet.router.keyfiles import engine_keys
 from inferfleet.router.proxy import ROUTER, create_admin_app, create_app
 from inferfleet.router.server import RouterServer
 from inferfleet.sim.openai_api import SimServer
@@ -493,3 +494,44 @@ async def test_arrivals_are_counted_as_they_arrive_not_when_they_end(
         assert series(text, "inferfleet_router_arrival_prompt_tokens_total") == 100
         assert series(text, "inferfleet_router_requests_total") == 0
         assert series(text, "inferfleet_router_in_flight_requests") == 1
+
+
+async def test_engines_with_an_api_key_take_only_the_router_that_presents_it(
+    servers: dict[str, Any], tmp_path: Any
+) -> None:
+    server = SimServer(
+        create_engine(CONFIG, MODEL, api_key="engine-secret"), "127.0.0.1", 0, drain_timeout_s=1.0
+    )
+    servers["engines"].append(server)
+    engine = f"http://127.0.0.1:{await server.start()}"
+    body = {"model": MODEL, "prompt": "w", "max_tokens": 2}
+    async with httpx.AsyncClient(base_url=engine) as direct:
+        # As vLLM with --api-key: /v1 needs the key, health and metrics do not.
+        assert (await direct.post("/v1/completions", json=body)).status_code == 401
+        wrong = {"Authorization": "Bearer guess"}
+        assert (await direct.post("/v1/completions", json=body, headers=wrong)).status_code == 401
+        assert (await direct.get("/health")).status_code == 200
+        assert (await direct.get("/metrics")).status_code == 200
+    key_file = tmp_path / "api-key"
+    key_file.write_text("engine-secret\n")
+    client = await start_router(servers, config(aggregated(engine) + f",keyfile={key_file}"))
+    # The client's own Authorization (a tenant's key, say) never goes upstream: the router's
+    # engine key does.
+    answer = await client.post(
+        "/v1/completions", json=body, headers={"Authorization": "Bearer tenant-key"}
+    )
+    assert answer.status_code == 200, answer.text
+    # A router without the key is refused by the engine, and says so.
+    keyless = await start_router(servers, config(aggregated(engine)))
+    refused = await keyless.post("/v1/completions", json=body)
+    assert refused.status_code == 401
+
+
+def test_an_engine_key_file_that_cannot_be_read_is_a_configuration_error(tmp_path: Any) -> None:
+    missing = parse_backend(aggregated("http://127.0.0.1:1") + f",keyfile={tmp_path}/none")
+    with pytest.raises(RouterConfigError, match="cannot read its engine key"):
+        engine_keys([missing])
+    (tmp_path / "empty").write_text("\n")
+    empty = parse_backend(aggregated("http://127.0.0.1:1") + f",keyfile={tmp_path}/empty")
+    with pytest.raises(RouterConfigError, match="engine key is empty"):
+        engine_keys([empty])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Final, Literal
 
 from pydantic import ConfigDict, Field, StringConstraints
 
@@ -143,6 +143,30 @@ class EngineSpec(WireModel):
         description="Extra engine CLI arguments, appended verbatim. The escape hatch: the "
         "planner does not model their effect.",
     )
+    api_key_secret: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        pattern=MODEL_NAME_PATTERN,
+        description="A Secret in the same namespace whose `api-key` value the engines require "
+        "as a bearer key on their API (vllm, sim); the routers of the services that route "
+        "here present it, so that only they can call the engines. Engines and routers read it "
+        "when they start: a new key takes a restart of both (kubectl rollout restart).",
+    )
+
+
+ENGINE_API_KEY: Final = "api-key"
+"""The key of an engine API key Secret that holds the key."""
+
+ENGINE_RULES: tuple[CrossFieldRule[EngineSpec], ...] = (
+    CrossFieldRule(
+        cel="self.name != 'tensorrt-llm' || !has(self.apiKeySecret)",
+        message="engine.apiKeySecret: TensorRT-LLM's server takes no API key",
+        holds=lambda e: e.name != EngineName.TENSORRT_LLM or e.api_key_secret is None,
+        field_path=".apiKeySecret",
+    ),
+)
+EngineSpec.cross_field_rules = ENGINE_RULES
 
 
 class PrecisionSpec(WireModel):

@@ -48,6 +48,10 @@ def sim_engine_command(
     role: Annotated[str, typer.Option(help="aggregated, prefill or decode.")] = "aggregated",
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    api_key: Annotated[
+        str | None,
+        typer.Option(envvar="VLLM_API_KEY", help="Require this bearer key on /v1, as vLLM does."),
+    ] = None,
 ) -> None:
     """Serve a CPU emulation of a vLLM engine: the OpenAI API and vLLM's metrics, with timing
     from the performance model (the `sim` engine of a ModelDeployment)."""
@@ -87,7 +91,7 @@ def sim_engine_command(
     config = ReplicaConfig.from_spec(spec, GpuCatalog.builtin())
     sim_server.run(
         config, model_name or model, engine_role, host=host, port=port,
-        prefix_caching=prefix_caching,
+        prefix_caching=prefix_caching, api_key=api_key or None,
     )  # fmt: skip
 
 
@@ -163,6 +167,7 @@ def router_command(
     request's SLO outcome for Prometheus."""
     from inferfleet.router import server as router_server
     from inferfleet.router.discovery import discovery_for
+    from inferfleet.router.keyfiles import engine_keys
 
     try:
         config = RouterConfig(
@@ -179,6 +184,7 @@ def router_command(
             drain_delay_s=drain_delay,
             drain_timeout_s=drain_timeout,
         )
+        engine_keys(config.backends)  # readable now, or said so before anything starts
     except ValueError as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(EXIT_INVALID) from None

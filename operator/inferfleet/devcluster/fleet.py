@@ -53,6 +53,7 @@ from __future__ import annotations
 import argparse
 import base64
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -80,7 +81,7 @@ from tenacity import (
 )
 
 from inferfleet.devcluster import kubelet_api, oci, processes
-from inferfleet.devcluster.podspec import container_env, expand_references
+from inferfleet.devcluster.podspec import SecretValue, container_env, expand_references
 from inferfleet.devcluster.processes import ProcessSpec
 from inferfleet.kube import Kube
 
@@ -229,6 +230,7 @@ def oci_pod_process(
     pod: Mapping[str, Any],
     find_image: Callable[[str], oci.Image | None],
     api_server: tuple[str, int],
+    secret: SecretValue | None = None,
 ) -> PodProcess | None:
     """The container to run from its image for a pod: None unless it is Running with an
     address and its first container's image is in the store (`find_image`). A router's or
@@ -242,7 +244,7 @@ def oci_pod_process(
     if image is None:
         return None
     ip = str(pod["status"]["podIP"])
-    launch = oci.container_launch(pod, container, image.config, api_server)
+    launch = oci.container_launch(pod, container, image.config, api_server, secret)
     argv = launch.argv
     kind = None
     if len(argv) >= 2 and Path(argv[0]).name == "inferfleet" and argv[1] in SUBCOMMANDS:
@@ -606,11 +608,22 @@ class FleetAgent:
         images = self.context.images
         if images is None:
             return pod_process(pod, self.context.executable)
-        process = oci_pod_process(pod, images.find, self.context.api_address)
+        namespace = str((pod.get("metadata") or {}).get("namespace", ""))
+        process = oci_pod_process(
+            pod, images.find, self.context.api_address, functools.partial(self._secret, namespace)
+        )
         if process is None and pod_is_running(pod):
             containers = (pod.get("spec") or {}).get("containers") or [{}]
             self._report_once(pod, f"image {containers[0].get('image')!r} is not in {images}")
         return process
+
+    def _secret(self, namespace: str, name: str, key: str) -> str:
+        """A Secret's value, as a kubelet reads it for a container's environment."""
+        found = self.context.kube.get("v1", "Secret", name, namespace)
+        value = ((found or {}).get("data") or {}).get(key)
+        if value is None:
+            raise oci.ImageError(f"secret {name} has no key {key} (yet)")
+        return base64.b64decode(value).decode()
 
     def _report_once(self, pod: Mapping[str, Any], why: str) -> None:
         metadata = pod.get("metadata") or {}

@@ -32,7 +32,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from inferfleet.devcluster.podspec import container_env, expand_references, field_value
+from inferfleet.devcluster.podspec import (
+    SecretValue,
+    container_env,
+    expand_references,
+    field_value,
+)
 
 CACHE_VARIABLE: Final = "INFERFLEET_CACHE_DIR"
 # Where the ServiceAccount admission plugin mounts the `kube-api-access-*` projected volume.
@@ -310,10 +315,12 @@ def container_launch(
     container: Mapping[str, Any],
     image: ImageConfig,
     api_server: tuple[str, int],
+    secret: SecretValue | None = None,
 ) -> Launch:
     """How a kubelet starts `container` of `pod` from `image`, with the API server at
-    `api_server` (host, port) for in-cluster configuration."""
-    own_env = container_env(pod, container)
+    `api_server` (host, port) for in-cluster configuration, and `secret` reading the
+    Secrets its environment names."""
+    own_env = container_env(pod, container, secret)
     env = dict(image.env) | own_env
     env.setdefault("PATH", DEFAULT_PATH)
     # As container runtimes do for a user the image's passwd may not know.

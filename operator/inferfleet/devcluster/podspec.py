@@ -4,7 +4,7 @@ references and the container's environment (values and the downward API's `field
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 _REFERENCE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
@@ -42,16 +42,30 @@ def field_value(pod: Mapping[str, Any], path: str) -> str:
     raise ValueError(f"fieldRef {path!r} is not supported by the fleet agent")
 
 
-def container_env(pod: Mapping[str, Any], container: Mapping[str, Any]) -> dict[str, str]:
-    """The container's `env`, in order: values (with earlier variables expanded) and
-    `fieldRef`s. Other sources (Secrets, ConfigMaps, resources) are not resolved."""
+SecretValue = Callable[[str, str], str]
+"""A Secret's value by (Secret name, key) in the pod's namespace; ValueError when it has none."""
+
+
+def container_env(
+    pod: Mapping[str, Any], container: Mapping[str, Any], secret: SecretValue | None = None
+) -> dict[str, str]:
+    """The container's `env`, in order: values (with earlier variables expanded),
+    `fieldRef`s, and `secretKeyRef`s where `secret` reads Secrets. Other sources
+    (ConfigMaps, resources) are not resolved."""
     env: dict[str, str] = {}
     for variable in container.get("env") or []:
         name = str(variable["name"])
+        source = variable.get("valueFrom") or {}
         if "value" in variable:
             env[name] = expand_references(str(variable["value"]), env)
-        elif (variable.get("valueFrom") or {}).get("fieldRef"):
-            env[name] = field_value(pod, str(variable["valueFrom"]["fieldRef"]["fieldPath"]))
+        elif source.get("fieldRef"):
+            env[name] = field_value(pod, str(source["fieldRef"]["fieldPath"]))
+        elif source.get("secretKeyRef") and secret is not None:
+            env[name] = secret(
+                str(source["secretKeyRef"]["name"]), str(source["secretKeyRef"]["key"])
+            )
         else:
-            raise ValueError(f"env {name}: only value and fieldRef are supported")
+            raise ValueError(
+                f"env {name}: only value, fieldRef and (images) secretKeyRef are supported"
+            )
     return env

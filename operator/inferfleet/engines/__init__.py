@@ -12,10 +12,12 @@ from typing import Any
 from inferfleet.api.model_deployment import EngineName, ModelDeploymentSpec, Role, TopologyMode
 from inferfleet.engines import sim, tensorrt_llm, vllm
 from inferfleet.engines.common import (
+    API_KEY_ENV,
     DEFAULT_COLD_START_SECONDS,
     ENGINE_CONFIG_DIR,
     ENGINE_CONFIG_VOLUME,
     ENGINE_PORT,
+    MODEL_CACHE_VOLUME,
     PORT_NAME,
     SHM_GIB_PER_GPU,
     EngineContainer,
@@ -24,10 +26,12 @@ from inferfleet.engines.common import (
 )
 
 __all__ = [
+    "API_KEY_ENV",
     "DEFAULT_COLD_START_SECONDS",
     "ENGINE_CONFIG_DIR",
     "ENGINE_CONFIG_VOLUME",
     "ENGINE_PORT",
+    "MODEL_CACHE_VOLUME",
     "PORT_NAME",
     "SHM_GIB_PER_GPU",
     "EngineContainer",

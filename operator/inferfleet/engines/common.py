@@ -42,6 +42,9 @@ from inferfleet.api.model_deployment import (
 
 ENGINE_PORT: Final = 8000
 PORT_NAME: Final = "http"
+API_KEY_ENV: Final = "VLLM_API_KEY"
+"""Where vLLM's server takes the bearer key it requires on /v1 (its `--api-key` by
+environment, kept off the command line); the engine emulator reads it too."""
 HEALTH_PATH: Final = "/health"
 
 MODEL_CACHE_VOLUME: Final = "model-cache"

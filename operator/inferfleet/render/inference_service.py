@@ -40,7 +40,7 @@ from inferfleet.api.inference_service import (
     Tenant,
     TenantPriority,
 )
-from inferfleet.api.model_deployment import ModelDeployment
+from inferfleet.api.model_deployment import ENGINE_API_KEY, ModelDeployment
 from inferfleet.engines import ENGINE_PORT, PORT_NAME, roles_of
 from inferfleet.render.common import (
     LABEL_COMPONENT,
@@ -134,7 +134,7 @@ def backend_args(resolved: Sequence[tuple[DeploymentRef, ModelDeployment]]) -> l
     args = []
     for ref, md in sorted(resolved, key=lambda pair: pair[0].name):
         for role in roles_of(md.spec):
-            fields = (
+            fields = [
                 f"deployment={ref.name}",
                 f"role={role.value}",
                 f"engine={md.spec.engine.name.value}",
@@ -144,7 +144,9 @@ def backend_args(resolved: Sequence[tuple[DeploymentRef, ModelDeployment]]) -> l
                 f"seqs={md.spec.batching.max_sequences}",
                 f"service={engine_name(ref.name, role)}",
                 f"port={ENGINE_PORT}",
-            )
+            ]
+            if md.spec.engine.api_key_secret is not None:
+                fields.append(f"keyfile={ENGINE_KEYS_DIR}/{ref.name}/{ENGINE_API_KEY}")
             args += ["--backend", ",".join(fields)]
     return args
 
@@ -170,6 +172,8 @@ def router_args(
 
 
 TENANT_KEYS_DIR: Final = "/etc/inferfleet/tenants"
+ENGINE_KEYS_DIR: Final = "/etc/inferfleet/engine-keys"
+"""Where each deployment's engine key is mounted in the router (`<dir>/<deployment>/api-key`)."""
 """Where each tenant's key Secret is mounted in the router, one directory per tenant."""
 
 
@@ -204,6 +208,30 @@ def tenant_volumes(tenants: Sequence[Tenant]) -> tuple[list[dict[str, Any]], lis
     mounts = [
         {"name": f"tenant-{i}", "mountPath": f"{TENANT_KEYS_DIR}/{t.name}", "readOnly": True}
         for i, t in enumerate(tenants)
+    ]
+    return volumes, mounts
+
+
+def engine_key_volumes(
+    resolved: Sequence[tuple[DeploymentRef, ModelDeployment]],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The engine key Secret of each deployment that has one, as a volume (readable by the
+    router's group only; the key is its `api-key` file), and its mount."""
+    keyed = [
+        (ref.name, md.spec.engine.api_key_secret)
+        for ref, md in sorted(resolved, key=lambda pair: pair[0].name)
+        if md.spec.engine.api_key_secret is not None
+    ]
+    volumes = [
+        {
+            "name": f"engine-key-{i}",
+            "secret": {"secretName": secret, "defaultMode": 0o440},
+        }
+        for i, (_, secret) in enumerate(keyed)
+    ]
+    mounts = [
+        {"name": f"engine-key-{i}", "mountPath": f"{ENGINE_KEYS_DIR}/{name}", "readOnly": True}
+        for i, (name, _) in enumerate(keyed)
     ]
     return volumes, mounts
 
@@ -264,8 +292,9 @@ def router_deployment(
 ) -> dict[str, Any]:
     labels = router_labels(owner.name)
     tenant_secrets, tenant_mounts = tenant_volumes(isvc.spec.tenants)
+    key_secrets, key_mounts = engine_key_volumes(resolved)
     router = _router_container(image, router_args(isvc, resolved, discovery))
-    router["volumeMounts"] += tenant_mounts
+    router["volumeMounts"] += tenant_mounts + key_mounts
     template: dict[str, Any] = {
         "metadata": {
             "labels": dict(sorted(labels.items())),
@@ -285,6 +314,7 @@ def router_deployment(
             "volumes": [
                 {"name": SCRATCH_VOLUME, "emptyDir": {"sizeLimit": "64Mi"}},
                 *tenant_secrets,
+                *key_secrets,
             ],
             # The two replicas on different nodes where there is room: one node's loss must
             # not take the endpoint down.

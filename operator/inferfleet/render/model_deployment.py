@@ -32,10 +32,18 @@ from typing import Any, Final
 
 from inferfleet.api.catalog import GpuCatalog
 from inferfleet.api.common import API_GROUP, API_VERSION
-from inferfleet.api.model_deployment import KIND, ModelDeployment, ModelDeploymentSpec, Role
+from inferfleet.api.model_deployment import (
+    ENGINE_API_KEY,
+    KIND,
+    ModelDeployment,
+    ModelDeploymentSpec,
+    Role,
+)
 from inferfleet.engines import (
+    API_KEY_ENV,
     ENGINE_CONFIG_VOLUME,
     ENGINE_PORT,
+    MODEL_CACHE_VOLUME,
     PORT_NAME,
     SHM_GIB_PER_GPU,
     EngineContainer,
@@ -206,13 +214,34 @@ def engine_resources(spec: ModelDeploymentSpec, gpus: int) -> dict[str, Any]:
     }
 
 
+MODEL_CACHE_FACTOR: Final = 2
+MODEL_CACHE_SPARE_BYTES: Final = 4 * 2**30
+"""The model cache holds the checkpoint twice at most (a download's partial files beside the
+finished ones) and this much more (tokenizer, configs, compiled kernels): past that the
+kubelet evicts the pod rather than let it fill the node's disk."""
+
+
+def _sized_cache(volume: dict[str, Any], spec: ModelDeploymentSpec) -> dict[str, Any]:
+    config = ReplicaConfig.from_spec(spec, GpuCatalog.builtin())
+    checkpoint = weight_bytes_per_gpu(config) * config.gpus
+    limit = math.ceil((MODEL_CACHE_FACTOR * checkpoint + MODEL_CACHE_SPARE_BYTES) / 2**30)
+    return {**volume, "emptyDir": {**volume.get("emptyDir", {}), "sizeLimit": f"{limit}Gi"}}
+
+
 def _pod_spec(
     owner: Owner, spec: ModelDeploymentSpec, role: Role, engine: EngineContainer
 ) -> dict[str, Any]:
     container = dict(engine.container)
     container["resources"] = engine_resources(spec, engine.gpus)
     container["securityContext"] = container_security_context()
-    volumes = list(engine.volumes)
+    if spec.engine.api_key_secret is not None:
+        # From the Secret by the kubelet: the operator never reads it.
+        key = {"secretKeyRef": {"name": spec.engine.api_key_secret, "key": ENGINE_API_KEY}}
+        container["env"] = [*container.get("env", []), {"name": API_KEY_ENV, "valueFrom": key}]
+    volumes = [
+        _sized_cache(volume, spec) if volume["name"] == MODEL_CACHE_VOLUME else volume
+        for volume in engine.volumes
+    ]
     if engine.config_files:
         volumes.append(
             {"name": ENGINE_CONFIG_VOLUME, "configMap": {"name": config_map_name(owner.name, role)}}

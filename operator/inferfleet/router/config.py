@@ -28,7 +28,7 @@ from inferfleet.slo import Slo
 
 _BACKEND_KEYS = (
     "deployment", "role", "engine", "weight", "model", "context", "seqs", "service", "port",
-    "urls",
+    "urls", "keyfile",
 )  # fmt: skip
 ADMIN_PORT = 8001
 """Default port of the router's admin listener (metrics, debug pages): never the users' port,
@@ -75,6 +75,8 @@ class Backend:
     sequences: int | None = None
     """Sequences a replica batches at once (the engine's limit); None: not known, and the
     router admits every request at once (`fairness.FairGate`)."""
+    key_file: str | None = None
+    """A file holding the bearer key the engines require (a mounted Secret); None: none."""
 
     @property
     def key(self) -> tuple[str, Role]:
@@ -123,7 +125,7 @@ def parse_backend(text: str) -> Backend:
         raise RouterConfigError(f"backend {text!r}: give service= (Kubernetes) or urls=")
     return Backend(
         fields["deployment"], role, engine, fields["model"], weight, service, port, urls, context,
-        sequences,
+        sequences, fields.get("keyfile") or None,
     )  # fmt: skip
 
 

@@ -60,7 +60,7 @@ from inferfleet.router.answers import error_body, error_response, message_of
 from inferfleet.router.balancer import Balancer, Replica
 from inferfleet.router.config import Backend, RouterConfig
 from inferfleet.router.fairness import FairGate, ShedError
-from inferfleet.router.keyfiles import load_keys, reload_keys
+from inferfleet.router.keyfiles import engine_keys, load_keys, reload_keys
 from inferfleet.router.metrics import Finished, RouterMetrics
 from inferfleet.router.requests import (
     BadRequestError,
@@ -155,6 +155,7 @@ class Router:
             self.balancer.declare(backend.deployment, backend.role)
             self.metrics.declare(backend.deployment)
         self.tenants = Tenants(config.tenants)
+        self._engine_keys = engine_keys(config.backends)
         self.gate = FairGate(
             max_queue=config.max_queued_requests, max_wait_s=config.max_queue_wait_s
         )
@@ -247,6 +248,14 @@ class Router:
             series.labels(self.config.service, deployment, role.value, "unhealthy").set(
                 len(pool) - healthy
             )
+
+    def _upstream_headers(self, replica: Replica) -> dict[str, str]:
+        """A request to an engine: JSON, with its deployment's engine key where it has one
+        (the client's own Authorization, a tenant's key, never goes upstream)."""
+        key = self._engine_keys.get(replica.deployment)
+        if key is None:
+            return {"Content-Type": "application/json"}
+        return {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
 
     def _engine_capacity(self) -> int | None:
         """Requests the healthy replicas batch at once, or None where a pool does not say."""
@@ -532,7 +541,7 @@ class Router:
             started = loop.time()
             try:
                 async with self.session.post(
-                    replica.url + path, data=payload, headers={"Content-Type": "application/json"}
+                    replica.url + path, data=payload, headers=self._upstream_headers(replica)
                 ) as response:
                     answer = await response.read()
                     if response.status in RETRYABLE_STATUSES:
@@ -592,7 +601,7 @@ class Router:
                 async with self.session.post(
                     replica.url + request.path,
                     data=payload,
-                    headers={"Content-Type": "application/json"},
+                    headers=self._upstream_headers(replica),
                 ) as upstream:
                     if upstream.status in RETRYABLE_STATUSES:
                         self.metrics.upstream_errors.labels(*labels, "status").inc()

@@ -49,6 +49,7 @@ Block ids are synthetic, and nothing is actually pulled from `remote_host`.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import time
 import uuid
@@ -542,10 +543,13 @@ def create_app(
     kv_capacity_blocks: int | None = None,
     kv_host: str = NIXL_SIDE_CHANNEL_HOST,
     kv_port: int = NIXL_SIDE_CHANNEL_PORT,
+    api_key: str | None = None,
 ) -> web.Application:
     """An aiohttp application serving one emulated engine; the engine runs while the app does.
 
-    `kv_host`/`kv_port` are what a prefill engine advertises in `kv_transfer_params`.
+    `kv_host`/`kv_port` are what a prefill engine advertises in `kv_transfer_params`. With
+    `api_key`, every /v1 path takes only `Authorization: Bearer <api_key>` and answers 401
+    otherwise, as vLLM's server does with `--api-key`; /health and /metrics stay open.
     Run it with handler cancellation on (as `SimServer` does) so that a client hanging up
     aborts its request."""
     engine = SimEngine(
@@ -561,7 +565,8 @@ def create_app(
     registry.register(engine.metrics)
     handlers = _Handlers(engine, registry, kv_host=kv_host, kv_port=kv_port)
 
-    app = web.Application(client_max_size=64 * 1024**2)
+    middlewares = [] if api_key is None else [_bearer_only(api_key)]
+    app = web.Application(client_max_size=64 * 1024**2, middlewares=middlewares)
     app[ENGINE] = engine
     app.router.add_post("/v1/completions", handlers.completions)
     app.router.add_post("/v1/chat/completions", handlers.chat_completions)
@@ -582,6 +587,21 @@ def create_app(
     app.on_shutdown.append(stop_accepting)
     app.on_cleanup.append(close_engine)
     return app
+
+
+def _bearer_only(api_key: str) -> Any:
+    expected = f"Bearer {api_key}"
+
+    @web.middleware
+    async def bearer_only(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path.startswith("/v1") and not hmac.compare_digest(
+            request.headers.get("Authorization", ""), expected
+        ):
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        response: web.StreamResponse = await handler(request)
+        return response
+
+    return bearer_only
 
 
 class SimServer:
