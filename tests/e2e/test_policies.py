@@ -14,6 +14,7 @@ import yaml
 
 from inferfleet.devcluster.processes import wait_until
 from tests.e2e.conftest import Kubectl
+from tests.e2e.test_operator import _sim_deployment
 from tests.unit.test_chart import template
 
 PLATFORM: Final = "inferfleet-policies"
@@ -31,18 +32,9 @@ POLICY_KINDS: Final = frozenset(
 
 
 def _model_deployment(name: str, **engine: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "inferfleet.io/v1alpha1",
-        "kind": "ModelDeployment",
-        "metadata": {"name": name},
-        "spec": {
-            "model": {"name": "qwen2.5-7b", "source": "hf://Qwen/Qwen2.5-7B-Instruct"},
-            "engine": {"name": "sim", **engine},
-            "gpu": {"type": "L4-24GB"},
-            "batching": {"maxModelLength": 8192},
-            "replicas": 1,
-        },
-    }
+    deployment = _sim_deployment(name)
+    deployment["spec"]["engine"] |= engine
+    return deployment
 
 
 def _apply(kubectl: Kubectl, namespace: str, obj: dict[str, Any], *, dry_run: bool = False) -> str:
