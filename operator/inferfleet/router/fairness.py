@@ -13,7 +13,7 @@ flood delays everyone). Past it, requests wait here:
   with later.
 A wait past `max_wait_s` ends in a 503 with Retry-After, as does a full queue.
 
-Pure: the router drives it from its event loop (`enter` awaits a future that `leave` or a
+No I/O: the router drives it from its event loop (`enter` awaits a future that `leave` or a
 capacity change resolves)."""
 
 from __future__ import annotations
