@@ -209,10 +209,8 @@ class PolicySpec:
     @property
     def quota_binds(self) -> bool:
         """Whether the namespace's quota, not the service's budget, sets `gpu_limit`."""
-        return (
-            self.gpu_quota is not None
-            and self.gpu_limit == self.gpu_quota
-            and (self.gpu_budget is None or self.gpu_quota < self.gpu_budget)
+        return self.gpu_quota is not None and (
+            self.gpu_budget is None or self.gpu_quota < self.gpu_budget
         )
 
     @property
