@@ -34,7 +34,12 @@ from inferfleet.autoscale.policy import (
     Recommendation,
     planning_slo,
 )
-from inferfleet.autoscale.policy.demand import Demand, burst_capacity, growth_headroom
+from inferfleet.autoscale.policy.demand import (
+    Demand,
+    burst_capacity,
+    growth_headroom,
+    recent_arrivals,
+)
 from inferfleet.autoscale.policy.learning import planned_attainment
 from inferfleet.autoscale.policy.sizing import sequences_per_replica, size_role
 from inferfleet.planning.capacity import Workload, plan_replica
@@ -1097,15 +1102,65 @@ def recent_lower_bound(rate: float, window_s: float = RECENT_WINDOW_S) -> float:
     return (counted_requests - AGG.recent_significance * math.sqrt(counted_requests)) / window_s
 
 
+def measured_before(rate: float, at_s: float = NOW - 30) -> PolicyHistory:
+    """A history whose last tick, `at_s`, measured `rate` arriving and held AGG_LOW."""
+    return replace(recommended(at_s, AGG_LOW), demand=(DemandSample(at_s, rate, 0.0),))
+
+
 def test_a_step_in_the_recent_window_is_sized_for_before_the_rate_window_sees_it() -> None:
     """Fifteen seconds after a step from LOW to HIGH the rate window still reads mostly LOW;
-    the recent window shows HIGH, and the fleet is sized for what it shows beyond its noise."""
+    the recent window shows HIGH, far beyond what the load before it gives such a window: the
+    load changed, and the fleet is sized for it at once (not for its noise's lower bound, and
+    then a little more at each tick)."""
     step = snapshot(LOW, AGG_LOW)
     rate_window = LOW + (HIGH - LOW) * RECENT_WINDOW_S / WINDOW_S
     seen = counted(step, arrivals=rate_window, recent=HIGH, recent_window_s=RECENT_WINDOW_S)
-    decision = decide(AGG, seen, AGG_LOW, recommended(NOW - 30, AGG_LOW))
-    assert dict(decision.replicas) == planned(AGG, recent_lower_bound(HIGH))
+    decision = decide(AGG, seen, AGG_LOW, measured_before(LOW))
+    assert dict(decision.replicas) == planned(AGG, HIGH)
     assert decision.replicas[Role.AGGREGATED] > planned(AGG, rate_window)[Role.AGGREGATED]
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "window_s"),
+    [(0.5, 3.0, 5.0), (0.0, 2.0, 5.0), (8.0, 24.0, 30.0), (LOW, HIGH, RECENT_WINDOW_S)],
+)
+def test_a_changed_load_is_read_from_the_short_window_at_its_own_rate(
+    before: float, after: float, window_s: float
+) -> None:
+    """A step seen whole in the short window (small counts included: 15 requests where 2.5
+    were due) is the load from then on."""
+    rate_window = before + (after - before) * window_s / WINDOW_S
+    seen = counted(
+        snapshot(before, AGG_LOW), arrivals=rate_window, recent=after, recent_window_s=window_s
+    )
+    history = measured_before(before, NOW - window_s)
+    assert recent_arrivals(AGG, seen, history) == pytest.approx(after)
+    # Without a tick a short window before this one, nothing to compare with: the lower bound.
+    assert recent_arrivals(AGG, seen) == pytest.approx(recent_lower_bound(after, window_s))
+    too_recent = measured_before(before, NOW - window_s / 2)
+    assert recent_arrivals(AGG, seen, too_recent) == recent_arrivals(AGG, seen)
+
+
+def test_a_few_arrivals_at_an_idle_service_count_for_their_lower_bound() -> None:
+    """Six requests in five seconds where none came before: load came, but six requests do not
+    say how much; a fleet sized for their point estimate would hold GPUs for noise."""
+    seen = counted(snapshot(0.0, AGG_LOW), arrivals=0.2, recent=1.2, recent_window_s=5.0)
+    history = measured_before(0.0, NOW - 5.0)
+    assert recent_arrivals(AGG, seen, history) == pytest.approx(recent_lower_bound(1.2, 5.0))
+
+
+@pytest.mark.parametrize("rate", [0.5, 3.0, 20.0, 150.0])
+@pytest.mark.parametrize("window_s", [5.0, 15.0, 30.0])
+def test_a_short_window_within_chance_of_the_load_before_it_is_read_at_its_lower_bound(
+    rate: float, window_s: float
+) -> None:
+    """Two standard errors of its own count high (one window in 40 of a load that does not
+    move) is not a change: the reading counts for its lower bound, below itself."""
+    high = rate + 2 * math.sqrt(max(rate * window_s, 1.0)) / window_s
+    seen = counted(snapshot(rate, AGG_LOW), arrivals=rate, recent=high, recent_window_s=window_s)
+    history = measured_before(rate, NOW - window_s)
+    assert recent_arrivals(AGG, seen, history) == pytest.approx(recent_lower_bound(high, window_s))
+    assert recent_arrivals(AGG, seen, history) < high
 
 
 @pytest.mark.parametrize("rate", [0.5, 3.0, 20.0, 150.0])
@@ -1118,7 +1173,7 @@ def test_a_recent_window_reading_high_by_chance_raises_no_demand(
     noisy = rate + math.sqrt(rate / window_s)
     step = counted(snapshot(rate, AGG_LOW), arrivals=rate, recent=noisy, recent_window_s=window_s)
     plain = counted(snapshot(rate, AGG_LOW), arrivals=rate)
-    history = recommended(NOW - 30, AGG_LOW)
+    history = measured_before(rate)
     assert (
         decide(AGG, step, AGG_LOW, history).replicas
         == decide(AGG, plain, AGG_LOW, history).replicas

@@ -217,7 +217,7 @@ def estimate_demand(spec: PolicySpec, snapshot: MetricsSnapshot, history: Policy
             snapshot, history, share=share, completed=completed,
             prompt_tokens_per_s=prefill.prompt_tokens_per_s, input_tokens=input_tokens,
         )  # fmt: skip
-    recent = recent_arrivals(spec, snapshot) * share
+    recent = recent_arrivals(spec, snapshot, history) * share
     arriving = max(arriving, recent)
     # Queued requests are drained within `backlog_drain_s`: everyone queued behind them waits
     # until then. (The growth of the requests in flight is not a queue: more arrive per second,
@@ -329,17 +329,48 @@ def burst_capacity(
     return high
 
 
-def recent_arrivals(spec: PolicySpec, snapshot: MetricsSnapshot) -> float:
-    """What the short window's arrival rate shows beyond its counting noise: its lower bound at
-    `recent_significance` Poisson standard errors (0 when not measured). A step shows here a
+def recent_arrivals(
+    spec: PolicySpec, snapshot: MetricsSnapshot, history: PolicyHistory | None = None
+) -> float:
+    """What the short window shows of the load now (0 when not measured). A step shows here a
     few scrapes after it happens, where the rate window still averages it with the load before
-    it; a load that does not move reads below its mean, so only a real rise raises demand."""
+    it.
+
+    When its count is more than `recent_change_significance` standard errors above what the
+    load before it (as the last tick at least a short window ago measured it) gives such a
+    window, the load has changed and the window's own rate is the best estimate of it: a step
+    is sized for at the first tick that sees it, not a little more at each tick as the noise
+    allows (from `recent_change_min_requests` counted: a few arrivals at an idle service say
+    that load came, not how much). Otherwise, its lower bound at `recent_significance` Poisson
+    standard errors: a load that does not move reads below its mean, so only a real rise
+    raises demand."""
     rate = snapshot.service.recent_arrivals_per_s
     window = snapshot.recent_window_s
     if rate is None or window is None or rate <= 0:
         return 0.0
     counted = rate * window
+    before = None if history is None else _arrivals_before(spec, snapshot, history, window)
+    if before is not None and counted >= spec.recent_change_min_requests:
+        expected = before * window
+        # The difference of two counts: the short window's, and the rate window's that
+        # `expected` is scaled from. A rate over a window is counted between its first and
+        # last scrapes, which can span half of a window two scrapes long: twice the Poisson
+        # variance (at least one request's worth, where no load was measured before).
+        variance = 2 * max(expected, 1.0) * (1 + window / snapshot.window_s)
+        if counted > expected + spec.recent_change_significance * math.sqrt(variance):
+            return rate
     return max(0.0, counted - spec.recent_significance * math.sqrt(counted)) / window
+
+
+def _arrivals_before(
+    spec: PolicySpec, snapshot: MetricsSnapshot, history: PolicyHistory, window_s: float
+) -> float | None:
+    """The service's arrivals per second as measured by the last tick at least `window_s`
+    before this one, whose rate window ends before the short window begins (None: no such
+    tick)."""
+    start = snapshot.taken_at_s - window_s
+    sample = next((s for s in reversed(history.demand) if s.at_s <= start), None)
+    return None if sample is None else sample.requests_per_s / spec.traffic_share
 
 
 def trend_window_s(spec: PolicySpec, snapshot: MetricsSnapshot) -> float:

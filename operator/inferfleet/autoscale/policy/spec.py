@@ -167,6 +167,14 @@ class PolicySpec:
     recent_significance: float = 2.0
     """The recent arrival rate (a short window) raises the demand only by what it shows beyond
     this many Poisson standard errors of its count."""
+    recent_change_significance: float = 3.0
+    """A short window whose count is this many standard errors above what the load before it
+    gives such a window shows a changed load: its own rate is the load (a load that does not
+    move reads that high in about one window in 700)."""
+    recent_change_min_requests: float = 10.0
+    """A changed load is read at the short window's own rate only from this many requests
+    counted in it (a standard error within a third of the rate); fewer, as from an idle
+    service, count for their lower bound."""
     min_requests_to_calibrate: float = 50.0
     """Completed requests in the rate window below which latency quantiles are too noisy."""
     efficiency: EfficiencyTerms = DEFAULT_EFFICIENCY
