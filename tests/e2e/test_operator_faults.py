@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
+from kubernetes.utils import parse_quantity
 
 from inferfleet.devcluster.cluster import DevCluster
 from inferfleet.devcluster.processes import wait_until
@@ -239,3 +240,83 @@ def test_the_api_server_stopped_for_30_s_mid_rollout_converges_without_a_crash(
 
     assert wait_until(converged, 90, 1), (_md(kubectl, namespace, "steady"), operator.tail())
     assert operator.process.poll() is None, "the operator kept running through it"
+
+
+def test_scheduling_fields_reach_the_pods_and_a_missing_priority_class_is_reported(
+    operator: Operator, kubectl: Kubectl, namespace: str
+) -> None:
+    # Refused at `kubectl apply` by the CRD's rules, with their own message.
+    bad = _sim_deployment("untolerated")
+    bad["spec"]["scheduling"] = {"tolerations": [{"value": "inference"}]}
+    refused = kubectl.run(
+        "apply", "--server-side", "-n", namespace, "-f", "-",
+        stdin=yaml.safe_dump(bad), check=False,
+    )  # fmt: skip
+    assert refused.returncode != 0
+    assert "a toleration without a key must use operator Exists" in refused.stderr
+    low = _sim_deployment("low-limit")
+    low["spec"]["scheduling"] = {"resources": {"memory": "2Gi", "memoryLimit": "1Gi"}}
+    refused = kubectl.run(
+        "apply", "--server-side", "-n", namespace, "-f", "-",
+        stdin=yaml.safe_dump(low), check=False,
+    )  # fmt: skip
+    assert "memoryLimit must be at least memory" in refused.stderr, refused.stderr
+
+    scheduled = _sim_deployment("scheduled")
+    scheduled["spec"]["scheduling"] = {
+        "nodeSelector": {"kubernetes.io/os": "linux"},
+        "nodeAffinity": {
+            "preferred": [
+                {"weight": 10, "matchExpressions": [{"key": "spot", "operator": "DoesNotExist"}]}
+            ]
+        },
+        "tolerations": [{"key": "dedicated", "value": "inference", "effect": "NoSchedule"}],
+        "priorityClassName": "inference-critical",
+        "spreadAcross": "kubernetes.io/hostname",
+        "resources": {"cpu": "500m", "memory": "512Mi"},
+    }
+    _apply(kubectl, namespace, scheduled)
+
+    def degraded() -> dict[str, Any]:
+        return _condition(_md(kubectl, namespace, "scheduled"), "Degraded")
+
+    # The API server admits the pod template, then refuses its pods: the class does not exist.
+    assert wait_until(lambda: degraded().get("reason") == "PodsRefused", 60, 1), (
+        degraded(),
+        operator.tail(),
+    )
+    assert "no PriorityClass with name inference-critical" in degraded()["message"], degraded()
+    pod = _get(kubectl, namespace, "deployment", "scheduled-aggregated")["spec"]["template"]["spec"]
+    assert pod["nodeSelector"]["kubernetes.io/os"] == "linux"
+    assert pod["priorityClassName"] == "inference-critical"
+    assert {
+        "key": "dedicated",
+        "operator": "Equal",
+        "value": "inference",
+        "effect": "NoSchedule",
+    } in pod["tolerations"]
+    assert pod["topologySpreadConstraints"][0]["topologyKey"] == "kubernetes.io/hostname"
+    assert pod["containers"][0]["resources"]["requests"]["memory"] == "512Mi"
+    limit = parse_quantity(pod["containers"][0]["resources"]["limits"]["memory"])
+    assert limit == 2 * parse_quantity("512Mi")
+    # The platform team creates the class: the pods are created, the condition clears.
+    _apply(
+        kubectl,
+        namespace,
+        {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": "inference-critical"},
+            "value": 50000,
+        },
+    )
+    try:
+        assert wait_until(lambda: _ready(kubectl, namespace, "scheduled"), 90, 1), (
+            degraded(),
+            operator.tail(),
+        )
+        assert degraded().get("status") == "False", degraded()
+        pods = kubectl.json("get", "pods", "-n", namespace, "-l", "inferfleet.io/model-deployment")
+        assert {p["spec"].get("priority") for p in pods["items"]} == {50000}
+    finally:
+        kubectl.run("delete", "priorityclass", "inference-critical", check=False)

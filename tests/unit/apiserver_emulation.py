@@ -6,9 +6,12 @@ validate the OpenAPI schema, and only then evaluate the `x-kubernetes-validation
 each at the node that carries it. Paths are relative to the validated root and written as
 Kubernetes writes them (`deployments[0].name`).
 
-Known gaps, none of which the CRDs here depend on: regex dialect (Python's `re` for Go's RE2),
-`format` checks, CEL's refusal to compare int with double (celpy allows it; `test_crds.py`
-checks the rules for that statically) and CEL cost limits.
+Of the Kubernetes CEL libraries, the quantity functions the rules use are emulated
+(`KUBERNETES_FUNCTIONS`). Known gaps, none of which the CRDs here depend on: regex dialect
+(Python's `re` for Go's RE2), CEL's string escapes (celpy takes a backslash before a dot in
+a plain string, the API server refuses it; `test_crds.py` checks for it), `format` checks,
+CEL's refusal to compare int with double (celpy allows it; `test_crds.py` checks the rules
+for that statically) and CEL cost limits.
 """
 
 from __future__ import annotations
@@ -17,12 +20,14 @@ import copy
 import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from decimal import Decimal
+from typing import Any, Final, Literal
 
 import celpy
 from celpy import celtypes
 from celpy.evaluation import CELEvalError
 from jsonschema import Draft4Validator
+from kubernetes.utils import parse_quantity
 
 CEL_RULES_KEY = "x-kubernetes-validations"
 PRESERVE_UNKNOWN_FIELDS = "x-kubernetes-preserve-unknown-fields"
@@ -144,10 +149,30 @@ def _schema_errors(value: Any, schema: Mapping[str, Any]) -> list[FieldError]:
     return errors
 
 
+@dataclass(frozen=True, order=True)
+class _Quantity:
+    """A value of the Kubernetes CEL quantity library (`quantity("64Gi")`), parsed by the
+    Kubernetes client's own parser."""
+
+    value: Decimal
+
+
+def _quantity(text: celtypes.StringType) -> _Quantity:
+    return _Quantity(parse_quantity(str(text)))
+
+
+def _compare_to(left: _Quantity, right: _Quantity) -> celtypes.IntType:
+    return celtypes.IntType((left > right) - (left < right))
+
+
+# The Kubernetes CEL library functions the CRDs' rules use, beyond standard CEL.
+KUBERNETES_FUNCTIONS: Final = {"quantity": _quantity, "compareTo": _compare_to}
+
+
 @functools.cache
 def compile_rule(rule: str) -> celpy.Runner:
     environment = celpy.Environment()
-    return environment.program(environment.compile(rule))
+    return environment.program(environment.compile(rule), functions=KUBERNETES_FUNCTIONS)
 
 
 def to_cel(value: Any, schema: Mapping[str, Any] | None) -> Any:

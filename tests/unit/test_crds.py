@@ -25,7 +25,7 @@ CRDS = {crd["spec"]["names"]["kind"]: crd for crd in custom_resource_definitions
 # What a structural schema may not hold (or, for these CRDs, should not need).
 FORBIDDEN_KEYWORDS = frozenset(
     {"$ref", "$defs", "definitions", "anyOf", "allOf", "oneOf", "not", "title", "const"}
-    | {"additionalProperties", "nullable"}
+    | {"nullable", "patternProperties", "propertyNames"}
 )
 # The reasons the API server accepts on a validation rule.
 RULE_REASONS = frozenset(
@@ -123,6 +123,18 @@ def test_schema_has_no_json_schema_only_keywords(kind: str) -> None:
         if FORBIDDEN_KEYWORDS & set(node)
     ]
     assert not found
+
+
+@by_kind
+def test_maps_are_maps_of_one_schema(kind: str) -> None:
+    """A structural schema's map (`additionalProperties`) has one value schema, no
+    `properties` beside it, and a bounded size."""
+    maps = [(path, node) for path, node in walk(schema_of(kind)) if "additionalProperties" in node]
+    for path, node in maps:
+        where = ".".join(path)
+        assert "properties" not in node, where
+        assert isinstance(node["additionalProperties"], dict), where
+        assert node.get("maxProperties"), where
 
 
 @by_kind
@@ -268,6 +280,16 @@ def test_cel_rule_fields_are_accepted_by_the_api_server() -> None:
 _SELF_FIELDS = re.compile(r"\bself((?:\.\w+)+)")
 _STRING_LITERAL = re.compile(r"\"[^\"]*\"|'[^']*'")
 _INT_LITERAL = re.compile(r"(?<![\w.])\d+(?![\w.])")
+
+
+def test_cel_regexes_with_escapes_are_raw_strings() -> None:
+    """CEL's plain strings take no escape such as a backslash before a dot (the API server
+    refuses the rule; celpy, which the offline checks use, does not): a regex with one is
+    written as a raw string."""
+    plain_with_escape = re.compile(r"(?<![rR])'[^']*\\[^']*'")
+    rules = [rule["rule"] for _, _, _, rule in rules_with_nodes()]
+    offending = [rule for rule in rules if plain_with_escape.search(rule)]
+    assert not offending
 
 
 def test_cel_rules_do_not_mix_int_and_double() -> None:

@@ -19,7 +19,7 @@ from inferfleet.render import (
     spec_hash,
 )
 from inferfleet.render.common import dns_label, label_value
-from inferfleet.render.model_deployment import CPUS_PER_GPU
+from inferfleet.render.model_deployment import CPUS_PER_GPU, Placement
 from tests.unit.golden import check_golden
 from tests.unit.golden.specs import (
     AGGREGATED_EXAMPLE,
@@ -443,3 +443,105 @@ def test_the_model_cache_shrinks_with_the_checkpoint_s_precision() -> None:
     ]  # fmt: skip
     # FP8 linear layers (7 GB) and 16-bit embeddings (2.1 GB): 8.5 GiB, twice, and 4 GiB.
     assert cache["emptyDir"]["sizeLimit"] == "21Gi"
+
+
+SCHEDULING = {
+    "nodeSelector": {"cloud.google.com/gke-nodepool": "h100-pool", GPU_PRODUCT_LABEL: "other"},
+    "nodeAffinity": {
+        "required": [
+            {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a", "b"]}]}
+        ],
+        "preferred": [
+            {"weight": 20, "matchExpressions": [{"key": "spot", "operator": "DoesNotExist"}]}
+        ],
+    },
+    "tolerations": [{"key": "dedicated", "value": "inference", "effect": "NoSchedule"}],
+    "priorityClassName": "inferfleet-interactive",
+    "imagePullSecrets": ["registry-credentials"],
+    "spreadAcross": "topology.kubernetes.io/zone",
+}
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_scheduling_adds_to_what_the_gpus_need_and_never_replaces_it(engine: str) -> None:
+    plain = pod_spec(deployments(render(spec_on(engine)))["aggregated"])
+    [deployment] = of_kind(render(spec_on(engine, scheduling=SCHEDULING)), "Deployment")
+    pod = pod_spec(deployment)
+    # The GPU type's label keeps its value; the user's other labels are added.
+    assert pod["nodeSelector"] == {
+        "cloud.google.com/gke-nodepool": "h100-pool",
+        GPU_PRODUCT_LABEL: plain["nodeSelector"][GPU_PRODUCT_LABEL],
+    }
+    assert pod["tolerations"] == [
+        *plain["tolerations"],
+        {"key": "dedicated", "operator": "Equal", "value": "inference", "effect": "NoSchedule"},
+    ]
+    node_affinity = pod["affinity"]["nodeAffinity"]
+    assert node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] == {
+        "nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a", "b"]}]}
+        ]
+    }
+    assert node_affinity["preferredDuringSchedulingIgnoredDuringExecution"] == [
+        {
+            "weight": 20,
+            "preference": {"matchExpressions": [{"key": "spot", "operator": "DoesNotExist"}]},
+        }
+    ]
+    assert pod["priorityClassName"] == "inferfleet-interactive"
+    assert pod["imagePullSecrets"] == [{"name": "registry-credentials"}]
+    [spread] = pod["topologySpreadConstraints"]
+    assert spread["topologyKey"] == "topology.kubernetes.io/zone"
+    assert spread["labelSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    assert spread["whenUnsatisfiable"] == "ScheduleAnyway"
+    # Nothing the GPUs need moved: resources, security, the rest of the pod.
+    assert pod["containers"] == plain["containers"]
+    unchanged = {"nodeSelector", "tolerations", "affinity", "priorityClassName"}
+    unchanged |= {"imagePullSecrets", "topologySpreadConstraints"}
+    assert {k: v for k, v in pod.items() if k not in unchanged} == {
+        k: v for k, v in plain.items() if k not in unchanged
+    }
+    # And the pods roll when the scheduling changes.
+    assert template_hash(deployment) != template_hash(
+        deployments(render(spec_on(engine)))["aggregated"]
+    )
+
+
+def test_an_install_without_a_gpu_node_label_selects_only_what_the_spec_does() -> None:
+    bare = pod_spec(deployments(render(aggregated_spec(), placement=Placement(None)))["aggregated"])
+    assert "nodeSelector" not in bare
+    assert bare["tolerations"] == [
+        {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
+    ]
+    cloud = {"cloud.google.com/gke-accelerator": "nvidia-h100-80gb"}
+    spec = aggregated_spec(scheduling={"nodeSelector": cloud})
+    selected = pod_spec(deployments(render(spec, placement=Placement(None)))["aggregated"])
+    assert selected["nodeSelector"] == cloud
+    custom = pod_spec(
+        deployments(render(spec, placement=Placement("example.com/gpu")))["aggregated"]
+    )
+    product = GpuCatalog.builtin()[spec.gpu.type].node_product_label
+    assert custom["nodeSelector"] == cloud | {"example.com/gpu": product}
+
+
+@pytest.mark.parametrize(
+    ("overlay", "requests", "limits"),
+    [
+        ({"cpu": "12"}, {"cpu": "12"}, {}),
+        ({"memory": "96Gi"}, {"memory": "96Gi"}, {"memory": "192Gi"}),
+        ({"memory": "1.5Ti", "memoryLimit": "2Ti"}, {"memory": "1.5Ti"}, {"memory": "2Ti"}),
+        # A limit alone above the planner's request leaves the request as planned.
+        ({"memoryLimit": "4Ti"}, {}, {"memory": "4Ti"}),
+        # A limit alone below it lowers the request to it: a request over its limit is refused.
+        ({"memoryLimit": "8Gi"}, {"memory": "8Gi"}, {"memory": "8Gi"}),
+    ],
+)
+def test_host_resources_overlay_the_planners_and_keep_the_gpus(
+    overlay: dict[str, str], requests: dict[str, str], limits: dict[str, str]
+) -> None:
+    planned = pod_spec(deployments(render(aggregated_spec()))["aggregated"])["containers"][0]
+    spec = aggregated_spec(scheduling={"resources": overlay})
+    [container] = pod_spec(deployments(render(spec))["aggregated"])["containers"]
+    assert container["resources"]["requests"] == planned["resources"]["requests"] | requests
+    assert container["resources"]["limits"] == planned["resources"]["limits"] | limits
+    assert "cpu" not in container["resources"]["limits"]

@@ -57,6 +57,7 @@ _KEY_ORDER: Final = (
     "minItems",
     "maxItems",
     "uniqueItems",
+    "maxProperties",
     "items",
     "properties",
     "required",

@@ -21,6 +21,7 @@ from inferfleet.api.common import (
     StatusModel,
     WireModel,
 )
+from inferfleet.api.scheduling import SchedulingSpec
 
 KIND = "ModelDeployment"
 PLURAL = "modeldeployments"
@@ -433,6 +434,11 @@ class ModelDeploymentSpec(WireModel):
         le=MAX_REPLICAS,
         description="Serving replicas: aggregated engines, or the decode pool when "
         "disaggregated. The scale subresource (kubectl scale) sets it.",
+    )
+    scheduling: SchedulingSpec | None = Field(
+        default=None,
+        description="Where the engine pods may run beside the GPU type's nodes, and what else "
+        "they ask of them.",
     )
 
     def architecture(self) -> ModelArchitecture:

@@ -14,7 +14,7 @@ import typer
 
 from inferfleet.cli.common import EXIT_INVALID, app
 from inferfleet.engines.common import DEFAULT_SIM_ENGINE_IMAGE
-from inferfleet.render import DEFAULT_ROUTER_IMAGE
+from inferfleet.render import DEFAULT_ROUTER_IMAGE, GPU_PRODUCT_LABEL
 from inferfleet.router.config import ADMIN_PORT, DiscoveryMode, RouterConfig, parse_backends
 from inferfleet.router.tenants import parse_tenant
 from inferfleet.slo import Slo as RequestSlo
@@ -258,6 +258,14 @@ PrometheusNamespaces = Annotated[
         "NetworkPolicies (repeatable).",
     ),
 ]
+GpuNodeLabel = Annotated[
+    str,
+    typer.Option(
+        help="Node label whose value names the GPU product, selected on every engine pod "
+        "(GPU feature discovery's by default); empty: none, where GPU nodes carry no such label "
+        "and each ModelDeployment selects its nodes in spec.scheduling.",
+    ),
+]
 LeaseNamespace = Annotated[
     str | None,
     typer.Option(help="Namespace of the Lease (default: the pod's own, else `default`)."),
@@ -310,6 +318,7 @@ def run_command(
     sim_engine_image: SimEngineImage = DEFAULT_SIM_ENGINE_IMAGE,
     network_policies: NetworkPolicies = False,
     prometheus_namespace: PrometheusNamespaces = None,
+    gpu_node_label: GpuNodeLabel = GPU_PRODUCT_LABEL,
     leader_elect: LeaderElect = False,
     leader_election_namespace: LeaseNamespace = None,
     leader_election_id: LeaseName = DEFAULT_ELECTION_ID,
@@ -321,7 +330,7 @@ def run_command(
     from inferfleet.kube import Kube, NoConfigurationError
     from inferfleet.reconcile import operator
     from inferfleet.reconcile.leadership import LeaderElection, default_namespace
-    from inferfleet.render import EngineOptions, InstallSettings
+    from inferfleet.render import EngineOptions, InstallSettings, Placement
     from inferfleet.render.network import NetworkIsolation
 
     try:
@@ -341,6 +350,7 @@ def run_command(
         router_discovery=router_discovery,
         engines=EngineOptions(sim_engine_image=sim_engine_image),
         network=NetworkIsolation(tuple(prometheus_namespace or ())) if network_policies else None,
+        placement=Placement(gpu_node_label or None),
     )
     election = (
         LeaderElection(

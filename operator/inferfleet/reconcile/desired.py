@@ -397,6 +397,7 @@ def _rendered(
             replicas=dict(overrides) or None,
             options=install.engines,
             isolation=install.network,
+            placement=install.placement,
         )
     except UnsupportedSpecError as error:
         return [], Blocked("SpecNotApplied", f"not applied: {error}")

@@ -4,7 +4,8 @@ form (camelCase), deterministic, for server-side apply and golden-file tests.
 * `render_model_deployment`: per role a Deployment, a headless Service, a
   PodDisruptionBudget and, when the engine reads config files, a ConfigMap;
 * `render_inference_service`: the router's Deployment, Service and PodDisruptionBudget;
-* `InstallSettings`: what one install sets for all of them (images, router discovery);
+* `InstallSettings`: what one install sets for all of them (images, router discovery, how
+  GPU nodes are found);
 * `rbac.rbac_files`: the operator's RBAC, as committed in `deploy/rbac/`.
 """
 
@@ -17,6 +18,8 @@ from inferfleet.render.inference_service import (
     router_service_name,
 )
 from inferfleet.render.model_deployment import (
+    GPU_PRODUCT_LABEL,
+    Placement,
     engine_name,
     render_model_deployment,
     replicas_per_role,
@@ -27,10 +30,12 @@ from inferfleet.render.settings import InstallSettings
 
 __all__ = [
     "DEFAULT_ROUTER_IMAGE",
+    "GPU_PRODUCT_LABEL",
     "SPEC_HASH_ANNOTATION",
     "EngineOptions",
     "InstallSettings",
     "MissingReferenceError",
+    "Placement",
     "UnsupportedSpecError",
     "engine_name",
     "render_inference_service",

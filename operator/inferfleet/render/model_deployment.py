@@ -3,12 +3,16 @@ a Deployment of engine pods, a headless Service, a PodDisruptionBudget, and a Co
 the engine reads config files.
 
 Scheduling: each pod requests `tensor x pipeline` GPUs (requests = limits, as the device
-plugin's extended resource wants), selects nodes of the GPU type by the label NVIDIA's GPU
-feature discovery sets (`nvidia.com/gpu.product`) and tolerates the `nvidia.com/gpu` taint GPU
-pools carry (any value: `present` on the dev cluster and GKE, other values elsewhere). The
-`sim` engine requests no GPU but keeps the node selector and toleration, so the dev cluster's
-fake GPU nodes exercise the same placement. A replica is one pod: tensor x pipeline beyond one
-node of the GPU type is refused as not supported yet.
+plugin's extended resource wants), selects nodes of the GPU type by a node label (the install's
+`Placement`: by default the one NVIDIA's GPU feature discovery sets, `nvidia.com/gpu.product`;
+none where the install turns it off and users select GPU nodes themselves) and tolerates the
+`nvidia.com/gpu` taint GPU pools carry (any value: `present` on the dev cluster and GKE, other
+values elsewhere). `spec.scheduling` adds to that: node labels, node affinity, tolerations, a
+priority class, image pull secrets, a spread across a topology label, host CPU and memory; it
+never replaces the GPU request, the GPU type's label or the GPU toleration. The `sim` engine
+requests no GPU but keeps the node selector and toleration, so the dev cluster's fake GPU
+nodes exercise the same placement. A replica is one pod: tensor x pipeline beyond one node of
+the GPU type is refused as not supported yet.
 
 Rollout: a change of anything the pods run (image, args, env, config file content) changes
 the `inferfleet.io/spec-hash` annotation of the pod template and so rolls the pods, one surge
@@ -28,6 +32,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any, Final
 
 from inferfleet.api.catalog import GpuCatalog
@@ -38,6 +44,13 @@ from inferfleet.api.model_deployment import (
     ModelDeployment,
     ModelDeploymentSpec,
     Role,
+)
+from inferfleet.api.scheduling import (
+    EngineResources,
+    NodeAffinity,
+    NodeRequirement,
+    SchedulingSpec,
+    quantity_value,
 )
 from inferfleet.engines import (
     API_KEY_ENV,
@@ -83,6 +96,18 @@ from inferfleet.render.network import NetworkIsolation, engine_network_policy
 GPU_RESOURCE: Final = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL: Final = "nvidia.com/gpu.product"
 GPU_TOLERATION: Final = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
+
+
+@dataclass(frozen=True)
+class Placement:
+    """How one install finds GPU nodes. `gpu_node_label`: the node label whose value names the
+    GPU product (the catalog's `node_product_label`), selected on every engine pod; None where
+    nodes carry no such label (cloud node pools without GPU feature discovery), and each
+    ModelDeployment selects its nodes with `scheduling.nodeSelector` or `nodeAffinity`."""
+
+    gpu_node_label: str | None = GPU_PRODUCT_LABEL
+
+
 IMAGE_PULL_ALLOWANCE_SECONDS: Final = 600
 TERMINATION_GRACE_SECONDS: Final = 60
 """Time for an engine to finish in-flight requests after SIGTERM."""
@@ -190,6 +215,97 @@ HOST_MEMORY_LIMIT_FACTOR: Final = 2
 """The memory limit over the request: room for a load's peak, a bound on a leak."""
 
 
+def _doubled(quantity: str) -> str:
+    """Twice a quantity, in its own unit ("64Gi" -> "128Gi")."""
+    number = quantity.rstrip("mkMGTPi")
+    return f"{Decimal(number) * HOST_MEMORY_LIMIT_FACTOR:f}{quantity[len(number) :]}"
+
+
+def with_resources(resources: dict[str, Any], overlay: EngineResources) -> dict[str, Any]:
+    """`resources` with a user's host CPU and memory in place of the planner's. A memory
+    request without a limit is limited to `HOST_MEMORY_LIMIT_FACTOR` times it; a limit alone
+    lowers the planner's request to it where the request was higher."""
+    requests = dict(resources.get("requests", {}))
+    limits = dict(resources.get("limits", {}))
+    if overlay.cpu is not None:
+        requests["cpu"] = overlay.cpu
+    if overlay.memory is not None:
+        requests["memory"] = overlay.memory
+        limits["memory"] = overlay.memory_limit or _doubled(overlay.memory)
+    elif overlay.memory_limit is not None:
+        limits["memory"] = overlay.memory_limit
+        planned = requests.get("memory")
+        if planned is None or quantity_value(planned) > quantity_value(overlay.memory_limit):
+            requests["memory"] = overlay.memory_limit
+    return {"limits": limits, "requests": requests}
+
+
+def _node_terms(requirements: list[NodeRequirement]) -> dict[str, Any]:
+    return {
+        "matchExpressions": [
+            {
+                "key": r.key,
+                "operator": r.operator.value,
+                **({"values": r.values} if r.values else {}),
+            }
+            for r in requirements
+        ]
+    }
+
+
+def _node_affinity(affinity: NodeAffinity) -> dict[str, Any]:
+    rendered: dict[str, Any] = {}
+    if affinity.required:
+        rendered["requiredDuringSchedulingIgnoredDuringExecution"] = {
+            "nodeSelectorTerms": [_node_terms(t.match_expressions) for t in affinity.required]
+        }
+    if affinity.preferred:
+        rendered["preferredDuringSchedulingIgnoredDuringExecution"] = [
+            {"weight": t.weight, "preference": _node_terms(t.match_expressions)}
+            for t in affinity.preferred
+        ]
+    return rendered
+
+
+def scheduled(
+    pod: dict[str, Any], scheduling: SchedulingSpec, selector: Mapping[str, str]
+) -> dict[str, Any]:
+    """`pod` with a spec's scheduling overlay: everything it sets is added beside what the
+    operator sets for the GPUs (the GPU type's node label wins over a user's value for it)."""
+    pod = dict(pod)
+    pod["nodeSelector"] = dict(sorted((scheduling.node_selector | pod["nodeSelector"]).items()))
+    if scheduling.node_affinity is not None:
+        affinity = _node_affinity(scheduling.node_affinity)
+        if affinity:
+            pod["affinity"] = {"nodeAffinity": affinity}
+    pod["tolerations"] = [
+        *pod["tolerations"],
+        *(
+            t.model_dump(mode="json", by_alias=True, exclude_none=True)
+            for t in scheduling.tolerations
+        ),
+    ]
+    if scheduling.priority_class_name is not None:
+        pod["priorityClassName"] = scheduling.priority_class_name
+    if scheduling.image_pull_secrets:
+        pod["imagePullSecrets"] = [{"name": name} for name in scheduling.image_pull_secrets]
+    if scheduling.spread_across is not None:
+        pod["topologySpreadConstraints"] = [
+            {
+                "maxSkew": 1,
+                "topologyKey": scheduling.spread_across,
+                # A cluster with too few zones or nodes still runs every replica.
+                "whenUnsatisfiable": "ScheduleAnyway",
+                "labelSelector": {"matchLabels": dict(sorted(selector.items()))},
+            }
+        ]
+    if scheduling.resources is not None:
+        [container, *others] = pod["containers"]
+        resources = with_resources(container["resources"], scheduling.resources)
+        pod["containers"] = [{**container, "resources": resources}, *others]
+    return pod
+
+
 def engine_resources(spec: ModelDeploymentSpec, gpus: int) -> dict[str, Any]:
     """GPUs as requested and limited; CPU and host memory requested in proportion (so the pod
     is not BestEffort, the first evicted when a node runs short): the weights' share, /dev/shm
@@ -229,7 +345,11 @@ def _sized_cache(volume: dict[str, Any], spec: ModelDeploymentSpec) -> dict[str,
 
 
 def _pod_spec(
-    owner: Owner, spec: ModelDeploymentSpec, role: Role, engine: EngineContainer
+    owner: Owner,
+    spec: ModelDeploymentSpec,
+    role: Role,
+    engine: EngineContainer,
+    placement: Placement,
 ) -> dict[str, Any]:
     container = dict(engine.container)
     container["resources"] = engine_resources(spec, engine.gpus)
@@ -246,18 +366,25 @@ def _pod_spec(
         volumes.append(
             {"name": ENGINE_CONFIG_VOLUME, "configMap": {"name": config_map_name(owner.name, role)}}
         )
-    product = GpuCatalog.builtin()[spec.gpu.type].node_product_label
+    selector = {}
+    if placement.gpu_node_label is not None:
+        product = GpuCatalog.builtin()[spec.gpu.type].node_product_label
+        selector[placement.gpu_node_label] = product
     pod: dict[str, Any] = {
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "securityContext": pod_security_context(engine.run_as_user),
         "containers": [container],
-        "nodeSelector": {GPU_PRODUCT_LABEL: product},
+        "nodeSelector": selector,
         "tolerations": [dict(GPU_TOLERATION)],
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
     }
     if volumes:
         pod["volumes"] = sorted(volumes, key=lambda v: str(v["name"]))
+    if spec.scheduling is not None:
+        pod = scheduled(pod, spec.scheduling, selector_labels(owner.name, role))
+    if not pod["nodeSelector"]:
+        del pod["nodeSelector"]
     return pod
 
 
@@ -267,6 +394,8 @@ def engine_deployment(
     role: Role,
     engine: EngineContainer,
     replicas: int,
+    *,
+    placement: Placement | None = None,
 ) -> dict[str, Any]:
     labels = engine_labels(owner.name, role)
     template: dict[str, Any] = {
@@ -278,7 +407,7 @@ def engine_deployment(
                 PROMETHEUS_SCRAPE: "true",
             },
         },
-        "spec": _pod_spec(owner, spec, role, engine),
+        "spec": _pod_spec(owner, spec, role, engine, placement or Placement()),
     }
     digest = spec_hash({"template": template, "configFiles": engine.config_files})
     template["metadata"]["annotations"][SPEC_HASH_ANNOTATION] = digest
@@ -333,10 +462,11 @@ def render_model_deployment(
     replicas: Mapping[Role, int] | None = None,
     options: EngineOptions | None = None,
     isolation: NetworkIsolation | None = None,
+    placement: Placement | None = None,
 ) -> list[dict[str, Any]]:
     """Every object of one ModelDeployment, in apply order (its NetworkPolicy with
     `isolation`, ConfigMaps, Services, PDBs, Deployments). `replicas` overrides the spec's
-    counts per role (autoscaler, pins).
+    counts per role (autoscaler, pins); `placement` is how the install finds GPU nodes.
 
     Raises `UnsupportedSpecError` for a spec the engine or the renderer cannot honour."""
     owner = Owner.of(f"{API_GROUP}/{API_VERSION}", KIND, md.metadata)
@@ -353,7 +483,7 @@ def render_model_deployment(
         objects += [
             engine_service(owner, role),
             engine_pod_disruption_budget(owner, role),
-            engine_deployment(owner, spec, role, engine, counts[role]),
+            engine_deployment(owner, spec, role, engine, counts[role], placement=placement),
         ]
     if isolation is not None:
         objects.append(engine_network_policy(owner, deployment_labels(owner.name), isolation))

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from inferfleet.engines import EngineOptions
 from inferfleet.render.inference_service import DEFAULT_ROUTER_IMAGE
+from inferfleet.render.model_deployment import Placement
 from inferfleet.render.network import NetworkIsolation
 from inferfleet.router.config import DiscoveryMode
 
@@ -16,9 +17,11 @@ class InstallSettings:
     """`router_image`: the router pods' image (where the install pushed it);
     `router_discovery`: how those routers find replicas; `engines`: the engine adapters'
     install-wide options (the sim engine's image, the Hugging Face token Secret, cold start);
-    `network`: NetworkPolicies for engines and routers, or None for none."""
+    `network`: NetworkPolicies for engines and routers, or None for none; `placement`: how
+    engine pods find GPU nodes of their type."""
 
     router_image: str = DEFAULT_ROUTER_IMAGE
     router_discovery: DiscoveryMode = DiscoveryMode.ENDPOINT_SLICES
     engines: EngineOptions = field(default_factory=EngineOptions)
     network: NetworkIsolation | None = None
+    placement: Placement = field(default_factory=Placement)
