@@ -57,6 +57,24 @@ def test_disaggregated_example_plans_both_pools() -> None:
     assert plan["meetsSlo"] is True
 
 
+def test_the_nvfp4_example_fits_one_b200_and_runs_its_gemms_at_the_fp4_rate(
+    tmp_path: Path,
+) -> None:
+    path = EXAMPLES / "llama-3.3-70b-nvfp4-b200-vllm.yaml"
+    (fp4,) = plan_json("-f", str(path))
+    assert fp4["fits"] is True
+    assert fp4["meetsSlo"] is True
+    assert fp4["gpusPerReplica"] == 1
+    # The same deployment with FP8 weights: twice the weight bytes, half the GEMM rate.
+    document = path.read_text().replace("weights: fp4\n    method: nvfp4", "weights: fp8")
+    fp8_path = tmp_path / "fp8.yaml"
+    fp8_path.write_text(document)
+    (fp8,) = plan_json("-f", str(fp8_path))
+    fp4_memory, fp8_memory = fp4["memoryPerGpuGiB"], fp8["memoryPerGpuGiB"]
+    assert fp4_memory["weights"] < 0.6 * fp8_memory["weights"]  # type: ignore[index]
+    assert fp4["idle"]["ttftMs"] < fp8["idle"]["ttftMs"]  # type: ignore[index]
+
+
 def test_the_example_that_cannot_fit_says_why_in_numbers() -> None:
     path = EXAMPLES / "llama-3.1-405b-bf16-l40s-does-not-fit.yaml"
     result = runner.invoke(app, ["plan", "-f", str(path)])

@@ -37,6 +37,11 @@ class GpuSpec(WireModel):
     fp8_flops: float | None = Field(
         default=None, gt=0, description="Dense FP8 tensor-core FLOP/s; None where unsupported."
     )
+    fp4_flops: float | None = Field(
+        default=None,
+        gt=0,
+        description="Dense FP4 tensor-core FLOP/s (NVFP4, MXFP4); None where unsupported.",
+    )
     int8_ops: float = Field(gt=0, description="Dense INT8 tensor-core OP/s.")
     memory_bandwidth: float = Field(gt=0, description="HBM/GDDR bandwidth in bytes/s.")
     memory_bytes: int = Field(gt=0, description="Device memory in bytes, as the driver reports.")
@@ -91,10 +96,12 @@ _GPU_CATALOG: dict[GpuType, GpuSpec] = {
         hourly_price_usd=3.50,
         node_product_label="NVIDIA-H200",
     ),
-    # B200 (HGX, 1000 W): NVLink 5.
+    # B200 (HGX, 1000 W): NVLink 5. FP4: NVIDIA's HGX B200 specifications give 18 PFLOPS per
+    # GPU with 2:4 sparsity (FP8 9 PFLOPS), half of it dense.
     GpuType.B200_180GB: GpuSpec(
         bf16_flops=2250 * TERA,
         fp8_flops=4500 * TERA,
+        fp4_flops=9000 * TERA,
         int8_ops=4500 * TERA,
         memory_bandwidth=8.0e12,
         memory_bytes=183359 * MIB,

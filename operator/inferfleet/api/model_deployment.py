@@ -48,6 +48,7 @@ class WeightPrecision(StrEnum):
     FP8 = "fp8"
     INT8 = "int8"
     INT4 = "int4"
+    FP4 = "fp4"
 
 
 class QuantizationMethod(StrEnum):
@@ -55,6 +56,8 @@ class QuantizationMethod(StrEnum):
     GPTQ = "gptq"
     SMOOTHQUANT = "smoothquant"
     FP8 = "fp8"
+    NVFP4 = "nvfp4"
+    MXFP4 = "mxfp4"
 
 
 class KvCacheDtype(StrEnum):
@@ -174,13 +177,16 @@ class PrecisionSpec(WireModel):
     weights: WeightPrecision = Field(
         strict=False,
         default=WeightPrecision.BF16,
-        description="Weight precision: bf16, fp16, fp8, int8, int4.",
+        description="Weight precision: bf16, fp16, fp8, int8, int4, fp4 (GPUs with FP4 tensor "
+        "cores only, B200-class).",
     )
     method: QuantizationMethod | None = Field(
         strict=False,
         default=None,
         description="Quantization method: awq or gptq (int4, int8 weight-only), smoothquant "
-        "(int8 weights and activations), fp8.",
+        "(int8 weights and activations), fp8, nvfp4 (fp4 weights and activations, a scale per "
+        "16 values) or mxfp4 (fp4 weights, a scale per 32). 4-bit checkpoints are read as "
+        "quantized (the engines take their quantization from the checkpoint's config).",
     )
     kv_cache: KvCacheDtype = Field(
         strict=False,
@@ -207,6 +213,16 @@ PRECISION_RULES: tuple[CrossFieldRule[PrecisionSpec], ...] = (
         holds=lambda p: (
             p.weights != WeightPrecision.INT8
             or p.method in (QuantizationMethod.SMOOTHQUANT, QuantizationMethod.GPTQ)
+        ),
+        field_path=".method",
+        reason="FieldValueRequired",
+    ),
+    CrossFieldRule(
+        cel="self.weights != 'fp4' || (has(self.method) && self.method in ['nvfp4', 'mxfp4'])",
+        message="fp4 weights need method nvfp4 or mxfp4",
+        holds=lambda p: (
+            p.weights != WeightPrecision.FP4
+            or p.method in (QuantizationMethod.NVFP4, QuantizationMethod.MXFP4)
         ),
         field_path=".method",
         reason="FieldValueRequired",
@@ -381,6 +397,18 @@ def _gpus_per_node_cel() -> str:
     return json.dumps(per_node, sort_keys=True)
 
 
+def _fp4_gpus() -> list[str]:
+    """The catalog's GPU types with FP4 tensor cores."""
+    return sorted(t.value for t, spec in GpuCatalog.builtin().items() if spec.fp4_flops)
+
+
+def _fp4_fits_gpu(s: ModelDeploymentSpec) -> bool:
+    return (
+        s.precision.weights != WeightPrecision.FP4
+        or GpuCatalog.builtin()[s.gpu.type].fp4_flops is not None
+    )
+
+
 _MODEL_KNOWN_CEL = "has(self.model.architecture) || self.model.name in " + json.dumps(
     sorted(catalog_models())
 )
@@ -471,6 +499,14 @@ DEPLOYMENT_RULES: tuple[CrossFieldRule[ModelDeploymentSpec], ...] = (
         "node of the GPU type (8 GPUs); multi-node replicas are not supported yet",
         holds=_gpus_fit_node,
         field_path=".parallelism",
+    ),
+    CrossFieldRule(
+        cel=f"self.precision.weights != 'fp4' || self.gpu.type in {json.dumps(_fp4_gpus())}",
+        message="fp4 weights need a GPU with FP4 tensor cores ("
+        + ", ".join(_fp4_gpus())
+        + "); use fp8 or int4 elsewhere",
+        holds=_fp4_fits_gpu,
+        field_path=".precision.weights",
     ),
     CrossFieldRule(
         cel=_if_model_known(

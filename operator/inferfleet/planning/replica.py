@@ -26,6 +26,13 @@ _WEIGHT_BYTES: dict[WeightPrecision, float] = {
     WeightPrecision.FP8: 1.0,
     WeightPrecision.INT8: 1.0,
     WeightPrecision.INT4: 0.5 + 2.0 / 128,
+    WeightPrecision.FP4: 0.5 + 1.0 / 16,
+}
+# Block-scaled FP4: NVFP4 stores an 8-bit (E4M3) scale per 16 values, MXFP4 an 8-bit (E8M0)
+# scale per 32 (the per-tensor scales are negligible).
+_METHOD_WEIGHT_BYTES: dict[QuantizationMethod, float] = {
+    QuantizationMethod.NVFP4: 0.5 + 1.0 / 16,
+    QuantizationMethod.MXFP4: 0.5 + 1.0 / 32,
 }
 
 _KV_BYTES: dict[KvCacheDtype, int] = {
@@ -85,6 +92,8 @@ class ReplicaConfig:
 
     @property
     def weight_bytes_per_param(self) -> float:
+        if self.method in _METHOD_WEIGHT_BYTES:
+            return _METHOD_WEIGHT_BYTES[self.method]
         return _WEIGHT_BYTES[self.weights]
 
     @property
@@ -94,7 +103,11 @@ class ReplicaConfig:
     @property
     def linear_flops_rate(self) -> float:
         """Peak FLOP/s of the GEMMs. Weight-only schemes (int4, GPTQ int8, FP8 on GPUs without
-        FP8 tensor cores) dequantise to 16-bit and run at the BF16 rate."""
+        FP8 tensor cores) dequantise to 16-bit and run at the BF16 rate. NVFP4 quantizes the
+        activations too and runs at the FP4 rate; MXFP4 checkpoints (weights only) are taken
+        at the BF16 rate, the slowest of the engines' kernels for them."""
+        if self.method == QuantizationMethod.NVFP4 and self.gpu.fp4_flops is not None:
+            return self.gpu.fp4_flops
         if self.weights == WeightPrecision.FP8 and self.gpu.fp8_flops is not None:
             return self.gpu.fp8_flops
         if self.weights == WeightPrecision.INT8 and self.method == QuantizationMethod.SMOOTHQUANT:
