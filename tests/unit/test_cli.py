@@ -75,6 +75,19 @@ def test_the_nvfp4_example_fits_one_b200_and_runs_its_gemms_at_the_fp4_rate(
     assert fp4["idle"]["ttftMs"] < fp8["idle"]["ttftMs"]  # type: ignore[index]
 
 
+def test_the_moe_example_plans_memory_from_total_and_speed_from_active_parameters() -> None:
+    path = EXAMPLES / "gpt-oss-120b-mxfp4-moe-vllm.yaml"
+    (plan,) = plan_json("-f", str(path))
+    assert plan["fits"] is True
+    assert plan["meetsSlo"] is True
+    assert plan["gpusPerReplica"] == 2
+    # 116.8B parameters at 4.25 bits over two GPUs.
+    weights_gib = plan["memoryPerGpuGiB"]["weights"]  # type: ignore[index]
+    assert 116.8e9 * 4.25 / 8 / 2 / 2**30 < weights_gib < 32
+    text = runner.invoke(app, ["plan", "-f", str(path)]).stdout
+    assert "116.8B parameters (5.7B active: 4 of 128 experts a token), fp4 (mxfp4)" in text
+
+
 def test_the_example_that_cannot_fit_says_why_in_numbers() -> None:
     path = EXAMPLES / "llama-3.1-405b-bf16-l40s-does-not-fit.yaml"
     result = runner.invoke(app, ["plan", "-f", str(path)])

@@ -279,13 +279,16 @@ def test_every_mounted_volume_is_provided(engine: str) -> None:
         (("int4", "awq", "auto"), (None, None, "auto")),  # detected from the checkpoint
         (("int4", "gptq", "bf16"), ("bfloat16", None, "auto")),
         (("int8", "smoothquant", "fp8"), (None, None, "fp8")),
+        (("fp4", "nvfp4", "fp8"), (None, None, "fp8")),  # detected from the checkpoint
+        (("fp4", "mxfp4", "bf16"), ("bfloat16", None, "auto")),
     ],
 )
 def test_vllm_precision_flags(
     precision: tuple[str, str | None, str], expected: tuple[str | None, str | None, str]
 ) -> None:
     weights, method, kv = precision
-    spec = spec_on("vllm", precision={"weights": weights, "method": method, "kvCache": kv})
+    gpu = {"type": "B200-180GB"} if weights == "fp4" else {}
+    spec = spec_on("vllm", precision={"weights": weights, "method": method, "kvCache": kv}, gpu=gpu)
     args = build(spec).container["args"]
 
     def value(flag: str) -> str | None:
@@ -479,3 +482,24 @@ def test_the_install_names_the_sim_engines_image(engine_fields: dict[str, str], 
     spec = spec_on("sim", engine=engine_fields)
     built = build_engine_container(spec, Role.AGGREGATED, model_name="served", options=options)
     assert built.container["image"] == image
+
+
+MOE = {"name": "qwen3-30b-a3b", "source": "hf://Qwen/Qwen3-30B-A3B"}
+
+
+@pytest.mark.parametrize("engine", GPU_ENGINES)
+def test_expert_parallelism_spreads_the_experts_over_the_tensor_parallel_gpus(engine: str) -> None:
+    spread = build(spec_on(engine, model=MOE, parallelism={"tensor": 4, "expertParallel": True}))
+    sliced = build(spec_on(engine, model=MOE, parallelism={"tensor": 4}))
+    if engine == "vllm":
+        assert "--enable-expert-parallel" in spread.container["args"]
+        assert "--enable-expert-parallel" not in sliced.container["args"]
+    else:
+        assert flag_value(spread.container["args"], "--ep_size") == "4"
+        assert "--ep_size" not in sliced.container["args"]
+    assert (
+        flag_value(
+            spread.container["args"], "--tensor-parallel-size" if engine == "vllm" else "--tp_size"
+        )
+        == "4"
+    )

@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 
 from inferfleet.api.catalog import GpuType
+from inferfleet.api.model_deployment import QuantizationMethod, WeightPrecision
 from inferfleet.planning.memory import kv_bytes_per_token, plan_memory
 from inferfleet.planning.performance import (
     DEFAULT_EFFICIENCY,
@@ -159,3 +160,37 @@ def test_the_default_terms_time_the_a100_and_l40s_by_their_own_fitted_terms() ->
     # The A100 reaches more of its peak compute than the H100 terms grant it.
     a100 = replica(gpu=GpuType.A100_80GB)
     assert prefill_seconds(a100, 8000) < prefill_seconds(a100, 8000, EfficiencyTerms())
+
+
+@pytest.mark.parametrize("model", ["qwen3-30b-a3b", "gpt-oss-120b"])
+def test_moe_memory_is_the_total_and_compute_the_active_parameters(model: str) -> None:
+    """The same model declared dense (every parameter used by every token): its weights take
+    the same memory, but a prompt costs the total parameters' FLOPs and a small decode step
+    reads every weight, where the MoE model's cost the active ones."""
+    moe = replica(model, GpuType.H200_141GB)
+    architecture = moe.model.model_copy(
+        update={"active_parameter_count": None, "experts": 1, "experts_per_token": 1}
+    )
+    dense = replace(moe, model=architecture)
+    assert plan_memory(moe).weights == plan_memory(dense).weights
+    prompt = StepLoad.prefill_chunk(4096)
+    active_share = moe.model.active_parameters / moe.model.parameter_count
+    assert (
+        step_time(moe, prompt).flops_per_gpu
+        < 1.5 * active_share * step_time(dense, prompt).flops_per_gpu
+    )
+    one_token = StepLoad(decode_sequences=1, decode_context_tokens=1000)
+    assert step_time(moe, one_token).bytes_per_gpu < 0.2 * step_time(dense, one_token).bytes_per_gpu
+
+
+def test_nvfp4_runs_the_gemms_at_the_fp4_rate_and_mxfp4_weight_only() -> None:
+    base = replica("llama-3.3-70b", GpuType.B200_180GB)
+    nvfp4 = replace(base, weights=WeightPrecision.FP4, method=QuantizationMethod.NVFP4)
+    mxfp4 = replace(base, weights=WeightPrecision.FP4, method=QuantizationMethod.MXFP4)
+    assert nvfp4.linear_flops_rate == base.gpu.fp4_flops == 2 * base.gpu.fp8_flops  # type: ignore[operator]
+    assert mxfp4.linear_flops_rate == base.gpu.bf16_flops
+    # 4.5 and 4.25 bits a weight against 16.
+    assert nvfp4.weight_bytes_per_param / base.weight_bytes_per_param == pytest.approx(4.5 / 16)
+    assert mxfp4.weight_bytes_per_param / base.weight_bytes_per_param == pytest.approx(4.25 / 16)
+    prompt = StepLoad.prefill_chunk(8192)
+    assert step_time(nvfp4, prompt).linear_s < 0.3 * step_time(base, prompt).linear_s

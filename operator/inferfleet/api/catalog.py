@@ -343,6 +343,42 @@ _MODEL_CATALOG: dict[str, ModelArchitecture] = {
         experts=8,
         experts_per_token=2,
     ),
+    # Qwen/Qwen3-30B-A3B config.json (num_experts 128, num_experts_per_tok 8,
+    # moe_intermediate_size 768; "30.5B in total and 3.3B activated" on its model card). The
+    # counts are the config's: embeddings and output head untied, QK norms included.
+    "qwen3-30b-a3b": ModelArchitecture(
+        parameter_count=30_532_122_624,
+        active_parameter_count=3_353_030_656,
+        layers=48,
+        hidden_size=2048,
+        attention_heads=32,
+        kv_heads=4,
+        head_dim=128,
+        intermediate_size=768,
+        vocab_size=151936,
+        max_context_length=40960,
+        experts=128,
+        experts_per_token=8,
+    ),
+    # openai/gpt-oss-120b config.json (num_local_experts 128, experts_per_token 4; 116.8B total,
+    # 5.1B active excluding the input embedding, on its model card; here the active count
+    # includes it, as for every entry). Published as MXFP4 experts with BF16 attention. Every
+    # second layer attends to a 128-token sliding window; the planner counts full-context KV
+    # for all of them, so its KV capacity for long contexts is low by up to half.
+    "gpt-oss-120b": ModelArchitecture(
+        parameter_count=116_829_156_672,
+        active_parameter_count=5_711_982_912,
+        layers=36,
+        hidden_size=2880,
+        attention_heads=64,
+        kv_heads=8,
+        head_dim=64,
+        intermediate_size=2880,
+        vocab_size=201088,
+        max_context_length=131072,
+        experts=128,
+        experts_per_token=4,
+    ),
 }
 
 

@@ -177,16 +177,16 @@ class PrecisionSpec(WireModel):
     weights: WeightPrecision = Field(
         strict=False,
         default=WeightPrecision.BF16,
-        description="Weight precision: bf16, fp16, fp8, int8, int4, fp4 (GPUs with FP4 tensor "
-        "cores only, B200-class).",
+        description="Weight precision: bf16, fp16, fp8, int8, int4, fp4.",
     )
     method: QuantizationMethod | None = Field(
         strict=False,
         default=None,
         description="Quantization method: awq or gptq (int4, int8 weight-only), smoothquant "
         "(int8 weights and activations), fp8, nvfp4 (fp4 weights and activations, a scale per "
-        "16 values) or mxfp4 (fp4 weights, a scale per 32). 4-bit checkpoints are read as "
-        "quantized (the engines take their quantization from the checkpoint's config).",
+        "16 values: GPUs with FP4 tensor cores, B200-class) or mxfp4 (fp4 weights, a scale per "
+        "32, run weight-only where the GPU has no FP4 tensor cores). 4-bit checkpoints are read "
+        "as quantized (the engines take their quantization from the checkpoint's config).",
     )
     kv_cache: KvCacheDtype = Field(
         strict=False,
@@ -250,6 +250,11 @@ PrecisionSpec.cross_field_rules = PRECISION_RULES
 class ParallelismSpec(WireModel):
     tensor: int = Field(default=1, ge=1, le=64, description="Tensor-parallel size.")
     pipeline: int = Field(default=1, ge=1, le=64, description="Pipeline-parallel size.")
+    expert_parallel: bool = Field(
+        default=False,
+        description="Mixture-of-experts models: place whole experts on each of the tensor-"
+        "parallel GPUs (expert parallelism) instead of slicing every expert across them.",
+    )
 
     @property
     def gpus_per_replica(self) -> int:
@@ -404,7 +409,7 @@ def _fp4_gpus() -> list[str]:
 
 def _fp4_fits_gpu(s: ModelDeploymentSpec) -> bool:
     return (
-        s.precision.weights != WeightPrecision.FP4
+        s.precision.method != QuantizationMethod.NVFP4
         or GpuCatalog.builtin()[s.gpu.type].fp4_flops is not None
     )
 
@@ -501,12 +506,25 @@ DEPLOYMENT_RULES: tuple[CrossFieldRule[ModelDeploymentSpec], ...] = (
         field_path=".parallelism",
     ),
     CrossFieldRule(
-        cel=f"self.precision.weights != 'fp4' || self.gpu.type in {json.dumps(_fp4_gpus())}",
-        message="fp4 weights need a GPU with FP4 tensor cores ("
+        cel="!has(self.precision.method) || self.precision.method != 'nvfp4' || "
+        f"self.gpu.type in {json.dumps(_fp4_gpus())}",
+        message="nvfp4 (FP4 weights and activations) needs a GPU with FP4 tensor cores ("
         + ", ".join(_fp4_gpus())
-        + "); use fp8 or int4 elsewhere",
+        + "); elsewhere use fp8, int4, or an mxfp4 checkpoint (run weight-only)",
         holds=_fp4_fits_gpu,
-        field_path=".precision.weights",
+        field_path=".precision.method",
+    ),
+    CrossFieldRule(
+        cel="!self.parallelism.expertParallel || ("
+        + _if_model_known(_architecture_cel("experts") + " > 1")
+        + " && self.parallelism.tensor > 1)",
+        message="parallelism.expertParallel needs a mixture-of-experts model (experts > 1) "
+        "and parallelism.tensor > 1 to spread its experts over",
+        holds=lambda s: (
+            not s.parallelism.expert_parallel
+            or (s.architecture().is_moe and s.parallelism.tensor > 1)
+        ),
+        field_path=".parallelism.expertParallel",
     ),
     CrossFieldRule(
         cel=_if_model_known(

@@ -151,9 +151,19 @@ def render_text(name: str, capacity: CapacityPlan) -> str:
     gib = 1024**3
     request = capacity.request
     context = request.input_tokens + request.output_tokens
+    model = config.model
+    parameters = f"{model.parameter_count / 1e9:.1f}B parameters"
+    if model.is_moe:
+        parameters += (
+            f" ({model.active_parameters / 1e9:.1f}B active: {model.experts_per_token} of "
+            f"{model.experts} experts a token)"
+        )
+    weights = config.weights.value
+    if config.method is not None and config.method.value != weights:
+        weights += f" ({config.method.value})"
     lines = [
-        f"ModelDeployment {name}: {config.model.parameter_count / 1e9:.1f}B parameters, "
-        f"{config.weights.value} weights, {config.kv_cache.value} KV cache, "
+        f"ModelDeployment {name}: {parameters}, "
+        f"{weights} weights, {config.kv_cache.value} KV cache, "
         f"TP{config.tensor} x PP{config.pipeline} on {config.gpu_type.value}",
         f"  Fit:               {memory.verdict()}",
         "  Memory per GPU:",

@@ -13,6 +13,8 @@ model.source                positional MODEL                                    
 -                           --host 0.0.0.0, --port 8000, --backend pytorch      [serve]
 parallelism.tensor          --tp_size                                           [serve]
 parallelism.pipeline        --pp_size                                           [serve]
+parallelism.expertParallel  --ep_size (the tensor size: experts spread over     [serve]
+                            the tensor-parallel GPUs)
 batching.maxSequences       --max_batch_size                                    [serve]
 batching.maxBatchedTokens   --max_num_tokens                                    [serve]
 batching.maxModelLength     --max_seq_len                                       [serve]
@@ -226,6 +228,7 @@ def build(
         "--backend", "pytorch",
         "--tp_size", str(spec.parallelism.tensor),
         "--pp_size", str(spec.parallelism.pipeline),
+        *(("--ep_size", str(spec.parallelism.tensor)) if spec.parallelism.expert_parallel else ()),
         "--max_batch_size", str(batching.max_sequences),
         "--max_num_tokens", str(batching.max_batched_tokens),
         "--max_seq_len", str(spec.max_model_length()),

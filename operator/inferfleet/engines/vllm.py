@@ -11,6 +11,7 @@ model.source                    positional MODEL (`vllm serve MODEL`)           
 -                               --host 0.0.0.0, --port 8000                     [cli]
 parallelism.tensor              --tensor-parallel-size                          [parallel]
 parallelism.pipeline            --pipeline-parallel-size                        [parallel]
+parallelism.expertParallel      --enable-expert-parallel                        [parallel]
 precision.weights (16-bit)      --dtype bfloat16 | float16                      [model]
 precision.weights fp8 + fp8     --quantization fp8                              [model]
 precision.kvCache               --kv-cache-dtype auto | fp8                     [cache]
@@ -142,6 +143,9 @@ def build(
         "--tensor-parallel-size", str(spec.parallelism.tensor),
         "--pipeline-parallel-size", str(spec.parallelism.pipeline),
     ]  # fmt: skip
+    if spec.parallelism.expert_parallel:
+        # The MoE layers' experts are spread over the tensor-parallel GPUs.
+        args.append("--enable-expert-parallel")
     dtype = activation_dtype(precision)
     if dtype is not None:
         args += ["--dtype", dtype]

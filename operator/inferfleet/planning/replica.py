@@ -104,8 +104,9 @@ class ReplicaConfig:
     def linear_flops_rate(self) -> float:
         """Peak FLOP/s of the GEMMs. Weight-only schemes (int4, GPTQ int8, FP8 on GPUs without
         FP8 tensor cores) dequantise to 16-bit and run at the BF16 rate. NVFP4 quantizes the
-        activations too and runs at the FP4 rate; MXFP4 checkpoints (weights only) are taken
-        at the BF16 rate, the slowest of the engines' kernels for them."""
+        activations too and runs at the FP4 rate; MXFP4 checkpoints are taken at the BF16 rate
+        (weight-only, as on GPUs without FP4 tensor cores: the slowest of the engines'
+        kernels for them)."""
         if self.method == QuantizationMethod.NVFP4 and self.gpu.fp4_flops is not None:
             return self.gpu.fp4_flops
         if self.weights == WeightPrecision.FP8 and self.gpu.fp8_flops is not None:
