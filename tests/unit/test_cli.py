@@ -26,6 +26,7 @@ from inferfleet.cli import (
 from inferfleet.engines import engine_container
 from inferfleet.planning.replica import ReplicaConfig
 from inferfleet.sim import openai_api as sim_server
+from tests.unit.golden import check_golden
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -290,3 +291,22 @@ def test_run_without_a_cluster_to_talk_to_says_so_in_one_line(tmp_path: Path) ->
     assert result.stdout == ""
     (line,) = result.stderr.splitlines()
     assert line.startswith("error: no Kubernetes configuration")
+
+
+def test_the_lora_example_reserves_its_adapter_slots_in_the_plan() -> None:
+    (lora,) = plan_json("-f", str(EXAMPLES / "llama-3.1-8b-lora-vllm.yaml"))
+    (base,) = plan_json("-f", str(EXAMPLES / "llama-3.1-8b-aggregated-vllm.yaml"))
+    assert lora["fits"] is True
+    added = lora["memoryPerGpuGiB"]["weights"] - base["memoryPerGpuGiB"]["weights"]  # type: ignore[index,operator]
+    # Two slots of rank 64 on Llama-3.1-8B: 2 x 168M 16-bit parameters.
+    assert added == pytest.approx(2 * 167_772_160 * 2 / 2**30, rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    "example",
+    sorted(path.stem for path in EXAMPLES.glob("*.yaml")),
+)
+def test_every_examples_plan_is_golden(example: str) -> None:
+    """`plan -o json` of each example, committed: a change to the planner shows in review as
+    the plans it moves."""
+    check_golden(f"plan/{example}.yaml", plan_json("-f", str(EXAMPLES / f"{example}.yaml")))

@@ -503,3 +503,38 @@ def test_expert_parallelism_spreads_the_experts_over_the_tensor_parallel_gpus(en
         )
         == "4"
     )
+
+
+ADAPTERS = [
+    {"name": "sql-assistant", "source": "hf://org/sql-lora", "rank": 16},
+    {"name": "support-triage", "source": "pvc://lora-adapters/support", "rank": 40},
+]
+
+
+def test_vllm_serves_every_adapter_on_every_replica() -> None:
+    engine = build(spec_on("vllm", adapters=ADAPTERS))
+    args = engine.container["args"]
+    assert "--enable-lora" in args
+    assert flag_value(args, "--max-loras") == "2"
+    # Rank 40 rounds up to the next rank vLLM takes.
+    assert flag_value(args, "--max-lora-rank") == "64"
+    start = args.index("--lora-modules") + 1
+    assert args[start : start + 2] == [
+        "sql-assistant=org/sql-lora",
+        "support-triage=/adapters/support-triage/support",
+    ]
+    mounts = {m["name"]: m for m in engine.container["volumeMounts"]}
+    assert mounts["adapter-1"] == {
+        "name": "adapter-1",
+        "mountPath": "/adapters/support-triage",
+        "readOnly": True,
+    }
+    claims = {v["name"]: v.get("persistentVolumeClaim") for v in engine.volumes}
+    assert claims["adapter-1"] == {"claimName": "lora-adapters", "readOnly": True}
+    assert "--enable-lora" not in build(spec_on("vllm")).container["args"]
+
+
+def test_the_sim_engine_serves_the_adapters_by_name() -> None:
+    args = build(spec_on("sim", adapters=ADAPTERS)).container["args"]
+    given = [args[i + 1] for i, arg in enumerate(args) if arg == "--adapter"]
+    assert given == ["sql-assistant=16", "support-triage=40"]

@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from inferfleet.api.catalog import GpuType
-from inferfleet.api.model_deployment import KvCacheDtype, QuantizationMethod, WeightPrecision
+from inferfleet.api.model_deployment import (
+    KvCacheDtype,
+    LoraAdapter,
+    QuantizationMethod,
+    WeightPrecision,
+    lora_slot_rank,
+)
 from inferfleet.planning.memory import (
     GIB,
     KV_BLOCK_TOKENS,
     kv_bytes_per_token,
+    lora_parameters,
     plan_memory,
     weight_bytes_per_gpu,
 )
@@ -105,3 +114,20 @@ def test_fits_needs_one_full_length_sequence() -> None:
     assert "fewer than one sequence of max model length 131072" in memory.verdict()
     shorter = plan_memory(replica("llama-3.3-70b", tensor=2, max_model_length=8192))
     assert shorter.fits
+
+
+def test_lora_adapter_slots_are_reserved_beside_the_weights() -> None:
+    """Llama-3.1-8B, two slots of rank 64 (every projection of 32 layers): 0.34 GB a slot."""
+    base = replica()
+    with_adapters = replace(base, lora_slots=2, lora_rank=64)
+    slot = lora_parameters(replace(base, lora_rank=64))
+    assert slot == 32 * 64 * (2 * (4096 + 4096) + 2 * (4096 + 1024) + 3 * (4096 + 14336))
+    added = plan_memory(with_adapters).weights - plan_memory(base).weights
+    assert added == pytest.approx(2 * slot * 2)
+    assert plan_memory(with_adapters).kv_capacity_tokens < plan_memory(base).kv_capacity_tokens
+
+
+@pytest.mark.parametrize(("ranks", "slot"), [((), 0), ((8,), 8), ((16, 40), 64), ((512,), 512)])
+def test_adapter_slots_take_the_largest_rank_rounded_up(ranks: tuple[int, ...], slot: int) -> None:
+    adapters = [LoraAdapter(name=f"a{i}", source="hf://o/a", rank=r) for i, r in enumerate(ranks)]
+    assert lora_slot_rank(adapters) == slot

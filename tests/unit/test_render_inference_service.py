@@ -16,6 +16,7 @@ from inferfleet.render import (
     router_service_name,
 )
 from inferfleet.render.inference_service import TENANT_KEYS_DIR
+from inferfleet.router.config import RouterConfig, parse_backend
 from inferfleet.router.tenants import TenantSpec, parse_tenant
 from tests.unit.golden import check_golden
 from tests.unit.golden.specs import (
@@ -290,3 +291,17 @@ def test_the_router_presents_each_deployment_s_engine_key_from_a_mounted_secret(
     assert volume["secret"] == {"secretName": "llama-engine-key", "defaultMode": 0o440}
     (mount,) = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == volume["name"]]
     assert (mount["mountPath"], mount["readOnly"]) == ("/etc/inferfleet/engine-keys/llama", True)
+
+
+def test_a_deployments_adapters_are_served_names_of_its_backend() -> None:
+    md, isvc = example_objects("llama-3.1-8b-lora-vllm.yaml")
+    objects = render_inference_service(isvc, {str(md.metadata["name"]): md})
+    [router] = [o for o in objects if o["kind"] == "Deployment"]
+    args = router["spec"]["template"]["spec"]["containers"][0]["args"]
+    [backend] = [args[i + 1] for i, arg in enumerate(args) if arg == "--backend"]
+    parsed = parse_backend(backend)
+    assert parsed.model == "llama-3.1-8b"
+    assert parsed.adapters == ("sql-assistant", "support-triage")
+    config = RouterConfig(service="fine-tunes", backends=(parsed,))
+    assert config.serving("support-triage") == ["llama-3-1-8b-lora"]
+    assert config.models() == ["llama-3.1-8b", "sql-assistant", "support-triage"]

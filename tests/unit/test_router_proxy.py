@@ -45,9 +45,13 @@ async def servers() -> AsyncIterator[dict[str, Any]]:
 
 
 async def start_engine(
-    servers: dict[str, Any], role: Role = Role.AGGREGATED, model: str = MODEL
+    servers: dict[str, Any],
+    role: Role = Role.AGGREGATED,
+    model: str = MODEL,
+    adapters: tuple[str, ...] = (),
 ) -> str:
-    server = SimServer(create_engine(CONFIG, model, role), "127.0.0.1", 0, drain_timeout_s=1.0)
+    app = create_engine(CONFIG, model, role, adapters=adapters)
+    server = SimServer(app, "127.0.0.1", 0, drain_timeout_s=1.0)
     port = await server.start()
     servers["engines"].append(server)
     return f"http://127.0.0.1:{port}"
@@ -375,6 +379,38 @@ async def test_a_request_goes_to_a_deployment_that_serves_its_model(
     assert series(text, "inferfleet_router_requests_total", deployment="tuned") == 4
     models = (await client.get("/v1/models")).json()["data"]
     assert [m["id"] for m in models] == sorted([MODEL, "llama-tuned"])
+
+
+async def test_a_lora_adapters_name_reaches_the_deployment_that_serves_it(
+    servers: dict[str, Any],
+) -> None:
+    """A deployment with adapters serves their names too; a name no deployment serves is a
+    404 that lists what is served."""
+    base = await start_engine(servers)
+    tuned = await start_engine(servers, model="llama-tuned", adapters=("sql", "support"))
+    client = await start_router(
+        servers,
+        config(
+            f"deployment=base,role=aggregated,engine=sim,model={MODEL},urls={base}",
+            f"deployment=tuned,role=aggregated,engine=sim,model=llama-tuned,urls={tuned},"
+            "adapters=sql;support",
+        ),
+    )
+    for _ in range(3):
+        answer = await client.post(
+            "/v1/completions", json={"model": "sql", "prompt": "w", "max_tokens": 2}
+        )
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["model"] == "sql"
+    text = await metrics(client)
+    assert series(text, "inferfleet_router_requests_total", deployment="tuned") == 3
+    assert series(text, "inferfleet_router_requests_total", deployment="base") == 0
+    unknown = await client.post("/v1/completions", json={"model": "other", "prompt": "w"})
+    assert unknown.status_code == 404
+    assert "sql" in unknown.text
+    assert "support" in unknown.text
+    models = (await client.get("/v1/models")).json()["data"]
+    assert [m["id"] for m in models] == sorted([MODEL, "llama-tuned", "sql", "support"])
 
 
 @pytest.mark.parametrize("asked", [10**300, 10**400])

@@ -676,3 +676,26 @@ async def stream_concurrently(
     print(f"{count} streams x {output} tokens: {figures}")
     # Loose: the test's clients share this machine's cores with the server.
     assert wall < 3 * figures["ideal_s"] + 1.0
+
+
+async def test_lora_adapters_are_served_by_name_beside_the_base_model(
+    start_engine: StartEngine,
+) -> None:
+    """As vLLM with --lora-modules: /v1/models lists each adapter with the base model as its
+    parent, a request naming an adapter is answered under that name, another name is a 404."""
+    client = (await start_engine(adapters=["sql-assistant", "support-triage"])).client()
+    models = (await client.get("/v1/models")).json()["data"]
+    assert [(m["id"], m["parent"]) for m in models] == [
+        (MODEL, None),
+        ("sql-assistant", MODEL),
+        ("support-triage", MODEL),
+    ]
+    for stream in (False, True):
+        answer = await client.post(
+            "/v1/completions",
+            json={"model": "sql-assistant", "prompt": "hi", "max_tokens": 2, "stream": stream},
+        )
+        assert answer.status_code == 200
+        assert '"model":"sql-assistant"' in answer.text.replace(" ", "")
+    missing = await client.post("/v1/completions", json={"model": "sql", "prompt": "hi"})
+    assert missing.status_code == 404

@@ -114,6 +114,41 @@ class ModelSpec(WireModel):
     )
 
 
+# The LoRA ranks vLLM's --max-lora-rank takes; an adapter's rank is rounded up to one.
+LORA_RANKS: Final = (8, 16, 32, 64, 128, 256, 320, 512)
+
+
+class LoraAdapter(WireModel):
+    """A LoRA adapter of the base model, served under its own name beside it."""
+
+    name: str = Field(
+        description="The name requests use for the adapter (their `model`).",
+        min_length=1,
+        max_length=63,
+        pattern=MODEL_NAME_PATTERN,
+    )
+    source: str = Field(
+        description="Where the adapter's weights come from: hf://org/repo or pvc://claim/path.",
+        max_length=512,
+        pattern=r"^(hf|pvc)://[^\s]+$",
+    )
+    rank: int = Field(
+        ge=1,
+        le=max(LORA_RANKS),
+        description="The adapter's LoRA rank (`r` in its adapter_config.json): sizes the GPU "
+        "memory the engines reserve for adapters.",
+    )
+
+
+def lora_slot_rank(adapters: list[LoraAdapter]) -> int:
+    """The rank of the engines' adapter slots: the largest adapter's, rounded up to a rank
+    vLLM takes (0 without adapters)."""
+    if not adapters:
+        return 0
+    largest = max(a.rank for a in adapters)
+    return next(rank for rank in LORA_RANKS if rank >= largest)
+
+
 MODEL_RULES: tuple[CrossFieldRule[ModelSpec], ...] = (
     CrossFieldRule(
         cel="has(self.architecture) || self.name in " + json.dumps(sorted(catalog_models())),
@@ -468,6 +503,12 @@ class ModelDeploymentSpec(WireModel):
         description="Serving replicas: aggregated engines, or the decode pool when "
         "disaggregated. The scale subresource (kubectl scale) sets it.",
     )
+    adapters: list[LoraAdapter] = Field(
+        default_factory=list,
+        max_length=32,
+        description="LoRA adapters served beside the base model, each by its own name; every "
+        "replica holds all of them (vllm, sim).",
+    )
     scheduling: SchedulingSpec | None = Field(
         default=None,
         description="Where the engine pods may run beside the GPU type's nodes, and what else "
@@ -496,6 +537,20 @@ _MAX_LEN_CEL = (
 )
 
 DEPLOYMENT_RULES: tuple[CrossFieldRule[ModelDeploymentSpec], ...] = (
+    CrossFieldRule(
+        cel="!has(self.adapters) || size(self.adapters) == 0 || self.engine.name != 'tensorrt-llm'",
+        message="adapters: TensorRT-LLM's server takes LoRA weights per request, not named "
+        "adapters; use vllm",
+        holds=lambda s: not s.adapters or s.engine.name != EngineName.TENSORRT_LLM,
+        field_path=".adapters",
+    ),
+    CrossFieldRule(
+        cel="!has(self.adapters) || self.adapters.all(a, a.name != self.model.name && "
+        "self.adapters.exists_one(b, b.name == a.name))",
+        message="adapter names must be unique and differ from model.name",
+        holds=lambda s: len({a.name for a in s.adapters} | {s.model.name}) == len(s.adapters) + 1,
+        field_path=".adapters",
+    ),
     CrossFieldRule(
         cel="self.parallelism.tensor * self.parallelism.pipeline <= "
         + _gpus_per_node_cel()

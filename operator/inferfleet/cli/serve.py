@@ -33,8 +33,10 @@ def sim_engine_command(
     ] = None,
     tensor: Annotated[int, typer.Option(help="Tensor-parallel size.")] = 1,
     pipeline: Annotated[int, typer.Option(help="Pipeline-parallel size.")] = 1,
-    weights: Annotated[str, typer.Option(help="bf16, fp16, fp8, int8 or int4.")] = "bf16",
-    method: Annotated[str | None, typer.Option(help="awq, gptq, smoothquant or fp8.")] = None,
+    weights: Annotated[str, typer.Option(help="bf16, fp16, fp8, int8, int4 or fp4.")] = "bf16",
+    method: Annotated[
+        str | None, typer.Option(help="awq, gptq, smoothquant, fp8, nvfp4 or mxfp4.")
+    ] = None,
     kv_cache: Annotated[str, typer.Option(help="auto, bf16, fp16 or fp8.")] = "auto",
     max_sequences: Annotated[int, typer.Option(help="Most sequences in a batch.")] = 256,
     max_batched_tokens: Annotated[int, typer.Option(help="Token budget of a step.")] = 8192,
@@ -52,6 +54,13 @@ def sim_engine_command(
         str | None,
         typer.Option(envvar="VLLM_API_KEY", help="Require this bearer key on /v1, as vLLM does."),
     ] = None,
+    adapter: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A LoRA adapter served beside the model: NAME=RANK (its GPU memory is "
+            "reserved as vLLM's is). Repeatable."
+        ),
+    ] = None,
 ) -> None:
     """Serve a CPU emulation of a vLLM engine: the OpenAI API and vLLM's metrics, with timing
     from the performance model (the `sim` engine of a ModelDeployment)."""
@@ -67,7 +76,15 @@ def sim_engine_command(
     except json.JSONDecodeError as error:
         typer.echo(f"error: --architecture: not JSON: {error}", err=True)
         raise typer.Exit(EXIT_INVALID) from None
+    adapters = []
+    for entry in adapter or ():
+        name, _, rank = entry.partition("=")
+        if not rank.isdigit():
+            typer.echo(f"error: --adapter {entry!r}: expected NAME=RANK", err=True)
+            raise typer.Exit(EXIT_INVALID)
+        adapters.append({"name": name, "source": f"hf://{name}", "rank": int(rank)})
     settings: dict[str, Any] = {
+        "adapters": adapters,
         "model": {"name": model, "source": f"hf://{model}"}
         | ({"architecture": shape} if shape is not None else {}),
         "engine": {"name": "sim"},
@@ -92,6 +109,7 @@ def sim_engine_command(
     sim_server.run(
         config, model_name or model, engine_role, host=host, port=port,
         prefix_caching=prefix_caching, api_key=api_key or None,
+        adapters=[a.name for a in spec.adapters],
     )  # fmt: skip
 
 

@@ -179,6 +179,26 @@ def draft_source(spec: ModelDeploymentSpec) -> ResolvedSource | None:
     )
 
 
+ADAPTER_SOURCE_DIR: Final = "/adapters"
+
+
+def adapter_sources(spec: ModelDeploymentSpec) -> list[tuple[str, ResolvedSource]]:
+    """Each LoRA adapter's name and source as the container sees it (a `pvc://` one mounted
+    read-only at ADAPTER_SOURCE_DIR/<its name>)."""
+    return [
+        (
+            adapter.name,
+            resolve_source(
+                adapter.source,
+                field_path=f"adapters[{index}].source",
+                volume=f"adapter-{index}",
+                mount_dir=f"{ADAPTER_SOURCE_DIR}/{adapter.name}",
+            ),
+        )
+        for index, adapter in enumerate(spec.adapters)
+    ]
+
+
 def source_env(sources: list[ResolvedSource], options: EngineOptions) -> list[dict[str, Any]]:
     """Hub settings: the cache on the model volume and the token by reference, or offline."""
     env: list[dict[str, Any]] = [{"name": "HF_HOME", "value": MODEL_CACHE_DIR}]

@@ -3,7 +3,7 @@ planner's roofline model of the GPU the spec names (see `inferfleet.sim`).
 
 Image: `engine.image`; else the install's (`EngineOptions.sim_engine_image`, by default
 `inferfleet/sim-engine:<inferfleet version>`), at `engine.version` if the spec gives one. Command
-`inferfleet sim-engine` with these options, all always given except the two in brackets:
+`inferfleet sim-engine` with these options, all always given except those in brackets:
 
     --model-name NAME            the served model name (requests must use it)
     --model NAME                 catalog model whose shape drives the timing
@@ -11,10 +11,11 @@ Image: `engine.image`; else the install's (`EngineOptions.sim_engine_image`, by 
                                  spec gives one instead of a catalog name
     --gpu TYPE                   GPU type emulated, e.g. H100-80GB
     --tensor N, --pipeline N     parallelism
-    --weights P                  bf16, fp16, fp8, int8, int4
-    [--method M]                 awq, gptq, smoothquant, fp8 (quantized weights only)
+    --weights P                  bf16, fp16, fp8, int8, int4, fp4
+    [--method M]                 awq, gptq, smoothquant, fp8, nvfp4, mxfp4 (quantized only)
     --kv-cache D                 auto, bf16, fp16, fp8
     --max-sequences N, --max-batched-tokens N, --max-model-length N
+    [--adapter NAME=RANK]        a LoRA adapter served by its name (one per adapter)
     --memory-utilization F
     --chunked-prefill | --no-chunked-prefill
     --prefix-caching | --no-prefix-caching
@@ -86,6 +87,8 @@ def build(
         "--role", role.value,
         "--port", str(ENGINE_PORT),
     ]  # fmt: skip
+    for adapter in spec.adapters:
+        args += ["--adapter", f"{adapter.name}={adapter.rank}"]
     args += list(spec.engine.extra_args)
     return EngineContainer(
         container=container(

@@ -21,6 +21,9 @@ batching.chunkedPrefill         --enable-chunked-prefill | --no-...             
 batching.maxModelLength         --max-model-len                                 [model]
 prefixCaching                   --enable-prefix-caching | --no-...              [cache]
 gpu.memoryUtilization           --gpu-memory-utilization                        [cache]
+adapters                        --enable-lora, --max-loras (all of them),      [lora]
+                                --max-lora-rank (rounded up to a rank vLLM
+                                takes), --lora-modules NAME=SOURCE ...
 speculativeDecoding             --speculative-config '{"method", "model",      [speculative]
                                 "num_speculative_tokens"}'
 topology prefill/decode         --kv-transfer-config '{"kv_connector":          [kv_transfer]
@@ -31,6 +34,8 @@ topology prefill/decode         --kv-transfer-config '{"kv_connector":          
 [model], [parallel], [cache], [scheduler]: the ModelConfig, ParallelConfig, CacheConfig and
   SchedulerConfig groups of `EngineArgs.add_cli_args` (vllm/engine/arg_utils.py; choices in
   vllm/config/model.py `ModelDType`, cache.py `CacheDType`);
+[lora] vllm/config/lora.py `LoRAConfig` (max_loras, max_lora_rank and its allowed values) and
+  `--lora-modules` (vllm/entrypoints/openai/cli_args.py, `name=path` entries);
 [speculative] vllm/config/speculative.py `SpeculativeMethod` (ngram, draft_model, eagle,
   eagle3, mtp); [kv_transfer] vllm/config/kv_transfer.py `KVTransferConfig` (kv_role) and
   NixlConnector in vllm/distributed/kv_transfer/kv_connector/factory.py.
@@ -73,6 +78,7 @@ from inferfleet.api.model_deployment import (
     Role,
     SpeculativeMethod,
     WeightPrecision,
+    lora_slot_rank,
 )
 from inferfleet.engines.common import (
     ENGINE_PORT,
@@ -81,6 +87,7 @@ from inferfleet.engines.common import (
     EngineOptions,
     ResolvedSource,
     activation_dtype,
+    adapter_sources,
     check_gpu_engine_spec,
     container,
     draft_source,
@@ -131,7 +138,8 @@ def build(
     check_gpu_engine_spec(spec)
     source = model_source(spec)
     draft = draft_source(spec)
-    sources = [source] + ([draft] if draft else [])
+    adapters = adapter_sources(spec)
+    sources = [source] + ([draft] if draft else []) + [a for _, a in adapters]
     precision, batching = spec.precision, spec.batching
     gpus = spec.parallelism.gpus_per_replica
 
@@ -164,6 +172,14 @@ def build(
     speculative = speculative_config(spec, draft)
     if speculative is not None:
         args += ["--speculative-config", speculative]
+    if adapters:
+        # Every adapter resident on every replica, all of them allowed in one batch.
+        args += [
+            "--enable-lora",
+            "--max-loras", str(len(adapters)),
+            "--max-lora-rank", str(lora_slot_rank(spec.adapters)),
+            "--lora-modules", *(f"{name}={a.model}" for name, a in adapters),
+        ]  # fmt: skip
 
     env = source_env(sources, options)
     env += [

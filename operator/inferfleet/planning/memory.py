@@ -36,11 +36,27 @@ def attention_parameters(config: ReplicaConfig) -> int:
     return m.layers * (q_and_o + k_and_v)
 
 
+def lora_parameters(config: ReplicaConfig) -> int:
+    """Parameters of one LoRA adapter slot: an A (in x r) and a B (r x out) matrix for each
+    projection of each layer (q, k, v, o and the gated MLP's three), at the slot's rank."""
+    m = config.model
+    attention_width = m.attention_heads * m.head_dim
+    kv_width = m.kv_heads * m.head_dim
+    in_plus_out = (
+        2 * (m.hidden_size + attention_width)  # q and o
+        + 2 * (m.hidden_size + kv_width)  # k and v
+        + 3 * (m.hidden_size + m.intermediate_size)  # gate, up and down
+    )
+    return m.layers * config.lora_rank * in_plus_out
+
+
 def weight_bytes_per_gpu(config: ReplicaConfig) -> float:
-    """This GPU's shard of the weights (shards are taken as even across TP and PP)."""
+    """This GPU's shard of the weights (shards are taken as even across TP and PP), with the
+    LoRA adapter slots the engine reserves (16-bit, every adapter resident)."""
     quantised = linear_parameters(config) * config.weight_bytes_per_param
     embeddings = config.model.embedding_parameters * ACTIVATION_BYTES
-    return (quantised + embeddings) / config.gpus
+    adapters = config.lora_slots * lora_parameters(config) * ACTIVATION_BYTES
+    return (quantised + embeddings + adapters) / config.gpus
 
 
 def kv_heads_per_gpu(config: ReplicaConfig) -> int:

@@ -17,6 +17,7 @@ from inferfleet.api.model_deployment import (
     ModelDeploymentSpec,
     QuantizationMethod,
     WeightPrecision,
+    lora_slot_rank,
 )
 
 # Bytes per weight. Group-wise int4 (AWQ/GPTQ, group size 128) stores a 16-bit scale per group.
@@ -63,6 +64,10 @@ class ReplicaConfig:
     max_model_length: int | None = None
     chunked_prefill: bool = True
     memory_utilization: float = DEFAULT_MEMORY_UTILIZATION
+    lora_slots: int = 0
+    """LoRA adapters the GPUs hold at once (every adapter of the spec)."""
+    lora_rank: int = 0
+    """The rank of each adapter slot (`lora_slot_rank`)."""
 
     @classmethod
     def from_spec(cls, spec: ModelDeploymentSpec, gpus: GpuCatalog) -> ReplicaConfig:
@@ -80,6 +85,8 @@ class ReplicaConfig:
             max_model_length=spec.max_model_length(),
             chunked_prefill=spec.batching.chunked_prefill,
             memory_utilization=spec.gpu.memory_utilization,
+            lora_slots=len(spec.adapters),
+            lora_rank=lora_slot_rank(spec.adapters),
         )
 
     @property

@@ -147,6 +147,8 @@ def backend_args(resolved: Sequence[tuple[DeploymentRef, ModelDeployment]]) -> l
             ]
             if md.spec.engine.api_key_secret is not None:
                 fields.append(f"keyfile={ENGINE_KEYS_DIR}/{ref.name}/{ENGINE_API_KEY}")
+            if md.spec.adapters:
+                fields.append("adapters=" + ";".join(a.name for a in md.spec.adapters))
             args += ["--backend", ",".join(fields)]
     return args
 

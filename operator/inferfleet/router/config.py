@@ -6,6 +6,9 @@ A backend is given as comma-separated `key=value` pairs, as the renderer writes 
     deployment=NAME,role=ROLE,engine=ENGINE,weight=W,model=SERVED_NAME,context=TOKENS,
     service=SVC,port=8000
 
+and, where the deployment serves LoRA adapters, `adapters=NAME;NAME`: requests for any of them
+go to that deployment, as for the base model (every replica holds every adapter).
+
 `context` is the deployment's longest prompt plus output (its engines' max model length): the
 most tokens a request can make a replica work for.
 
@@ -28,7 +31,7 @@ from inferfleet.slo import Slo
 
 _BACKEND_KEYS = (
     "deployment", "role", "engine", "weight", "model", "context", "seqs", "service", "port",
-    "urls", "keyfile",
+    "urls", "keyfile", "adapters",
 )  # fmt: skip
 ADMIN_PORT = 8001
 """Default port of the router's admin listener (metrics, debug pages): never the users' port,
@@ -77,10 +80,17 @@ class Backend:
     router admits every request at once (`fairness.FairGate`)."""
     key_file: str | None = None
     """A file holding the bearer key the engines require (a mounted Secret); None: none."""
+    adapters: tuple[str, ...] = ()
+    """LoRA adapters the replicas serve by name beside `model`."""
 
     @property
     def key(self) -> tuple[str, Role]:
         return (self.deployment, self.role)
+
+    @property
+    def served(self) -> tuple[str, ...]:
+        """Every name requests may use for this backend: the model's and its adapters'."""
+        return (self.model, *self.adapters)
 
 
 def _url(text: str) -> str:
@@ -123,9 +133,10 @@ def parse_backend(text: str) -> Backend:
     service = fields.get("service") or None
     if not urls and service is None:
         raise RouterConfigError(f"backend {text!r}: give service= (Kubernetes) or urls=")
+    adapters = tuple(name for name in fields.get("adapters", "").split(";") if name.strip())
     return Backend(
         fields["deployment"], role, engine, fields["model"], weight, service, port, urls, context,
-        sequences, fields.get("keyfile") or None,
+        sequences, fields.get("keyfile") or None, adapters,
     )  # fmt: skip
 
 
@@ -224,11 +235,11 @@ class RouterConfig:
         return sorted({backend.deployment for backend in self.backends})
 
     def serving(self, model: str) -> list[str]:
-        """The deployments that serve `model` by that name."""
-        return sorted({b.deployment for b in self.backends if b.model == model})
+        """The deployments that serve `model` by that name (the base model's or an adapter's)."""
+        return sorted({b.deployment for b in self.backends if model in b.served})
 
     def models(self) -> list[str]:
-        return sorted({backend.model for backend in self.backends})
+        return sorted({name for backend in self.backends for name in backend.served})
 
     @property
     def longest_context(self) -> int:

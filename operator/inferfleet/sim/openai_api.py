@@ -53,7 +53,7 @@ import hmac
 import json
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,6 +118,8 @@ class ParsedRequest:
     prefix_hashes: tuple[int, ...]
     hash_block_tokens: int
     kv_transfer_params: Mapping[str, Any] | None
+    model: str
+    """The name the answer carries: the base model's or a LoRA adapter's, as asked."""
 
 
 def _words(text: str) -> int:
@@ -163,13 +165,20 @@ def chat_prompt_tokens(messages: object) -> int:
 
 
 def parse_request(
-    body: object, *, chat: bool, model_name: str, context_limit: int
+    body: object,
+    *,
+    chat: bool,
+    model_name: str,
+    context_limit: int,
+    adapters: Collection[str] = (),
 ) -> ParsedRequest:
-    """Validate an OpenAI request body as vLLM does for the fields the emulator uses."""
+    """Validate an OpenAI request body as vLLM does for the fields the emulator uses. A LoRA
+    adapter's name (`adapters`) is served as the base model: the emulator's timing leaves out
+    the adapters' small extra work."""
     if not isinstance(body, dict):
         raise ApiError("the request body must be a JSON object")
     model = body.get("model")
-    if model is not None and model != model_name:
+    if model is not None and model != model_name and model not in adapters:
         raise ApiError(f"The model `{model}` does not exist.", 404, "NotFoundError")
     n = body.get("n", 1)
     if n not in (None, 1):
@@ -245,6 +254,7 @@ def parse_request(
         prefix_hashes=prefix_hashes,
         hash_block_tokens=hash_block_tokens,
         kv_transfer_params=params,
+        model=model if isinstance(model, str) else model_name,
     )
 
 
@@ -274,10 +284,11 @@ class _Handlers:
         *,
         kv_host: str,
         kv_port: int,
+        adapters: Sequence[str] = (),
     ) -> None:
         self.engine = engine
         self.registry = registry
-        self.model_json = json.dumps(engine.model_name)
+        self.adapters = tuple(adapters)
         self.context_limit = engine.config.context_limit
         self.engine_id = str(uuid.uuid4())
         self.kv_host = kv_host
@@ -294,16 +305,19 @@ class _Handlers:
     async def models(self, request: web.Request) -> web.Response:
         del request
         name = self.engine.model_name
-        model = {
-            "id": name,
-            "object": "model",
-            "created": self.created,
-            "owned_by": "vllm",
-            "root": name,
-            "parent": None,
-            "max_model_len": self.context_limit,
-        }
-        return web.json_response({"object": "list", "data": [model]})
+        models = [
+            {
+                "id": served,
+                "object": "model",
+                "created": self.created,
+                "owned_by": "vllm",
+                "root": served,
+                "parent": None if served == name else name,
+                "max_model_len": self.context_limit,
+            }
+            for served in (name, *self.adapters)
+        ]
+        return web.json_response({"object": "list", "data": models})
 
     async def metrics(self, request: web.Request) -> web.Response:
         del request
@@ -327,8 +341,9 @@ class _Handlers:
             except (ValueError, UnicodeDecodeError) as error:
                 raise ApiError(f"invalid JSON body: {error}") from error
             parsed = parse_request(
-                body, chat=chat, model_name=engine.model_name, context_limit=self.context_limit
-            )
+                body, chat=chat, model_name=engine.model_name, context_limit=self.context_limit,
+                adapters=self.adapters,
+            )  # fmt: skip
             self._check_role(parsed)
             request_id = uuid.uuid4().hex
             try:
@@ -357,7 +372,7 @@ class _Handlers:
             failure = _failure(stream)
             if failure is not None:
                 return failure.response()
-            return web.json_response(self._full_body(stream, response_id, chat))
+            return web.json_response(self._full_body(stream, response_id, chat, parsed.model))
         finally:
             if not stream.done:
                 engine.abort(request_id)
@@ -398,7 +413,9 @@ class _Handlers:
             "tp_size": self.engine.config.tensor,
         }
 
-    def _full_body(self, stream: RequestStream, response_id: str, chat: bool) -> dict[str, Any]:
+    def _full_body(
+        self, stream: RequestStream, response_id: str, chat: bool, model: str
+    ) -> dict[str, Any]:
         text = "".join(token_text(index) for index in range(1, stream.emitted + 1))
         choice: dict[str, Any]
         if chat:
@@ -431,7 +448,7 @@ class _Handlers:
             "id": response_id,
             "object": "chat.completion" if chat else "text_completion",
             "created": int(time.time()),
-            "model": self.engine.model_name,
+            "model": model,
             "choices": [choice],
             "service_tier": None,
             "system_fingerprint": None,
@@ -450,7 +467,7 @@ class _Handlers:
     ) -> web.StreamResponse:
         response = web.StreamResponse(headers=_SSE_HEADERS)
         await response.prepare(request)
-        chunks = _SseChunks.build(response_id, self.model_json, chat)
+        chunks = _SseChunks.build(response_id, json.dumps(parsed.model), chat)
         try:
             await self._write_events(response, stream, parsed.include_usage, chunks)
         except ConnectionResetError:
@@ -544,12 +561,14 @@ def create_app(
     kv_host: str = NIXL_SIDE_CHANNEL_HOST,
     kv_port: int = NIXL_SIDE_CHANNEL_PORT,
     api_key: str | None = None,
+    adapters: Sequence[str] = (),
 ) -> web.Application:
     """An aiohttp application serving one emulated engine; the engine runs while the app does.
 
     `kv_host`/`kv_port` are what a prefill engine advertises in `kv_transfer_params`. With
     `api_key`, every /v1 path takes only `Authorization: Bearer <api_key>` and answers 401
     otherwise, as vLLM's server does with `--api-key`; /health and /metrics stay open.
+    `adapters` are LoRA adapter names served beside `model_name`, as vLLM's `--lora-modules`.
     Run it with handler cancellation on (as `SimServer` does) so that a client hanging up
     aborts its request."""
     engine = SimEngine(
@@ -563,7 +582,7 @@ def create_app(
     )
     registry = CollectorRegistry(auto_describe=False)
     registry.register(engine.metrics)
-    handlers = _Handlers(engine, registry, kv_host=kv_host, kv_port=kv_port)
+    handlers = _Handlers(engine, registry, kv_host=kv_host, kv_port=kv_port, adapters=adapters)
 
     middlewares = [] if api_key is None else [_bearer_only(api_key)]
     app = web.Application(client_max_size=64 * 1024**2, middlewares=middlewares)
