@@ -310,3 +310,32 @@ def test_every_examples_plan_is_golden(example: str) -> None:
     """`plan -o json` of each example, committed: a change to the planner shows in review as
     the plans it moves."""
     check_golden(f"plan/{example}.yaml", plan_json("-f", str(EXAMPLES / f"{example}.yaml")))
+
+
+def test_a_config_json_becomes_the_architecture_block_of_a_spec(tmp_path: Path) -> None:
+    """A model the catalog does not know (Qwen3-8B's config.json): its architecture, printed
+    ready to paste, makes a spec that validates and plans."""
+    config = {
+        "model_type": "qwen3", "hidden_size": 4096, "num_hidden_layers": 36,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+        "intermediate_size": 12288, "vocab_size": 151936, "max_position_embeddings": 40960,
+        "tie_word_embeddings": False,
+    }  # fmt: skip
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    result = runner.invoke(app, ["architecture", str(path)])
+    assert result.exit_code == 0, result.output
+    block = yaml.safe_load(result.stdout)
+    assert block["architecture"]["parameterCount"] == 8_190_735_360  # Qwen3-8B: 8.2B
+    spec = ModelDeploymentSpec.model_validate(
+        {
+            "model": {"name": "qwen3-8b", "source": "hf://Qwen/Qwen3-8B"} | block,
+            "engine": {"name": "vllm"},
+            "gpu": {"type": "H100-80GB"},
+        }
+    )
+    assert spec.architecture().parameter_count == 8_190_735_360
+    path.write_text(json.dumps({"model_type": "deepseek_v3"}))
+    refused = runner.invoke(app, ["architecture", str(path)])
+    assert refused.exit_code == EXIT_INVALID
+    assert "deepseek_v3" in refused.output

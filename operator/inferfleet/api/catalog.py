@@ -331,7 +331,7 @@ _MODEL_CATALOG: dict[str, ModelArchitecture] = {
     # mistralai/Mixtral-8x7B-Instruct-v0.1: 8 experts, top-2 routing.
     "mixtral-8x7b": ModelArchitecture(
         parameter_count=46_702_792_704,
-        active_parameter_count=12_879_921_152,
+        active_parameter_count=12_879_925_248,
         layers=32,
         hidden_size=4096,
         attention_heads=32,
@@ -348,7 +348,7 @@ _MODEL_CATALOG: dict[str, ModelArchitecture] = {
     # counts are the config's: embeddings and output head untied, QK norms included.
     "qwen3-30b-a3b": ModelArchitecture(
         parameter_count=30_532_122_624,
-        active_parameter_count=3_353_030_656,
+        active_parameter_count=3_353_032_704,
         layers=48,
         hidden_size=2048,
         attention_heads=32,

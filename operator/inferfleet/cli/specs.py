@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from inferfleet.api.catalog import GpuCatalog
 from inferfleet.api.crd import crd_files
+from inferfleet.api.hf_config import UnsupportedConfigError, architecture_from_hf_config
 from inferfleet.api.inference_service import InferenceService, InferenceServiceSpec
 from inferfleet.api.model_deployment import ModelDeployment, ModelDeploymentSpec
 from inferfleet.cli.common import EXIT_INVALID, EXIT_NO_FIT, app
@@ -390,3 +391,21 @@ def render_command(
         typer.echo(f"error: {file}: {message}", err=True)
     if unfit:
         raise typer.Exit(EXIT_NO_FIT)
+
+
+@app.command("architecture")
+def architecture_command(
+    config: Annotated[Path, typer.Argument(help="A model's Hugging Face config.json.")],
+) -> None:
+    """Print the `model.architecture` block of a ModelDeployment for a model the catalog does
+    not know, counted from its config.json (Llama, Mistral, Mixtral, Qwen2, Qwen3, Qwen3-MoE and
+    gpt-oss layouts): paste it under `spec.model`. Exit status 2 for a config it cannot read."""
+    try:
+        data = json.loads(config.read_text(encoding="utf-8"))
+        if not isinstance(data, dict):
+            raise UnsupportedConfigError("config.json is not a JSON object")
+        architecture = architecture_from_hf_config(data)
+    except (OSError, json.JSONDecodeError, UnsupportedConfigError, ValidationError) as error:
+        typer.echo(f"error: {config}: {error}", err=True)
+        raise typer.Exit(EXIT_INVALID) from None
+    typer.echo(yaml.safe_dump({"architecture": architecture.to_wire()}, sort_keys=False), nl=False)
