@@ -95,8 +95,9 @@ class ModelSpec(WireModel):
     name: str = Field(
         description=(
             "Model name. A built-in catalog name (llama-3.1-8b, llama-3.3-70b, llama-3.1-405b, "
-            "qwen2.5-7b, qwen2.5-72b, mistral-7b, mixtral-8x7b) brings its architecture; any "
-            "other name needs `architecture`."
+            "qwen2.5-7b, qwen2.5-72b, mistral-7b, mixtral-8x7b, qwen3-30b-a3b, gpt-oss-120b) "
+            "brings its architecture; any other name needs `architecture` (`inferfleet "
+            "architecture config.json` prints it)."
         ),
         min_length=1,
         max_length=63,
