@@ -1,8 +1,9 @@
 """The local fleet: a dev cluster with the fleet agent, the operator and Prometheus. Pods of
 the `sim` example become real processes on their pod IPs; a request through a router pod
 streams tokens; scaling adds an engine the routers find; deleting a pod ends its process, and
-one that dies is restarted; and Prometheus, discovering pods through the API server, scrapes
-engines and routers with the labels the autoscaling controller's PromQL selects by."""
+one that dies is restarted; Prometheus, discovering pods through the API server, scrapes
+engines and routers with the labels the autoscaling controller's PromQL selects by; and LoRA
+adapters added to the deployment are served by name through the routers."""
 
 from __future__ import annotations
 
@@ -284,3 +285,40 @@ def test_a_process_that_dies_is_restarted_and_counted(fleet: Fleet) -> None:
     new = _pids_listening_on(ip)
     assert new
     assert pid not in new
+
+
+def _completion(router_ip: str, model: str) -> httpx.Response:
+    body = {"model": model, "prompt": "hello " * 20, "max_tokens": 4}
+    return httpx.post(f"http://{router_ip}:{PORT}/v1/completions", json=body, timeout=30.0)
+
+
+def test_lora_adapters_are_served_by_name_through_the_router(fleet: Fleet) -> None:
+    """Adapters added to the deployment: the engines roll to serve them, the routers roll to
+    route their names, and a request naming an adapter is answered under that name."""
+    adapters = [{"name": "sql-assistant", "source": "hf://example/sql-lora", "rank": 16}]
+    fleet.kubectl.run(
+        "patch", "mdep", DEPLOYMENT, "-n", NAMESPACE, "--type=merge",
+        "-p", json.dumps({"spec": {"adapters": adapters}}),
+    )  # fmt: skip
+
+    rolled: list[str] = []  # a router pod that routes the adapter's name
+
+    def serving_the_adapter() -> bool:
+        rolled[:] = [
+            ip
+            for ip in fleet.running_ips(ROUTERS)
+            if _healthy(ip) and _completion(ip, "sql-assistant").status_code == 200
+        ]
+        return bool(rolled)
+
+    assert wait_until(serving_the_adapter, 120, 1), fleet.diagnostics()
+    engine = fleet.pods(ENGINES)[0]["spec"]["containers"][0]["args"]
+    assert engine[engine.index("--adapter") + 1] == "sql-assistant=16"
+    router_ip = rolled[0]
+    answer = _completion(router_ip, "sql-assistant")
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["model"] == "sql-assistant"
+    assert _completion(router_ip, MODEL).json()["model"] == MODEL
+    unknown = _completion(router_ip, "nope")
+    assert unknown.status_code == 404
+    assert "sql-assistant" in unknown.text
