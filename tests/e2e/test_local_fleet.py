@@ -295,12 +295,18 @@ def _completion(router_ip: str, model: str) -> httpx.Response:
 def test_lora_adapters_are_served_by_name_through_the_router(fleet: Fleet) -> None:
     """Adapters added to the deployment: the engines roll to serve them, the routers roll to
     route their names, and a request naming an adapter is answered under that name."""
+    assert wait_until(lambda: len(fleet.running_ips(ENGINES)) >= 1, 60, 0.5), fleet.diagnostics()
+    assert wait_until(lambda: len(fleet.running_ips(ROUTERS)) >= 1, 60, 0.5), fleet.diagnostics()
     adapters = [{"name": "sql-assistant", "source": "hf://example/sql-lora", "rank": 16}]
     fleet.kubectl.run(
         "patch", "mdep", DEPLOYMENT, "-n", NAMESPACE, "--type=merge",
         "-p", json.dumps({"spec": {"adapters": adapters}}),
     )  # fmt: skip
 
+    for deployment in (f"{DEPLOYMENT}-aggregated", f"{SERVICE}-router"):
+        fleet.kubectl.run(
+            "rollout", "status", f"deployment/{deployment}", "-n", NAMESPACE, "--timeout=120s"
+        )
     rolled: list[str] = []  # a router pod that routes the adapter's name
 
     def serving_the_adapter() -> bool:
