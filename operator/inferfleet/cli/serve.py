@@ -24,6 +24,18 @@ from inferfleet.slo import Slo as RequestSlo
 DEFAULT_ELECTION_ID = "inferfleet-operator"
 
 
+def _adapter_settings(entries: list[str]) -> list[dict[str, Any]]:
+    """`--adapter NAME=RANK` flags as a spec's adapters (the emulator reads no weights)."""
+    adapters = []
+    for entry in entries:
+        name, _, rank = entry.partition("=")
+        if not rank.isdigit():
+            typer.echo(f"error: --adapter {entry!r}: expected NAME=RANK", err=True)
+            raise typer.Exit(EXIT_INVALID)
+        adapters.append({"name": name, "source": f"hf://{name}", "rank": int(rank)})
+    return adapters
+
+
 @app.command("sim-engine")
 def sim_engine_command(
     model: Annotated[str, typer.Option(help="Catalog model name, e.g. llama-3.1-8b.")],
@@ -76,15 +88,8 @@ def sim_engine_command(
     except json.JSONDecodeError as error:
         typer.echo(f"error: --architecture: not JSON: {error}", err=True)
         raise typer.Exit(EXIT_INVALID) from None
-    adapters = []
-    for entry in adapter or ():
-        name, _, rank = entry.partition("=")
-        if not rank.isdigit():
-            typer.echo(f"error: --adapter {entry!r}: expected NAME=RANK", err=True)
-            raise typer.Exit(EXIT_INVALID)
-        adapters.append({"name": name, "source": f"hf://{name}", "rank": int(rank)})
     settings: dict[str, Any] = {
-        "adapters": adapters,
+        "adapters": _adapter_settings(adapter or []),
         "model": {"name": model, "source": f"hf://{model}"}
         | ({"architecture": shape} if shape is not None else {}),
         "engine": {"name": "sim"},

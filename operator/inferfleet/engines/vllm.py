@@ -74,6 +74,7 @@ from typing import Any, Final
 from inferfleet.api.model_deployment import (
     KvCacheDtype,
     ModelDeploymentSpec,
+    PrecisionSpec,
     QuantizationMethod,
     Role,
     SpeculativeMethod,
@@ -132,6 +133,31 @@ def speculative_config(spec: ModelDeploymentSpec, draft: ResolvedSource | None) 
     return _json(config)
 
 
+def _precision_args(precision: PrecisionSpec) -> list[str]:
+    """The dtype where the spec fixes it, online FP8 quantization, the KV-cache dtype; other
+    quantized checkpoints are read as such (vLLM takes the scheme from their config)."""
+    args = []
+    dtype = activation_dtype(precision)
+    if dtype is not None:
+        args += ["--dtype", dtype]
+    if precision.weights == WeightPrecision.FP8 and precision.method == QuantizationMethod.FP8:
+        args += ["--quantization", "fp8"]
+    kv_dtype = "fp8" if precision.kv_cache == KvCacheDtype.FP8 else "auto"
+    return [*args, "--kv-cache-dtype", kv_dtype]
+
+
+def _lora_args(spec: ModelDeploymentSpec, adapters: list[tuple[str, ResolvedSource]]) -> list[str]:
+    """Every adapter resident on every replica, all of them allowed in one batch."""
+    if not adapters:
+        return []
+    return [
+        "--enable-lora",
+        "--max-loras", str(len(adapters)),
+        "--max-lora-rank", str(lora_slot_rank(spec.adapters)),
+        "--lora-modules", *(f"{name}={source.model}" for name, source in adapters),
+    ]  # fmt: skip
+
+
 def build(
     spec: ModelDeploymentSpec, role: Role, *, model_name: str, options: EngineOptions
 ) -> EngineContainer:
@@ -154,14 +180,8 @@ def build(
     if spec.parallelism.expert_parallel:
         # The MoE layers' experts are spread over the tensor-parallel GPUs.
         args.append("--enable-expert-parallel")
-    dtype = activation_dtype(precision)
-    if dtype is not None:
-        args += ["--dtype", dtype]
-    if precision.weights == WeightPrecision.FP8 and precision.method == QuantizationMethod.FP8:
-        args += ["--quantization", "fp8"]
-    kv_dtype = "fp8" if precision.kv_cache == KvCacheDtype.FP8 else "auto"
+    args += _precision_args(precision)
     args += [
-        "--kv-cache-dtype", kv_dtype,
         "--max-num-seqs", str(batching.max_sequences),
         "--max-num-batched-tokens", str(batching.max_batched_tokens),
         "--max-model-len", str(spec.max_model_length()),
@@ -172,14 +192,7 @@ def build(
     speculative = speculative_config(spec, draft)
     if speculative is not None:
         args += ["--speculative-config", speculative]
-    if adapters:
-        # Every adapter resident on every replica, all of them allowed in one batch.
-        args += [
-            "--enable-lora",
-            "--max-loras", str(len(adapters)),
-            "--max-lora-rank", str(lora_slot_rank(spec.adapters)),
-            "--lora-modules", *(f"{name}={a.model}" for name, a in adapters),
-        ]  # fmt: skip
+    args += _lora_args(spec, adapters)
 
     env = source_env(sources, options)
     env += [
