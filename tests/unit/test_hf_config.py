@@ -77,6 +77,8 @@ def test_the_catalog_entry_comes_back_from_its_config(name: str) -> None:
     [
         ({"model_type": "deepseek_v3"}, "deepseek_v3"),
         (CONFIGS["llama-3.1-8b"] | {"hidden_size": "4096"}, "hidden_size"),
+        (CONFIGS["llama-3.1-8b"] | {"num_attention_heads": 0}, "num_attention_heads"),
+        ({k: v for k, v in CONFIGS["llama-3.1-8b"].items() if k != "vocab_size"}, "vocab_size"),
         (CONFIGS["qwen3-30b-a3b"] | {"mlp_only_layers": [0, 1]}, "mlp_only_layers"),
     ],
 )

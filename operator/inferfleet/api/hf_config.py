@@ -52,13 +52,17 @@ class UnsupportedConfigError(ValueError):
 
 
 def _int(config: Mapping[str, Any], *keys: str, default: int | None = None) -> int:
+    """The first of `keys` the config has, a positive integer; `default` where it has none."""
     for key in keys:
         value = config.get(key)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise UnsupportedConfigError(f"config.json: {key} is {value!r}, not a positive integer")
+        return value
     if default is not None:
         return default
-    raise UnsupportedConfigError(f"config.json has no integer {' or '.join(keys)}")
+    raise UnsupportedConfigError(f"config.json has no {' or '.join(keys)}")
 
 
 def architecture_from_hf_config(config: Mapping[str, Any]) -> ModelArchitecture:
@@ -85,8 +89,8 @@ def architecture_from_hf_config(config: Mapping[str, Any]) -> ModelArchitecture:
         )
     top_k = _int(config, *_TOP_K_KEYS, default=1) if experts > 1 else 1
     # An MoE layer's experts are `moe_intermediate_size` wide where the config has both.
-    width = _int(config, "moe_intermediate_size", "intermediate_size") if experts > 1 else 0
-    width = width or _int(config, "intermediate_size")
+    widths = ("moe_intermediate_size", "intermediate_size") if experts > 1 else ()
+    width = _int(config, *widths, "intermediate_size")
     tied = bool(config.get("tie_word_embeddings", False))
 
     q_width, kv_width = heads * head_dim, kv_heads * head_dim
