@@ -1136,9 +1136,11 @@ def test_a_changed_load_is_read_from_the_short_window_at_its_own_rate(
     history = measured_before(before, NOW - window_s)
     assert recent_arrivals(AGG, seen, history) == pytest.approx(after)
     # Without a tick a short window before this one, nothing to compare with: the lower bound.
-    assert recent_arrivals(AGG, seen) == pytest.approx(recent_lower_bound(after, window_s))
+    assert recent_arrivals(AGG, seen, PolicyHistory()) == pytest.approx(
+        recent_lower_bound(after, window_s)
+    )
     too_recent = measured_before(before, NOW - window_s / 2)
-    assert recent_arrivals(AGG, seen, too_recent) == recent_arrivals(AGG, seen)
+    assert recent_arrivals(AGG, seen, too_recent) == recent_arrivals(AGG, seen, PolicyHistory())
 
 
 def test_a_few_arrivals_at_an_idle_service_count_for_their_lower_bound() -> None:

@@ -329,9 +329,7 @@ def burst_capacity(
     return high
 
 
-def recent_arrivals(
-    spec: PolicySpec, snapshot: MetricsSnapshot, history: PolicyHistory | None = None
-) -> float:
+def recent_arrivals(spec: PolicySpec, snapshot: MetricsSnapshot, history: PolicyHistory) -> float:
     """What the short window shows of the load now (0 when not measured). A step shows here a
     few scrapes after it happens, where the rate window still averages it with the load before
     it.
@@ -349,7 +347,7 @@ def recent_arrivals(
     if rate is None or window is None or rate <= 0:
         return 0.0
     counted = rate * window
-    before = None if history is None else _arrivals_before(spec, snapshot, history, window)
+    before = _arrivals_before(spec, snapshot, history, window)
     if before is not None and counted >= spec.recent_change_min_requests:
         expected = before * window
         # The difference of two counts: the short window's, and the rate window's that
