@@ -19,13 +19,15 @@ One tick, in order:
    now). As the mix shifts, each pool follows its own half of the work: prefill:decode rebalances.
 3. Calibration and feedback. The planner plans against the targets corrected by the
    calibration (measured TTFT less predicted, measured TPOT over predicted, at the replicas
-   that served them), then over the tightening. Latencies are
+   that served them), for the demand times the tightening (a load factor). Latencies are
    read at the quantile of the planned attainment: the attainment target, lowered while the
    decayed tally of all requests (`attainment_memory_s`) holds the target with misses to
    spare, since the target is judged over all requests, not per window. The tightening is
    learned from misses beyond the window's noise (`miss_significance` binomial standard
-   errors) or with the tally below target: a miss tightens the latency that missed (TTFT ->
-   prefill or aggregated, TPOT -> decode or aggregated), with replicas added in proportion to
+   errors) or with the tally below target: a miss raises the load factor of the latency that
+   missed (TTFT -> prefill or aggregated, TPOT -> decode or aggregated; load rather than a
+   tighter target, because TPOT barely moves with the load and a target a few percent
+   tighter would ask for many times the replicas), with replicas added in proportion to
    the shortfall (`lesson_gain`, at least one) for the roles it concerns, once per cold start
    and only while the last lesson helped; it relaxes slowly while the target is met, and the
    count that answered the miss holds while the load that missed does (`miss_memory_s`). A

@@ -34,6 +34,7 @@ from inferfleet.autoscale.policy.learning import (
     Feedback,
     attainment_feedback,
     calibrate,
+    load_factor,
     planning_slo,
     tally_outcomes,
 )
@@ -137,8 +138,9 @@ class _Sizer:
             self.spec.role(role),
             demand=self.demand,
             metrics=role_metrics(self.snapshot, role),
-            slo=planning_slo(self.spec, self.calibration, self.tightening),
+            slo=planning_slo(self.spec, self.calibration),
             margin=self.spec.load_margin + extra_margin,
+            load_factor=load_factor(self.tightening, role),
             transient=transient,
             steps_too_slow=self.steps_too_slow,
         )

@@ -74,7 +74,9 @@ class OutcomeTally:
 
 @dataclass(frozen=True)
 class LatencyFactors:
-    """One factor per latency target; the planner plans against target / factor."""
+    """One factor per latency target: a pool sized on a latency whose factor is f is planned
+    for f times the load (a prefill pool on TTFT, a decode pool on TPOT, an aggregated pool on
+    the larger of the two)."""
 
     ttft: float = 1.0
     tpot: float = 1.0
@@ -118,8 +120,10 @@ class PolicyHistory:
     a model optimistic for this workload is corrected before attainment suffers, and a
     pessimistic one stops holding GPUs it does not need."""
     tightening: LatencyFactors = LatencyFactors()
-    """Learned from attainment misses: how far below its target a latency must be planned for
-    the attainment target to hold (the tail beyond the quantile measured)."""
+    """Learned from attainment misses the model did not explain: how much more load than the
+    demand the pools sized on the latency that missed are planned for. Load, not a tighter
+    latency target: where a latency barely moves with the load (TPOT, bound by reading the
+    weights), a target a few percent tighter asks for many times more replicas."""
     tightened_at_s: float | None = None
     attainment_when_tightened: float | None = None
     """The attainment that taught the last lesson: the next one needs it to have improved."""

@@ -1,5 +1,6 @@
 """Step 3 of a tick: what the policy learns from the running fleet: the calibration
-(measured minus predicted latency) and the tightening taught by attainment misses."""
+(measured against predicted latency) and the load factor taught by attainment misses
+(`PolicyHistory.tightening`)."""
 
 from __future__ import annotations
 
@@ -22,17 +23,26 @@ from inferfleet.autoscale.snapshot import MetricsSnapshot
 from inferfleet.slo import Slo
 
 
-def planning_slo(spec: PolicySpec, calibration: Calibration, tightening: LatencyFactors) -> Slo:
+def planning_slo(spec: PolicySpec, calibration: Calibration) -> Slo:
     """The targets the planner plans against: each corrected by what the model misses for this
-    workload (its tail beyond the quantile the planner predicts included), then over what
-    attainment taught."""
+    workload (its tail beyond the quantile the planner predicts included)."""
     slo = spec.slo
     ttft = slo.ttft_p95_s
     tpot = slo.tpot_p95_s
     return Slo.in_seconds(
-        ttft_p95_s=None if ttft is None else (ttft - calibration.ttft_offset_s) / tightening.ttft,
-        tpot_p95_s=None if tpot is None else tpot / (calibration.tpot_ratio * tightening.tpot),
+        ttft_p95_s=None if ttft is None else ttft - calibration.ttft_offset_s,
+        tpot_p95_s=None if tpot is None else tpot / calibration.tpot_ratio,
         attainment_target=slo.attainment_target,
+    )
+
+
+def load_factor(tightening: LatencyFactors, role: Role) -> float:
+    """How much more load than the demand `role` is planned for: the tightening of the
+    latencies it answers for (TTFT: prefill and aggregated pools; TPOT: decode and
+    aggregated)."""
+    return max(
+        tightening.ttft if role in PREFILLING_ROLES else 1.0,
+        tightening.tpot if role in DECODING_ROLES else 1.0,
     )
 
 

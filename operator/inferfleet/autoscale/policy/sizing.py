@@ -160,11 +160,13 @@ def size_role(
     metrics: RoleMetrics,
     slo: Slo,
     margin: float,
+    load_factor: float = 1.0,
     transient: bool = True,
     steps_too_slow: bool = False,
 ) -> Sizing:
     """Replicas the forecast load needs: the planner's count for the SLO it is planned against
     (the targets over the calibration), and floors from the sequences and KV cache in use.
+    `load_factor`: what attainment misses taught (`PolicyHistory.tightening`), on the rate.
     `transient`: for the forecast (the trend a cold start ahead) and with the rate that drains
     the queued requests (`Demand.drain_requests_per_s`); else for the demand arriving now.
     `steps_too_slow`: the measured TPOT misses its target, so the sequences running are more
@@ -174,12 +176,14 @@ def size_role(
     draining = demand.drain_requests_per_s if transient else 0.0
     rate += draining
     hint = max(1, metrics.ready_replicas)
-    by_model = fewest_meeting(spec, policy, rate=rate, demand=demand, slo=slo, hint=hint)
-    if slo != spec.slo:
+    planned = rate * load_factor
+    by_model = fewest_meeting(spec, policy, rate=planned, demand=demand, slo=slo, hint=hint)
+    if slo != spec.slo or load_factor != 1:
         planner_own = fewest_meeting(
             spec, policy, rate=rate, demand=demand, slo=spec.slo, hint=hint
         )
         by_model = min(by_model, math.ceil(planner_own * spec.max_calibrated_growth))
+    rate = planned
     why = f"{rate:.3g} req/s of {demand.input_tokens}/{demand.output_tokens} tokens"
     if draining >= 0.01 * rate:
         why += f" ({draining:.3g} of them draining {demand.backlog_requests:.0f} queued)"

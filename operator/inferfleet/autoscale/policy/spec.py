@@ -130,13 +130,15 @@ class PolicySpec:
     kv_target_usage: float = 0.85
     """Measured KV-cache usage above this asks for more replicas of the role."""
     feedback_gain: float = 1.15
-    """Each attainment miss tightens the latency that missed by this factor."""
+    """Each attainment miss the model did not explain multiplies the load that the pools
+    sized on the latency that missed are planned for by this factor."""
     lesson_gain: float = 2.0
     """A lesson adds this multiple of the attainment shortfall, as a share of the replicas
     running (at least one replica): 0.5 below target on 10 replicas adds 10."""
     max_tightening: float = 3.0
+    """The most a lesson multiplies the load by."""
     tightening_half_life_s: float = 600.0
-    """How fast a tightening relaxes towards 1 while the attainment target is met."""
+    """How fast a lesson's load factor relaxes towards 1 while the attainment target is met."""
     calibrate: bool = True
     """Plan against the targets corrected by what the planner misses (see
     PolicyHistory.calibration)."""
