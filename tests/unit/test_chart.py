@@ -21,7 +21,9 @@ import pytest
 import yaml
 
 from inferfleet import __version__
+from inferfleet.api.catalog import GpuSpec, GpuType
 from inferfleet.api.crd import crd_files
+from inferfleet.cli.common import load_gpu_catalog
 from inferfleet.devcluster.tools import TOOLS_DIR, cached_tool
 from inferfleet.render import render_inference_service
 from inferfleet.render.rbac import (
@@ -369,6 +371,40 @@ def test_operator_settings_come_from_the_values() -> None:
     assert flag(ipv6, "--metrics-address") == "::"
 
 
+def test_the_gpu_catalog_reaches_the_operator_as_a_file_it_reads(tmp_path: Path) -> None:
+    objects = template(
+        {
+            "operator.gpuCatalog.H100-80GB.hourlyPriceUsd": "2",
+            "operator.gpuCatalog.H100-80GB.nodeProductLabel": "NVIDIA-H100-SXM5-80GB",
+        }
+    )
+    container = operator_container(objects)
+    path = Path(str(flag(container, "--gpu-catalog")))
+    pod = find(objects, "Deployment", OPERATOR)["spec"]["template"]
+    (mount,) = [m for m in container["volumeMounts"] if path.is_relative_to(m["mountPath"])]
+    (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == mount["name"]]
+    config_map = find(objects, "ConfigMap", volume["configMap"]["name"])
+    written = config_map["data"][path.name]
+    catalog_file = tmp_path / path.name
+    catalog_file.write_text(written)
+    gpus = load_gpu_catalog(catalog_file)
+    assert gpus[GpuType.H100_80GB].hourly_price_usd == 2
+    assert gpus[GpuType.H100_80GB].node_product_label == "NVIDIA-H100-SXM5-80GB"
+    assert "inferfleet.io/gpu-catalog-hash" in pod["metadata"]["annotations"]
+    default = template()
+    assert flag(operator_container(default), "--gpu-catalog") is None
+    names = [o["metadata"]["name"] for o in default if o["kind"] == "ConfigMap"]
+    assert not [name for name in names if name.endswith("-gpu-catalog")]
+
+
+def test_the_gpu_catalog_schema_names_the_catalogs_types_and_fields() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    catalog = schema["properties"]["operator"]["properties"]["gpuCatalog"]
+    assert catalog["propertyNames"]["enum"] == [t.value for t in GpuType]
+    fields = catalog["additionalProperties"]["properties"]
+    assert sorted(fields) == sorted(f.alias or n for n, f in GpuSpec.model_fields.items())
+
+
 def wire(objects: Sequence[Manifest], kind: str) -> list[Manifest]:
     """The grants of the objects of one kind: rules of roles, roleRef and subjects of bindings."""
     keys = ("rules",) if kind.endswith("Role") else ("roleRef", "subjects")
@@ -636,6 +672,8 @@ def test_policies_are_opt_in_and_land_where_they_apply() -> None:
         ({"image.operatr.repository": "x"}, "operatr"),
         ({"operator.routerDiscovery": "dns"}, "routerDiscovery"),
         ({"operator.healthPort": "0"}, "healthPort"),
+        ({"operator.gpuCatalog.H100.hourlyPriceUsd": "2"}, "H100"),
+        ({"operator.gpuCatalog.H100-80GB.hourlyPriceUSD": "2"}, "hourlyPriceUSD"),
         ({"operator.listenAddress": "localhost"}, "listenAddress"),
         ({"operator.prometheusUrl": "prometheus:9090"}, "prometheusUrl"),
         ({"podSecurityContext.runAsNonRoot": "false"}, "runAsNonRoot"),

@@ -25,6 +25,7 @@ from inferfleet.cli import (
 )
 from inferfleet.engines import engine_container
 from inferfleet.planning.replica import ReplicaConfig
+from inferfleet.render import GPU_PRODUCT_LABEL
 from inferfleet.sim import openai_api as sim_server
 from tests.unit.golden import check_golden
 
@@ -242,6 +243,28 @@ def test_the_gpu_catalog_example_in_the_help_is_a_file_that_works(tmp_path: Path
     (default,) = plan_json("-f", path)
     (priced,) = plan_json("-f", path, "--gpu-catalog", str(overrides))
     assert priced["costPerMillionOutputTokensUsd"] != default["costPerMillionOutputTokensUsd"]
+
+
+def test_render_and_run_take_the_gpu_catalog_and_refuse_a_bad_one(tmp_path: Path) -> None:
+    relabelled = tmp_path / "gpus.yaml"
+    relabelled.write_text("H100-80GB: {nodeProductLabel: NVIDIA-H100-SXM5-80GB}\n")
+    path = str(EXAMPLES / "llama-3.1-8b-aggregated-vllm.yaml")
+    result = runner.invoke(app, ["render", "-f", path, "--gpu-catalog", str(relabelled)])
+    assert result.exit_code == 0, result.stderr
+    selectors = [
+        doc["spec"]["template"]["spec"]["nodeSelector"]
+        for doc in yaml.safe_load_all(result.stdout)
+        if doc and doc["kind"] == "Deployment"
+        and doc["metadata"]["labels"].get("app.kubernetes.io/name") != "inferfleet-router"
+    ]  # fmt: skip
+    assert selectors == [{GPU_PRODUCT_LABEL: "NVIDIA-H100-SXM5-80GB"}]
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("H100-80GB: {hourlyPriceUSD: 2.1}\n")
+    for command in (["render", "-f", path], ["run"]):
+        refused = runner.invoke(app, [*command, "--gpu-catalog", str(typo)])
+        assert refused.exit_code == EXIT_INVALID
+        assert str(typo) in refused.stderr
+        assert "hourlyPriceUSD" in refused.stderr
 
 
 def test_render_of_a_spec_that_does_not_fit_renders_no_workload_and_exits_3() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from inferfleet.api.catalog import GpuCatalog
 from inferfleet.api.model_deployment import ModelDeploymentSpec, Role
 from inferfleet.planning.capacity import Workload, plan
 from inferfleet.planning.load import closed_loop_point, operating_point
@@ -112,3 +113,14 @@ def test_closed_loop_holds_its_concurrency() -> None:
     point = closed_loop_point(config, 32, 2000, 200)
     in_flight = point.rate * (point.ttft_mean_s + 200 * point.tpot_s)
     assert in_flight == pytest.approx(32, rel=0.02)
+
+
+def test_gpu_catalogs_with_the_same_figures_are_one_cache_key() -> None:
+    """The operator caches plans by (spec, catalog): equal overrides must hit the cache, and
+    different ones must not."""
+    priced = GpuCatalog.builtin().with_overrides({"H100-80GB": {"hourlyPriceUsd": 2.1}})
+    again = GpuCatalog.builtin().with_overrides({"H100-80GB": {"hourlyPriceUsd": 2.1}})
+    assert priced == again
+    assert hash(priced) == hash(again)
+    assert priced != GpuCatalog.builtin()
+    assert len({priced, again, GpuCatalog.builtin()}) == 2

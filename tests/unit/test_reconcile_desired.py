@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
+from inferfleet.api.catalog import GpuCatalog
 from inferfleet.api.model_deployment import Role
 from inferfleet.api.pins import PIN_ANNOTATION
 from inferfleet.autoscale.ownership import Claim, autoscaling_owner, claims_of
@@ -28,7 +29,7 @@ from inferfleet.reconcile.desired import (
 )
 from inferfleet.reconcile.events import event_name
 from inferfleet.reconcile.status import RoleProgress
-from inferfleet.render import InstallSettings
+from inferfleet.render import GPU_PRODUCT_LABEL, InstallSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
@@ -429,3 +430,26 @@ def test_the_service_reconcile_writes_only_its_own_status_fields() -> None:
     outcome = _service_outcome(service, {"llama-3-1-8b": md})
     assert outcome.status is not None
     assert set(outcome.status) <= {"observedGeneration", "conditions", "url"}
+
+
+def test_the_install_gpu_catalog_plans_and_places_the_engines() -> None:
+    """A cluster whose H100 nodes are labelled with another product name, and whose GPUs
+    report less memory: both come from the install's catalog, not the built-in one."""
+    body = _example("ModelDeployment", "llama-3.1-8b-aggregated-vllm.yaml")
+    product = "NVIDIA-H100-SXM5-80GB"
+    relabelled = GpuCatalog.builtin().with_overrides({"H100-80GB": {"nodeProductLabel": product}})
+    space = Namespace(children=(), holder=lambda _key: None)
+
+    def outcome(gpus: GpuCatalog) -> Outcome:
+        return model_deployment_outcome(
+            body, space=space, claims=(), unschedulable={},
+            install=InstallSettings(gpus=gpus), now=NOW,
+        )  # fmt: skip
+
+    selector = _deployment(outcome(relabelled))["spec"]["template"]["spec"]["nodeSelector"]
+    assert selector == {GPU_PRODUCT_LABEL: product}
+    small = relabelled.with_overrides({"H100-80GB": {"memoryBytes": 8 * 2**30}})
+    refused = outcome(small)
+    assert refused.apply == ()
+    assert refused.status is not None
+    assert _condition(refused.status, "Fits")["reason"] == "DoesNotFit"

@@ -142,6 +142,16 @@ class GpuCatalog:
 
     def __init__(self, entries: Mapping[GpuType, GpuSpec]) -> None:
         self._entries = dict(entries)
+        # Planning caches key on the catalog: equal figures, equal key.
+        self._key = tuple(
+            (gpu_type.value, spec.model_dump_json()) for gpu_type, spec in sorted(entries.items())
+        )
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, GpuCatalog) and self._key == other._key
+
+    def __hash__(self) -> int:
+        return hash(self._key)
 
     @classmethod
     def builtin(cls) -> GpuCatalog:

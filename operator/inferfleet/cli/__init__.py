@@ -10,8 +10,13 @@ from inferfleet.cli import cluster
 from inferfleet.cli import bench
 
 # isort: on
-from inferfleet.cli.common import EXIT_INVALID, EXIT_NO_FIT, app
-from inferfleet.cli.specs import GPU_CATALOG_EXAMPLE, GPU_CATALOG_HELP
+from inferfleet.cli.common import (
+    EXIT_INVALID,
+    EXIT_NO_FIT,
+    GPU_CATALOG_EXAMPLE,
+    GPU_CATALOG_HELP,
+    app,
+)
 
 __all__ = [
     "EXIT_INVALID",

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from inferfleet.cli.common import EXIT_INVALID, app
+from inferfleet.cli.common import EXIT_INVALID, GPU_CATALOG_HELP, app, load_gpu_catalog
 from inferfleet.engines.common import DEFAULT_SIM_ENGINE_IMAGE
 from inferfleet.render import DEFAULT_ROUTER_IMAGE, GPU_PRODUCT_LABEL
 from inferfleet.router.config import ADMIN_PORT, DiscoveryMode, RouterConfig, parse_backends
@@ -342,6 +343,7 @@ def run_command(
     network_policies: NetworkPolicies = False,
     prometheus_namespace: PrometheusNamespaces = None,
     gpu_node_label: GpuNodeLabel = GPU_PRODUCT_LABEL,
+    gpu_catalog: Annotated[Path | None, typer.Option(help=GPU_CATALOG_HELP)] = None,
     leader_elect: LeaderElect = False,
     leader_election_namespace: LeaseNamespace = None,
     leader_election_id: LeaseName = DEFAULT_ELECTION_ID,
@@ -356,6 +358,11 @@ def run_command(
     from inferfleet.render import EngineOptions, InstallSettings, Placement
     from inferfleet.render.network import NetworkIsolation
 
+    try:
+        gpus = load_gpu_catalog(gpu_catalog)
+    except ValueError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(EXIT_INVALID) from None
     try:
         Kube.from_environment()
     except NoConfigurationError as error:
@@ -374,6 +381,7 @@ def run_command(
         engines=EngineOptions(sim_engine_image=sim_engine_image),
         network=NetworkIsolation(tuple(prometheus_namespace or ())) if network_policies else None,
         placement=Placement(gpu_node_label or None),
+        gpus=gpus,
     )
     election = (
         LeaderElection(

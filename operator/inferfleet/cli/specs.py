@@ -20,7 +20,13 @@ from inferfleet.api.crd import crd_files
 from inferfleet.api.hf_config import UnsupportedConfigError, architecture_from_hf_config
 from inferfleet.api.inference_service import InferenceService, InferenceServiceSpec
 from inferfleet.api.model_deployment import ModelDeployment, ModelDeploymentSpec
-from inferfleet.cli.common import EXIT_INVALID, EXIT_NO_FIT, app
+from inferfleet.cli.common import (
+    EXIT_INVALID,
+    EXIT_NO_FIT,
+    GPU_CATALOG_HELP,
+    app,
+    load_gpu_catalog,
+)
 from inferfleet.planning import calibration
 from inferfleet.planning.capacity import CapacityPlan, Workload, plan, report
 from inferfleet.planning.performance import DEFAULT_EFFICIENCY
@@ -36,11 +42,6 @@ DEFAULT_CRD_DIR = Path("crds")
 # Helm installs a chart's CRDs from its own crds/ folder; the same files, written together.
 DEFAULT_CHART_CRD_DIR = Path("charts/inferfleet/crds")
 DEFAULT_CALIBRATION_DOC = Path("docs/calibration.md")
-GPU_CATALOG_EXAMPLE = "{H100-80GB: {hourlyPriceUsd: 2.1}, L4-24GB: {hourlyPriceUsd: 0.7}}"
-GPU_CATALOG_HELP = (
-    "YAML overriding GPU figures: GPU type to the fields to change, e.g. a file holding "
-    f"`{GPU_CATALOG_EXAMPLE}`."
-)
 KNOWN_KINDS = ("ModelDeployment", "InferenceService")
 
 
@@ -124,16 +125,10 @@ def _validated(model: type[ModelDeploymentSpec] | type[InferenceServiceSpec], do
 
 
 def _gpu_catalog(overrides: Path | None) -> GpuCatalog:
-    catalog = GpuCatalog.builtin()
-    if overrides is None:
-        return catalog
     try:
-        data = yaml.safe_load(overrides.read_text()) or {}
-        if not isinstance(data, dict):
-            raise InvalidInputError(f"{overrides}: expected a mapping of GPU type to figures")
-        return catalog.with_overrides(data)
-    except (OSError, yaml.YAMLError, ValueError, ValidationError) as error:
-        raise InvalidInputError(f"{overrides}: {error}") from None
+        return load_gpu_catalog(overrides)
+    except ValueError as error:
+        raise InvalidInputError(str(error)) from None
 
 
 def _ms(value: float | None) -> str:
@@ -354,10 +349,12 @@ def render_command(
     file: Annotated[Path, typer.Option("-f", "--file", help="YAML with ModelDeployments and "
                                        "InferenceServices.")],
     namespace: Annotated[str, typer.Option("-n", "--namespace")] = "default",
+    gpu_catalog: Annotated[Path | None, typer.Option(help=GPU_CATALOG_HELP)] = None,
 ) -> None:  # fmt: skip
     """Print the Kubernetes objects the operator would create, for review and GitOps. A
     ModelDeployment that does not fit gets none, as in the cluster: exit status 3."""
     try:
+        gpus = _gpu_catalog(gpu_catalog)
         documents = _inferfleet_documents(file)
         deployments = {
             doc.name: ModelDeployment(
@@ -370,9 +367,9 @@ def render_command(
         objects: list[dict[str, Any]] = []
         unfit = []
         for name, md in deployments.items():
-            memory = plan(md.spec).memory
+            memory = plan(md.spec, gpus).memory
             if memory.fits:
-                objects += render_model_deployment(md)
+                objects += render_model_deployment(md, gpus=gpus)
             else:
                 unfit.append(f"ModelDeployment {name} does not fit, nothing rendered for it: "
                              f"{memory.verdict()}")  # fmt: skip

@@ -597,7 +597,8 @@ class Controller:
         )
         result = tick(
             service, deployments, source,
-            settings=settings, now=_now(), claims=claims, gpu_quota=quota,
+            settings=settings, now=_now(), claims=claims, catalog=self.install.gpus,
+            gpu_quota=quota,
         )  # fmt: skip
         self._post(body, (Event(*event) for event in result.events))
         self._write_status(service_key, body, result.status)

@@ -24,6 +24,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from inferfleet.api.catalog import GpuCatalog
 from inferfleet.api.common import StatusModel
 from inferfleet.api.conditions import condition, find, with_condition, without_conditions
 from inferfleet.api.inference_service import (
@@ -202,10 +203,11 @@ def status_patch(
 
 
 @functools.lru_cache(maxsize=4096)
-def _plan_of(spec_json: str) -> CapacityPlan:
-    """The planner's verdict for a spec; cached by the spec's JSON, since every reconcile of
-    an unchanged spec asks again and the answer is a pure function of it."""
-    return plan(ModelDeploymentSpec.model_validate_json(spec_json))
+def _plan_of(spec_json: str, gpus: GpuCatalog) -> CapacityPlan:
+    """The planner's verdict for a spec on the install's GPU catalog; cached by the spec's
+    JSON, since every reconcile of an unchanged spec asks again and the answer is a pure
+    function of the two."""
+    return plan(ModelDeploymentSpec.model_validate_json(spec_json), gpus)
 
 
 def stored_status(body: Mapping[str, Any], model: type[StatusModel]) -> dict[str, Any]:
@@ -329,7 +331,7 @@ def model_deployment_outcome(
     generation = _generation(body)
     previous = stored_status(body, ModelDeploymentStatus)
     roles = set(roles_of(md.spec))
-    capacity = _plan_of(md.spec.model_dump_json(by_alias=True, exclude_none=True))
+    capacity = _plan_of(md.spec.model_dump_json(by_alias=True, exclude_none=True), install.gpus)
     owner = autoscaling_owner(recorded_autoscaler(body), claims)
     decided = {r: n for r, n in owner.replicas.items() if r in roles and n > 0} if owner else {}
     annotations = metadata.get("annotations")
@@ -398,6 +400,7 @@ def _rendered(
             options=install.engines,
             isolation=install.network,
             placement=install.placement,
+            gpus=install.gpus,
         )
     except UnsupportedSpecError as error:
         return [], Blocked("SpecNotApplied", f"not applied: {error}")

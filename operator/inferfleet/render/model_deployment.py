@@ -306,7 +306,7 @@ def scheduled(
     return pod
 
 
-def engine_resources(spec: ModelDeploymentSpec, gpus: int) -> dict[str, Any]:
+def engine_resources(config: ReplicaConfig, gpus: int) -> dict[str, Any]:
     """GPUs as requested and limited; CPU and host memory requested in proportion (so the pod
     is not BestEffort, the first evicted when a node runs short): the weights' share, /dev/shm
     and `HOST_BYTES_PER_GPU` a GPU, limited to `HOST_MEMORY_LIMIT_FACTOR` times that; no CPU
@@ -314,7 +314,7 @@ def engine_resources(spec: ModelDeploymentSpec, gpus: int) -> dict[str, Any]:
     `EMULATOR_RESOURCES`."""
     if not gpus:
         return {kind: dict(amounts) for kind, amounts in EMULATOR_RESOURCES.items()}
-    weights = weight_bytes_per_gpu(ReplicaConfig.from_spec(spec, GpuCatalog.builtin()))
+    weights = weight_bytes_per_gpu(config)
     per_gpu = math.ceil(weights) + HOST_BYTES_PER_GPU + SHM_GIB_PER_GPU * 2**30
     mebibytes = math.ceil(gpus * per_gpu / 2**20)
     return {
@@ -337,8 +337,7 @@ finished ones) and this much more (tokenizer, configs, compiled kernels): past t
 kubelet evicts the pod rather than let it fill the node's disk."""
 
 
-def _sized_cache(volume: dict[str, Any], spec: ModelDeploymentSpec) -> dict[str, Any]:
-    config = ReplicaConfig.from_spec(spec, GpuCatalog.builtin())
+def _sized_cache(volume: dict[str, Any], config: ReplicaConfig) -> dict[str, Any]:
     checkpoint = weight_bytes_per_gpu(config) * config.gpus
     limit = math.ceil((MODEL_CACHE_FACTOR * checkpoint + MODEL_CACHE_SPARE_BYTES) / 2**30)
     return {**volume, "emptyDir": {**volume.get("emptyDir", {}), "sizeLimit": f"{limit}Gi"}}
@@ -350,16 +349,19 @@ def _pod_spec(
     role: Role,
     engine: EngineContainer,
     placement: Placement,
+    *,
+    gpus: GpuCatalog,
 ) -> dict[str, Any]:
+    config = ReplicaConfig.from_spec(spec, gpus)
     container = dict(engine.container)
-    container["resources"] = engine_resources(spec, engine.gpus)
+    container["resources"] = engine_resources(config, engine.gpus)
     container["securityContext"] = container_security_context()
     if spec.engine.api_key_secret is not None:
         # From the Secret by the kubelet: the operator never reads it.
         key = {"secretKeyRef": {"name": spec.engine.api_key_secret, "key": ENGINE_API_KEY}}
         container["env"] = [*container.get("env", []), {"name": API_KEY_ENV, "valueFrom": key}]
     volumes = [
-        _sized_cache(volume, spec) if volume["name"] == MODEL_CACHE_VOLUME else volume
+        _sized_cache(volume, config) if volume["name"] == MODEL_CACHE_VOLUME else volume
         for volume in engine.volumes
     ]
     if engine.config_files:
@@ -368,7 +370,7 @@ def _pod_spec(
         )
     selector = {}
     if placement.gpu_node_label is not None:
-        product = GpuCatalog.builtin()[spec.gpu.type].node_product_label
+        product = gpus[spec.gpu.type].node_product_label
         selector[placement.gpu_node_label] = product
     pod: dict[str, Any] = {
         "automountServiceAccountToken": False,
@@ -396,6 +398,7 @@ def engine_deployment(
     replicas: int,
     *,
     placement: Placement | None = None,
+    gpus: GpuCatalog | None = None,
 ) -> dict[str, Any]:
     labels = engine_labels(owner.name, role)
     template: dict[str, Any] = {
@@ -407,7 +410,9 @@ def engine_deployment(
                 PROMETHEUS_SCRAPE: "true",
             },
         },
-        "spec": _pod_spec(owner, spec, role, engine, placement or Placement()),
+        "spec": _pod_spec(
+            owner, spec, role, engine, placement or Placement(), gpus=gpus or GpuCatalog.builtin()
+        ),
     }
     digest = spec_hash({"template": template, "configFiles": engine.config_files})
     template["metadata"]["annotations"][SPEC_HASH_ANNOTATION] = digest
@@ -463,15 +468,19 @@ def render_model_deployment(
     options: EngineOptions | None = None,
     isolation: NetworkIsolation | None = None,
     placement: Placement | None = None,
+    gpus: GpuCatalog | None = None,
 ) -> list[dict[str, Any]]:
     """Every object of one ModelDeployment, in apply order (its NetworkPolicy with
     `isolation`, ConfigMaps, Services, PDBs, Deployments). `replicas` overrides the spec's
-    counts per role (autoscaler, pins); `placement` is how the install finds GPU nodes.
+    counts per role (autoscaler, pins); `placement` is how the install finds GPU nodes, `gpus`
+    its GPU catalog (default: the built-in one): the node label's values, GPUs per node, and
+    the weights that size host memory and the model cache.
 
     Raises `UnsupportedSpecError` for a spec the engine or the renderer cannot honour."""
     owner = Owner.of(f"{API_GROUP}/{API_VERSION}", KIND, md.metadata)
     spec = md.spec
-    check_fits_one_node(spec, GpuCatalog.builtin())
+    gpus = gpus or GpuCatalog.builtin()
+    check_fits_one_node(spec, gpus)
     counts = replicas_per_role(spec, replicas)
     objects: list[dict[str, Any]] = []
     for role in roles_of(spec):
@@ -483,7 +492,9 @@ def render_model_deployment(
         objects += [
             engine_service(owner, role),
             engine_pod_disruption_budget(owner, role),
-            engine_deployment(owner, spec, role, engine, counts[role], placement=placement),
+            engine_deployment(
+                owner, spec, role, engine, counts[role], placement=placement, gpus=gpus
+            ),
         ]
     if isolation is not None:
         objects.append(engine_network_policy(owner, deployment_labels(owner.name), isolation))
