@@ -194,3 +194,31 @@ def test_nvfp4_runs_the_gemms_at_the_fp4_rate_and_mxfp4_weight_only() -> None:
     assert mxfp4.weight_bytes_per_param / base.weight_bytes_per_param == pytest.approx(4.25 / 16)
     prompt = StepLoad.prefill_chunk(8192)
     assert step_time(nvfp4, prompt).linear_s < 0.3 * step_time(base, prompt).linear_s
+
+
+def test_a_replica_across_nodes_pays_its_stage_hops_over_the_node_network() -> None:
+    """Llama-3.1-405B in BF16 on H100s: tensor 8 within each node, two pipeline stages on two
+    nodes. The one stage boundary between them moves the hidden states and the residual of
+    every token over the node's network (one 400 Gb/s NIC per GPU), not NVLink."""
+    config = replica("llama-3.1-405b", tensor=8, pipeline=2)
+    assert (config.nodes, config.pipeline_hops_between_nodes) == (2, 1)
+    one_node = replace(config, gpu=config.gpu.model_copy(update={"gpus_per_node": 16}))
+    assert (one_node.nodes, one_node.pipeline_hops_between_nodes) == (1, 0)
+    tokens = 4096
+    load = StepLoad.prefill_chunk(tokens)
+    across = step_time(config, load).communication_s
+    within = step_time(one_node, load).communication_s
+    hop_bytes = 2 * tokens * config.model.hidden_size * 2
+    expected = hop_bytes / config.gpu.node_network_bandwidth - hop_bytes / (
+        config.gpu.interconnect_bandwidth
+    )
+    assert across - within == pytest.approx(expected, rel=1e-6)
+    # Four stages of tensor 4 on 8-GPU nodes: two stages a node, one boundary between nodes.
+    narrow = replace(config, tensor=4, pipeline=4)
+    assert (narrow.nodes, narrow.pipeline_hops_between_nodes) == (2, 1)
+    # A tensor-parallel group wider than a node all-reduces over the node's network (50 GB/s a
+    # GPU where NVLink gives 450).
+    wide = replace(config, tensor=16, pipeline=1)
+    wide_node = replace(wide, gpu=wide.gpu.model_copy(update={"gpus_per_node": 16}))
+    slower = step_time(wide, load).communication_s / step_time(wide_node, load).communication_s
+    assert slower > 5

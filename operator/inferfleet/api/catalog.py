@@ -49,6 +49,12 @@ class GpuSpec(WireModel):
         gt=0,
         description="Per-direction GPU-to-GPU bandwidth in bytes/s (NVLink, else PCIe).",
     )
+    node_network_bandwidth: float = Field(
+        gt=0,
+        description="Per-GPU bandwidth to other nodes in bytes/s (the node's compute fabric: "
+        "one RDMA NIC per GPU on HGX/DGX nodes); what a replica spanning nodes sends between "
+        "pipeline stages crosses it.",
+    )
     gpus_per_node: int = Field(ge=1, le=64, description="GPUs in the largest common node.")
     hourly_price_usd: float = Field(
         ge=0, description="Default on-demand price per GPU-hour; override with your own."
@@ -60,6 +66,10 @@ class GpuSpec(WireModel):
     )
 
 
+# node_network_bandwidth: HGX/DGX H100, H200 and B200 nodes give each GPU one 400 Gb/s
+# ConnectX-7 (NVIDIA DGX BasePOD reference architecture, core components); DGX A100 one 200 Gb/s
+# HDR ConnectX-6. PCIe L40S and L4 servers have no standard compute fabric: 200 Gb/s Ethernet per
+# 8-GPU node is assumed (a catalog override sets a node pool's own).
 _GPU_CATALOG: dict[GpuType, GpuSpec] = {
     # A100 SXM4 80GB: no FP8 tensor cores (FP8 weights run weight-only at BF16 rate).
     GpuType.A100_80GB: GpuSpec(
@@ -68,6 +78,7 @@ _GPU_CATALOG: dict[GpuType, GpuSpec] = {
         memory_bandwidth=2.039e12,
         memory_bytes=81920 * MIB,
         interconnect_bandwidth=300 * GIGA,
+        node_network_bandwidth=25 * GIGA,
         gpus_per_node=8,
         hourly_price_usd=1.80,
         node_product_label="NVIDIA-A100-SXM4-80GB",
@@ -80,6 +91,7 @@ _GPU_CATALOG: dict[GpuType, GpuSpec] = {
         memory_bandwidth=3.35e12,
         memory_bytes=81559 * MIB,
         interconnect_bandwidth=450 * GIGA,
+        node_network_bandwidth=50 * GIGA,
         gpus_per_node=8,
         hourly_price_usd=2.50,
         node_product_label="NVIDIA-H100-80GB-HBM3",
@@ -92,6 +104,7 @@ _GPU_CATALOG: dict[GpuType, GpuSpec] = {
         memory_bandwidth=4.8e12,
         memory_bytes=143771 * MIB,
         interconnect_bandwidth=450 * GIGA,
+        node_network_bandwidth=50 * GIGA,
         gpus_per_node=8,
         hourly_price_usd=3.50,
         node_product_label="NVIDIA-H200",
@@ -106,6 +119,7 @@ _GPU_CATALOG: dict[GpuType, GpuSpec] = {
         memory_bandwidth=8.0e12,
         memory_bytes=183359 * MIB,
         interconnect_bandwidth=900 * GIGA,
+        node_network_bandwidth=50 * GIGA,
         gpus_per_node=8,
         hourly_price_usd=5.50,
         node_product_label="NVIDIA-B200",
@@ -118,6 +132,7 @@ _GPU_CATALOG: dict[GpuType, GpuSpec] = {
         memory_bandwidth=864 * GIGA,
         memory_bytes=46068 * MIB,
         interconnect_bandwidth=32 * GIGA,
+        node_network_bandwidth=3.125 * GIGA,
         gpus_per_node=8,
         hourly_price_usd=1.20,
         node_product_label="NVIDIA-L40S",
@@ -130,6 +145,7 @@ _GPU_CATALOG: dict[GpuType, GpuSpec] = {
         memory_bandwidth=300 * GIGA,
         memory_bytes=23034 * MIB,
         interconnect_bandwidth=32 * GIGA,
+        node_network_bandwidth=3.125 * GIGA,
         gpus_per_node=8,
         hourly_price_usd=0.55,
         node_product_label="NVIDIA-L4",

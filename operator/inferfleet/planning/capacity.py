@@ -336,6 +336,7 @@ def report(capacity: CapacityPlan) -> dict[str, object]:
         "verdict": memory.verdict(),
         "gpuType": capacity.config.gpu_type.value,
         "gpusPerReplica": capacity.config.gpus,
+        "nodesPerReplica": capacity.config.nodes,
         "memoryPerGpuGiB": {
             "total": memory.total / gib,
             "usable": memory.usable / gib,

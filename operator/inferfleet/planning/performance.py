@@ -188,15 +188,30 @@ def step_time(
     kv_read = decode_read + prefill_read
 
     # Two ring all-reduces per layer over the activations; one hop per pipeline boundary.
+    # Within a node they cross NVLink (or PCIe); a tensor-parallel group wider than a node, and
+    # a stage boundary between nodes, cross the node's network.
     communication_s = 0.0
     activation_bytes = tokens * m.hidden_size * ACTIVATION_BYTES
     if config.tensor > 1:
         ring_bytes = 2 * (config.tensor - 1) / config.tensor * activation_bytes
-        per_allreduce = efficiency.allreduce_latency_s + ring_bytes / gpu.interconnect_bandwidth
+        ring_bandwidth = (
+            gpu.interconnect_bandwidth
+            if config.tensor <= gpu.gpus_per_node
+            else gpu.node_network_bandwidth
+        )
+        per_allreduce = efficiency.allreduce_latency_s + ring_bytes / ring_bandwidth
         communication_s += 2 * m.layers * per_allreduce
     if config.pipeline > 1:
-        per_hop = efficiency.allreduce_latency_s + activation_bytes / gpu.interconnect_bandwidth
-        communication_s += (config.pipeline - 1) * per_hop
+        # A stage hands the next its hidden states and the residual stream: two activations.
+        hop_bytes = 2 * activation_bytes
+        between_nodes = config.pipeline_hops_between_nodes
+        within_node = config.pipeline - 1 - between_nodes
+        communication_s += within_node * (
+            efficiency.allreduce_latency_s + hop_bytes / gpu.interconnect_bandwidth
+        )
+        communication_s += between_nodes * (
+            efficiency.allreduce_latency_s + hop_bytes / gpu.node_network_bandwidth
+        )
 
     return StepTime(
         linear_s=linear_s,

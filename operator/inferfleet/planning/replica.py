@@ -6,6 +6,8 @@ Everything in `planning` works on `ReplicaConfig`, so the maths can be driven by
 
 from __future__ import annotations
 
+import itertools
+import math
 from dataclasses import dataclass
 
 from inferfleet.api.catalog import GpuCatalog, GpuSpec, GpuType, ModelArchitecture
@@ -92,6 +94,19 @@ class ReplicaConfig:
     @property
     def gpus(self) -> int:
         return self.tensor * self.pipeline
+
+    @property
+    def nodes(self) -> int:
+        """Nodes one replica spans: its GPUs over a node's, pipeline stages kept whole."""
+        return math.ceil(self.gpus / self.gpu.gpus_per_node)
+
+    @property
+    def pipeline_hops_between_nodes(self) -> int:
+        """Stage boundaries whose two stages sit on different nodes, the stages laid out in
+        order, each on `tensor` consecutive GPUs."""
+        per_node = self.gpu.gpus_per_node
+        node_of = [stage * self.tensor // per_node for stage in range(self.pipeline)]
+        return sum(1 for a, b in itertools.pairwise(node_of) if a != b)
 
     @property
     def context_limit(self) -> int:
