@@ -14,6 +14,8 @@ from inferfleet.devcluster.cluster import POD_CIDR, DevCluster
 from inferfleet.devcluster.processes import wait_until
 from inferfleet.kube import Kube, StaleObjectError
 from tests.e2e.conftest import POOLS, Kubectl
+from tests.unit.multinode_fixtures import llama_405b_bf16
+from tests.unit.multinode_fixtures import rendered as rendered_leader_worker_set
 from tests.unit.validation_cases import ValidationCase, load_cases
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -276,3 +278,24 @@ def test_a_status_write_from_a_stale_read_is_refused(
     stored = kube.get(api, "InferenceService", "chat", namespace)
     assert stored is not None
     assert {c["type"] for c in stored["status"]["conditions"]} == {"MetricsAvailable", "Ready"}
+
+
+def test_the_api_server_takes_the_leader_worker_set_of_a_replica_over_two_nodes(
+    kubectl: Kubectl, namespace: str
+) -> None:
+    """The LeaderWorkerSet the renderer makes for Llama-3.1-405B in BF16 on two H100 nodes, as
+    the API server validates it against LWS v0.10.0's published CRD (installed by the dev
+    cluster; LWS's controller does not run here, so no pods follow); `kubectl scale` scales
+    its groups through the scale subresource."""
+    lws = rendered_leader_worker_set(llama_405b_bf16())
+    name = lws["metadata"]["name"]
+    lws["metadata"]["namespace"] = namespace
+    lws["metadata"].pop("ownerReferences", None)
+    kubectl.run("apply", "--server-side", "-f", "-", stdin=yaml.safe_dump(lws))
+    stored = kubectl.json("get", "leaderworkerset", name, "-n", namespace)
+    assert stored["spec"]["leaderWorkerTemplate"]["size"] == 2
+    assert stored["spec"]["replicas"] == 2
+    kubectl.run("scale", f"leaderworkerset/{name}", "-n", namespace, "--replicas=3")
+    scale = kubectl.json("get", "leaderworkerset", name, "-n", namespace, "--subresource=scale")
+    assert scale["spec"]["replicas"] == 3
+    kubectl.run("delete", "leaderworkerset", name, "-n", namespace, "--wait=true")

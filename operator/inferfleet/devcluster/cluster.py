@@ -48,6 +48,7 @@ from inferfleet.devcluster.prometheus import (
     pod_discovery_rbac,
     static_job,
 )
+from inferfleet.devcluster.thirdparty import PUBLISHED_CRDS, published_crd
 from inferfleet.kube import Kube
 from inferfleet.render.rbac import DEFAULT_NAMESPACE as OPERATOR_NAMESPACE
 from inferfleet.render.rbac import OPERATOR_NAME, cluster_wide
@@ -714,10 +715,12 @@ class DevCluster:
             )
 
     def install_crds(self, timeout_s: float = 60.0) -> list[str]:
-        """Apply the generated CRDs and wait until the API server serves them."""
+        """Apply the generated CRDs and the published ones of the projects the operator renders
+        for (`thirdparty`), and wait until the API server serves them."""
         kube = Kube.from_kubeconfig(self.kubeconfig_path)
         names = []
-        for crd in custom_resource_definitions():
+        published = [published_crd(crd) for crd in PUBLISHED_CRDS]
+        for crd in [*custom_resource_definitions(), *published]:
             kube.apply(crd)
             names.append(crd["metadata"]["name"])
 

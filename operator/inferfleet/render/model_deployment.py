@@ -343,7 +343,7 @@ def _sized_cache(volume: dict[str, Any], config: ReplicaConfig) -> dict[str, Any
     return {**volume, "emptyDir": {**volume.get("emptyDir", {}), "sizeLimit": f"{limit}Gi"}}
 
 
-def _pod_spec(
+def engine_pod_spec(
     owner: Owner,
     spec: ModelDeploymentSpec,
     role: Role,
@@ -401,19 +401,10 @@ def engine_deployment(
     gpus: GpuCatalog | None = None,
 ) -> dict[str, Any]:
     labels = engine_labels(owner.name, role)
-    template: dict[str, Any] = {
-        "metadata": {
-            "labels": dict(sorted(labels.items())),
-            "annotations": {
-                PROMETHEUS_PATH: engine.metrics_path,
-                PROMETHEUS_PORT: str(ENGINE_PORT),
-                PROMETHEUS_SCRAPE: "true",
-            },
-        },
-        "spec": _pod_spec(
-            owner, spec, role, engine, placement or Placement(), gpus=gpus or GpuCatalog.builtin()
-        ),
-    }
+    pod = engine_pod_spec(
+        owner, spec, role, engine, placement or Placement(), gpus=gpus or GpuCatalog.builtin()
+    )
+    template = engine_pod_template(labels, pod, engine)
     digest = spec_hash({"template": template, "configFiles": engine.config_files})
     template["metadata"]["annotations"][SPEC_HASH_ANNOTATION] = digest
     template["metadata"]["annotations"] = dict(sorted(template["metadata"]["annotations"].items()))
@@ -431,6 +422,25 @@ def engine_deployment(
             "progressDeadlineSeconds": engine.cold_start_seconds + IMAGE_PULL_ALLOWANCE_SECONDS,
             "template": template,
         },
+    }
+
+
+def engine_pod_template(
+    labels: Mapping[str, str], pod: dict[str, Any], engine: EngineContainer | None
+) -> dict[str, Any]:
+    """A pod template with `labels`, scraped by Prometheus where `engine` serves metrics."""
+    annotations = (
+        {}
+        if engine is None
+        else {
+            PROMETHEUS_PATH: engine.metrics_path,
+            PROMETHEUS_PORT: str(ENGINE_PORT),
+            PROMETHEUS_SCRAPE: "true",
+        }
+    )
+    return {
+        "metadata": {"labels": dict(sorted(labels.items())), "annotations": annotations},
+        "spec": pod,
     }
 
 
