@@ -8,6 +8,7 @@ values; every figure can be overridden with `GpuCatalog.with_overrides`.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any
@@ -158,9 +159,13 @@ class GpuCatalog:
 
     def __init__(self, entries: Mapping[GpuType, GpuSpec]) -> None:
         self._entries = dict(entries)
-        # Planning caches key on the catalog: equal figures, equal key.
-        self._key = tuple(
-            (gpu_type.value, spec.model_dump_json()) for gpu_type, spec in sorted(entries.items())
+
+    @functools.cached_property
+    def _key(self) -> tuple[tuple[str, str], ...]:
+        """Planning caches key on the catalog: equal figures, equal key."""
+        return tuple(
+            (gpu_type.value, spec.model_dump_json())
+            for gpu_type, spec in sorted(self._entries.items())
         )
 
     def __eq__(self, other: object) -> bool:
