@@ -394,6 +394,86 @@ def test_dropping_a_role_prunes_its_objects(
     assert wait_until(lambda: _ready(kubectl, namespace, name), 90, 1), operator.tail()
 
 
+MULTI_NODE = "llama-3-1-405b"
+"""The two-node example's ModelDeployment: Llama-3.1-405B in BF16, TP8 x PP2 on H100."""
+
+
+def _leader_worker_sets(kubectl: Kubectl, namespace: str, md: str) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = kubectl.json(
+        "get", "leaderworkersets", "-n", namespace, "-l", f"inferfleet.io/model-deployment={md}"
+    )["items"]
+    return found
+
+
+def _report_groups_ready(kubectl: Kubectl, namespace: str, lws: dict[str, Any]) -> None:
+    """What LWS's controller (v0.10.0) writes once every group is ready, written here in its
+    place: its controller is not served to this machine."""
+    name, groups = lws["metadata"]["name"], lws["spec"]["replicas"]
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    status = {
+        "replicas": groups, "readyReplicas": groups, "updatedReplicas": groups,
+        "observedGeneration": lws["metadata"]["generation"],
+        "hpaPodSelector": f"leaderworkerset.sigs.k8s.io/name={name},"
+        "leaderworkerset.sigs.k8s.io/worker-index=0",
+        "conditions": [{
+            "type": "Available", "status": "True", "reason": "AllGroupsReady",
+            "message": "All replicas are ready", "lastTransitionTime": now,
+        }],
+    }  # fmt: skip
+    kubectl.run(
+        "patch", "leaderworkerset", name, "-n", namespace, "--subresource=status",
+        "--type=merge", "-p", json.dumps({"status": status}),
+    )  # fmt: skip
+
+
+def test_a_replica_over_two_nodes_is_a_leader_worker_set_that_scales_and_prunes(
+    operator: Operator, kubectl: Kubectl, namespace: str
+) -> None:
+    """The 405B example as one LeaderWorkerSet (a group of two 8-GPU pods per replica) that
+    the API server validates against LWS v0.10.0's CRD; Ready from the status LWS reports
+    (written by the test in place of LWS's controller, which does not run here, so no pods
+    follow); `kubectl scale` of the ModelDeployment scales the groups; a spec that fits one
+    node again replaces the LeaderWorkerSet with a Deployment."""
+    _apply(kubectl, namespace, EXAMPLES / "llama-3.1-405b-bf16-two-nodes-vllm.yaml")
+    assert wait_until(lambda: _leader_worker_sets(kubectl, namespace, MULTI_NODE), 60, 1), (
+        operator.tail()
+    )
+    (lws,) = _leader_worker_sets(kubectl, namespace, MULTI_NODE)
+    group = lws["spec"]["leaderWorkerTemplate"]
+    assert (lws["spec"]["replicas"], group["size"]) == (1, 2)
+    assert _deployments(kubectl, namespace, MULTI_NODE) == {}
+    assert _condition(_md(kubectl, namespace, MULTI_NODE), "Ready").get("status") != "True"
+    _report_groups_ready(kubectl, namespace, lws)
+    assert wait_until(lambda: _ready(kubectl, namespace, MULTI_NODE), 60, 1), operator.tail()
+
+    kubectl.run("scale", "modeldeployment", MULTI_NODE, "-n", namespace, "--replicas=2")
+
+    def scaled() -> bool:
+        (found,) = _leader_worker_sets(kubectl, namespace, MULTI_NODE)
+        return bool(found["spec"]["replicas"] == 2)
+
+    assert wait_until(scaled, 60, 1), operator.tail()
+    assert wait_until(lambda: not _ready(kubectl, namespace, MULTI_NODE), 30, 1)
+    (lws,) = _leader_worker_sets(kubectl, namespace, MULTI_NODE)
+    _report_groups_ready(kubectl, namespace, lws)
+    assert wait_until(lambda: _ready(kubectl, namespace, MULTI_NODE), 60, 1), operator.tail()
+    assert _md(kubectl, namespace, MULTI_NODE)["status"]["readyReplicas"] == 2
+
+    # FP8 weights fit one node: the groups give way to a Deployment.
+    one_node = {"precision": {"weights": "fp8"}, "parallelism": {"pipeline": 1}}
+    kubectl.run(
+        "patch", "modeldeployment", MULTI_NODE, "-n", namespace, "--type=merge",
+        "-p", json.dumps({"spec": one_node}),
+    )  # fmt: skip
+
+    def on_one_node() -> bool:
+        return not _leader_worker_sets(kubectl, namespace, MULTI_NODE) and bool(
+            _deployments(kubectl, namespace, MULTI_NODE)
+        )
+
+    assert wait_until(on_one_node, 60, 1), operator.tail()
+
+
 AUTOSCALED = "llama-3-1-8b"
 """The ModelDeployment of the aggregated vLLM example, whose service `_autoscale` turns on."""
 

@@ -5,39 +5,44 @@ from __future__ import annotations
 from typing import Any
 
 from inferfleet.api.catalog import GpuCatalog
-from inferfleet.api.model_deployment import ModelDeploymentSpec, Role
-from inferfleet.engines import build_engine_container
-from inferfleet.engines.multinode import group_members
-from inferfleet.render.common import Owner
-from inferfleet.render.model_deployment import Placement, served_model_name
-from inferfleet.render.multinode import engine_leader_worker_set
+from inferfleet.api.model_deployment import (
+    EngineName,
+    ModelDeployment,
+    ModelDeploymentSpec,
+    Role,
+)
+from inferfleet.render import render_model_deployment
 
 GPUS = GpuCatalog.builtin()
 
 
 def llama_405b_bf16(engine: str = "vllm") -> ModelDeploymentSpec:
-    """Tensor 8 on each of two H100 nodes. (The API still refuses a replica over one node, so
-    the second stage is set past validation.)"""
+    """Tensor 8 on each of two H100 nodes. (The API serves it with vllm only: another engine
+    is set past validation, as an object stored before that rule would be.)"""
     spec = ModelDeploymentSpec.model_validate(
         {
             "model": {"name": "llama-3.1-405b", "source": "hf://meta-llama/Llama-3.1-405B"},
-            "engine": {"name": engine},
+            "engine": {"name": "vllm"},
             "gpu": {"type": "H100-80GB"},
-            "parallelism": {"tensor": 8},
+            "parallelism": {"tensor": 8, "pipeline": 2},
             "replicas": 2,
         }
     )
     return spec.model_copy(
-        update={"parallelism": spec.parallelism.model_copy(update={"pipeline": 2})}
+        update={"engine": spec.engine.model_copy(update={"name": EngineName(engine)})}
+    )
+
+
+def deployment(spec: ModelDeploymentSpec) -> ModelDeployment:
+    """The ModelDeployment `llama-405b` of `spec` (not validated again: a test may set a field
+    past validation)."""
+    return ModelDeployment.model_construct(
+        metadata={"name": "llama-405b", "namespace": "llm", "uid": "u"}, spec=spec
     )
 
 
 def rendered(spec: ModelDeploymentSpec, replicas: int = 2) -> dict[str, Any]:
-    metadata = {"name": "llama-405b", "namespace": "llm", "uid": "u"}
-    owner = Owner.of("inferfleet.io/v1alpha1", "ModelDeployment", metadata)
-    engine = build_engine_container(spec, Role.AGGREGATED, model_name=served_model_name(spec))
-    members = group_members(spec, engine, 2)
-    return engine_leader_worker_set(
-        owner, spec, Role.AGGREGATED, members, replicas,
-        nodes=2, placement=Placement(), gpus=GPUS,
-    )  # fmt: skip
+    """The LeaderWorkerSet of `deployment(spec)`, with `replicas` groups."""
+    objects = render_model_deployment(deployment(spec), replicas={Role.AGGREGATED: replicas})
+    (lws,) = [o for o in objects if o["kind"] == "LeaderWorkerSet"]
+    return lws

@@ -59,11 +59,12 @@ def _md_outcome(
     unschedulable: Mapping[Role, str] | None = None,
     holder: Any = None,
     now: datetime = NOW,
+    unserved: frozenset[str] = frozenset(),
 ) -> Outcome:
     space = Namespace(children=children, holder=holder or (lambda _key: None))
     return model_deployment_outcome(
         body, space=space, claims=claims, unschedulable=unschedulable or {},
-        install=INSTALL, now=now,
+        install=INSTALL, now=now, unserved=unserved,
     )  # fmt: skip
 
 
@@ -77,6 +78,12 @@ def _stored(obj: Mapping[str, Any], *, ready: bool) -> list[Child]:
         stored["status"] = {
             "observedGeneration": 1, "replicas": n, "updatedReplicas": n,
             "readyReplicas": n, "availableReplicas": n,
+        }  # fmt: skip
+    if stored["kind"] == "LeaderWorkerSet" and ready:
+        n = stored["spec"]["replicas"]
+        stored["status"] = {
+            "observedGeneration": 1, "replicas": n, "updatedReplicas": n, "readyReplicas": n,
+            "conditions": [{"type": "Available", "status": "True", "reason": "AllGroupsReady"}],
         }  # fmt: skip
     entries = child_entries("llm", stored)
     return [value for key, value in entries.items() if key[0] == "owner"]
@@ -453,3 +460,60 @@ def test_the_install_gpu_catalog_plans_and_places_the_engines() -> None:
     assert refused.apply == ()
     assert refused.status is not None
     assert _condition(refused.status, "Fits")["reason"] == "DoesNotFit"
+
+
+MULTI_NODE = "llama-3.1-405b-bf16-two-nodes-vllm.yaml"
+
+
+def test_a_replica_over_two_nodes_is_a_leader_worker_set_ready_from_its_groups() -> None:
+    """Applied as a LeaderWorkerSet (no Deployment); Ready once LWS reports every group ready
+    at the current generation, as its controller writes it; a hand edit of its replicas is
+    drift, applied again."""
+    body = _example("ModelDeployment", MULTI_NODE)
+    outcome = _md_outcome(body)
+    kinds = sorted(o["kind"] for o in outcome.apply)
+    assert kinds == ["LeaderWorkerSet", "PodDisruptionBudget", "Service"]
+    assert outcome.apply[-1]["kind"] == "LeaderWorkerSet", "the workload is applied last"
+    assert _condition(outcome.status, "Ready")["reason"] == "ReplicasNotReady"
+    not_ready = _settled(body, outcome, ready=False)
+    _settled(body, _md_outcome(body, children=not_ready), ready=False)
+    assert _condition(body["status"], "Ready")["status"] == "False"
+    children = _settled(body, outcome)
+    ready = _md_outcome(body, children=children)
+    assert ready.apply == ()
+    assert _condition(ready.status, "Ready")["status"] == "True"
+    scaled_by_hand = [
+        replace(c, replicas=5) if c.key.kind == "LeaderWorkerSet" else c for c in children
+    ]
+    assert [o["kind"] for o in _md_outcome(body, children=scaled_by_hand).apply] == [
+        "LeaderWorkerSet"
+    ]
+
+
+def test_a_leader_worker_set_of_a_release_without_observed_generation_counts() -> None:
+    """LWS reports `status.observedGeneration` since v0.9.0: an earlier release's counts are
+    taken as they are."""
+    lws = {
+        "kind": "LeaderWorkerSet",
+        "metadata": {"generation": 4},
+        "spec": {"replicas": 2},
+        "status": {"replicas": 2, "updatedReplicas": 2, "readyReplicas": 2},
+    }
+    assert RoleProgress.from_workload(lws).rolled_out
+    behind = lws | {"status": lws["status"] | {"observedGeneration": 3}}
+    assert not RoleProgress.from_workload(behind).rolled_out
+
+
+def test_without_leader_worker_set_installed_nothing_is_applied_and_status_says_why() -> None:
+    body = _example("ModelDeployment", MULTI_NODE)
+    outcome = _md_outcome(body, unserved=frozenset({"LeaderWorkerSet"}))
+    assert outcome.apply == ()
+    ready = _condition(outcome.status, "Ready")
+    assert ready["reason"] == "SpecNotApplied"
+    assert "runs as a LeaderWorkerSet (leaderworkerset.x-k8s.io/v1)" in ready["message"]
+    assert "install LeaderWorkerSet (v0.6.0 or later" in ready["message"]
+    assert outcome.requeue_after_s == 60.0, "looks again for a CRD installed since"
+    # A deployment that fits one node does not need it.
+    single = _md_outcome(_example("ModelDeployment"), unserved=frozenset({"LeaderWorkerSet"}))
+    assert "Deployment" in {o["kind"] for o in single.apply}
+    assert single.requeue_after_s is None

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from inferfleet.api.catalog import GpuCatalog, GpuType
-from inferfleet.api.model_deployment import ModelDeploymentSpec, ParallelismSpec, Role
+from inferfleet.api.model_deployment import ModelDeploymentSpec, Role
 from inferfleet.devcluster.nodes import GPU_PRODUCT_LABEL, GPU_RESOURCE, GPU_TAINT, gpu_node
 from inferfleet.render import (
     SPEC_HASH_ANNOTATION,
@@ -72,6 +72,7 @@ def template_hash(deployment: dict[str, Any]) -> str:
         ("llama-3.3-70b-nvfp4-b200-vllm", "llama-3.3-70b-nvfp4-b200-vllm.yaml", None),
         ("gpt-oss-120b-mxfp4-moe-vllm", "gpt-oss-120b-mxfp4-moe-vllm.yaml", None),
         ("llama-3.1-8b-lora-vllm", "llama-3.1-8b-lora-vllm.yaml", None),
+        ("llama-3.1-405b-bf16-two-nodes-vllm", "llama-3.1-405b-bf16-two-nodes-vllm.yaml", None),
     ],
 )
 def test_examples_render_as_golden(name: str, file: str, engine: str | None) -> None:
@@ -319,18 +320,6 @@ def test_services_are_headless_on_http() -> None:
     assert service["spec"]["ports"] == [
         {"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}
     ]
-
-
-def test_multi_node_replicas_are_refused() -> None:
-    # The API refuses this spec already; an object stored before that rule still must not render.
-    spec = aggregated_spec().model_copy(
-        update={"parallelism": ParallelismSpec.model_construct(tensor=16, pipeline=1)}
-    )
-    md = model_deployment(aggregated_spec()).model_copy(update={"spec": spec})
-    with pytest.raises(UnsupportedSpecError, match="planned but not supported yet") as raised:
-        render_model_deployment(md)
-    assert raised.value.field_path == "parallelism"
-    assert "16 GPUs per replica (tensor 16 x pipeline 1) exceed the 8 GPUs" in str(raised.value)
 
 
 def test_engine_refusals_surface_from_render() -> None:

@@ -7,16 +7,19 @@ from typing import Any
 
 import pytest
 
-from inferfleet.api.model_deployment import Role
+from inferfleet.api.catalog import GpuCatalog
+from inferfleet.api.model_deployment import ModelDeploymentSpec, ParallelismSpec, Role
 from inferfleet.devcluster.thirdparty import LEADER_WORKER_SET, file_sha256, published_crd
 from inferfleet.engines import UnsupportedSpecError, build_engine_container
 from inferfleet.engines.multinode import DISTRIBUTED_PORT, group_members
+from inferfleet.render import render_model_deployment
 from inferfleet.render.multinode import (
     ENGINE_WORKER_APP,
     group_set_name,
 )
+from inferfleet.render.network import NetworkIsolation
 from tests.unit.apiserver_emulation import admit
-from tests.unit.multinode_fixtures import llama_405b_bf16, rendered
+from tests.unit.multinode_fixtures import deployment, llama_405b_bf16, rendered
 
 
 def lws_schema() -> dict[str, Any]:
@@ -76,3 +79,85 @@ def test_tensorrt_llm_over_several_nodes_is_refused_with_the_reason() -> None:
     engine = build_engine_container(spec, Role.AGGREGATED, model_name="m")
     with pytest.raises(UnsupportedSpecError, match="tensorrt-llm over several nodes"):
         group_members(spec, engine, 2)
+
+
+def test_a_replica_over_two_nodes_is_served_by_its_leaders() -> None:
+    """The role's objects: the engine Service and the router find leaders only (a worker
+    serves nothing), the disruption budget counts every pod of the groups (one pod down is a
+    group down), and no Deployment."""
+    objects = render_model_deployment(deployment(llama_405b_bf16()), isolation=NetworkIsolation())
+    assert [o["kind"] for o in objects] == [
+        "NetworkPolicy", "Service", "PodDisruptionBudget", "LeaderWorkerSet",
+    ]  # fmt: skip
+    service, budget, lws = objects[1:]
+    selector = service["spec"]["selector"]
+    group = lws["spec"]["leaderWorkerTemplate"]
+    leader_labels = group["leaderTemplate"]["metadata"]["labels"]
+    worker_labels = group["workerTemplate"]["metadata"]["labels"]
+    assert selector.items() <= leader_labels.items()
+    assert not selector.items() <= worker_labels.items()
+    budget_selector = budget["spec"]["selector"]["matchLabels"]
+    assert budget_selector.items() <= leader_labels.items()
+    assert budget_selector.items() <= worker_labels.items()
+    assert budget["spec"]["maxUnavailable"] == 1
+    # NetworkPolicies select leaders and workers: the workers reach the leader's store.
+    (policy,) = [o for o in objects if o["kind"] == "NetworkPolicy"]
+    for labels in (leader_labels, worker_labels):
+        assert selects(policy["spec"]["podSelector"], labels)
+        assert selects(policy["spec"]["ingress"][0]["from"][0]["podSelector"], labels)
+
+
+def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """A label selector's verdict on `labels` (matchLabels and In expressions)."""
+    matched = all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
+    for expression in selector.get("matchExpressions", []):
+        assert expression["operator"] == "In"
+        matched = matched and labels.get(expression["key"]) in expression["values"]
+    return matched
+
+
+def test_the_deployments_replicas_are_the_groups() -> None:
+    spec = llama_405b_bf16()
+    assert rendered(spec, replicas=3)["spec"]["replicas"] == 3
+    lws = next(
+        o for o in render_model_deployment(deployment(spec)) if o["kind"] == "LeaderWorkerSet"
+    )
+    assert lws["spec"]["replicas"] == spec.replicas
+
+
+def test_a_replica_that_leaves_part_of_a_node_is_not_rendered() -> None:
+    # The API refuses it; an object stored before that rule still must not render.
+    spec = llama_405b_bf16()
+    odd = spec.model_copy(
+        update={"parallelism": ParallelismSpec.model_construct(tensor=4, pipeline=3)}
+    )
+    with pytest.raises(UnsupportedSpecError, match="do not fill whole H100-80GB nodes") as raised:
+        render_model_deployment(deployment(odd))
+    assert raised.value.field_path == "parallelism"
+
+
+def test_the_install_catalog_says_how_many_nodes_a_replica_spans() -> None:
+    """Nodes of four H100s: a replica of eight is a group of two pods of four, and the same
+    spec on the built-in catalog's eight-GPU nodes is one pod."""
+    spec = ModelDeploymentSpec.model_validate(
+        {
+            "model": {"name": "llama-3.3-70b", "source": "hf://meta-llama/Llama-3.3-70B-Instruct"},
+            "engine": {"name": "vllm"},
+            "gpu": {"type": "H100-80GB"},
+            "parallelism": {"tensor": 4, "pipeline": 2},
+        }
+    )
+    four = GpuCatalog.builtin().with_overrides({"H100-80GB": {"gpusPerNode": 4}})
+    lws = next(
+        o
+        for o in render_model_deployment(deployment(spec), gpus=four)
+        if o["kind"] == "LeaderWorkerSet"
+    )
+    group = lws["spec"]["leaderWorkerTemplate"]
+    assert group["size"] == 2
+    for template in ("leaderTemplate", "workerTemplate"):
+        (container,) = group[template]["spec"]["containers"]
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    kinds = {o["kind"] for o in render_model_deployment(deployment(spec))}
+    assert "Deployment" in kinds
+    assert "LeaderWorkerSet" not in kinds

@@ -526,9 +526,31 @@ class ModelDeploymentSpec(WireModel):
         return self.batching.max_model_length or self.architecture().max_context_length
 
 
-def _gpus_fit_node(s: ModelDeploymentSpec) -> bool:
+def _replica_fits_nodes(s: ModelDeploymentSpec) -> bool:
+    """A replica fits one node, or whole nodes as vLLM runs one over several: each node a
+    whole share of the tensor groups (`tensor` divides the node's GPUs, or spans whole
+    nodes), serving aggregated."""
     per_node = GpuCatalog.builtin()[s.gpu.type].gpus_per_node
-    return s.parallelism.gpus_per_replica <= per_node
+    gpus, tensor = s.parallelism.gpus_per_replica, s.parallelism.tensor
+    return gpus <= per_node or (
+        s.engine.name == EngineName.VLLM
+        and s.topology.mode == TopologyMode.AGGREGATED
+        and gpus % per_node == 0
+        and (per_node % tensor == 0 or tensor % per_node == 0)
+    )
+
+
+def _replica_fits_nodes_cel() -> str:
+    per_node = _gpus_per_node_cel() + "[self.gpu.type]"
+    gpus, tensor = (
+        "(self.parallelism.tensor * self.parallelism.pipeline)",
+        "self.parallelism.tensor",
+    )
+    return (
+        f"{gpus} <= {per_node} || (self.engine.name == 'vllm' && "
+        f"self.topology.mode == 'aggregated' && {gpus} % {per_node} == 0 && "
+        f"({per_node} % {tensor} == 0 || {tensor} % {per_node} == 0))"
+    )
 
 
 _MAX_LEN_CEL = (
@@ -553,12 +575,12 @@ DEPLOYMENT_RULES: tuple[CrossFieldRule[ModelDeploymentSpec], ...] = (
         field_path=".adapters",
     ),
     CrossFieldRule(
-        cel="self.parallelism.tensor * self.parallelism.pipeline <= "
-        + _gpus_per_node_cel()
-        + "[self.gpu.type]",
+        cel=_replica_fits_nodes_cel(),
         message="GPUs per replica (parallelism.tensor x parallelism.pipeline) must fit on one "
-        "node of the GPU type (8 GPUs); multi-node replicas are not supported yet",
-        holds=_gpus_fit_node,
+        "node of the GPU type (8 GPUs), or fill whole nodes with parallelism.tensor dividing "
+        "a node's GPUs or spanning whole nodes; a replica over several nodes is served by "
+        "vllm, aggregated (a LeaderWorkerSet per replica)",
+        holds=_replica_fits_nodes,
         field_path=".parallelism",
     ),
     CrossFieldRule(

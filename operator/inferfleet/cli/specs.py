@@ -160,7 +160,12 @@ def render_text(name: str, capacity: CapacityPlan) -> str:
     lines = [
         f"ModelDeployment {name}: {parameters}, "
         f"{weights} weights, {config.kv_cache.value} KV cache, "
-        f"TP{config.tensor} x PP{config.pipeline} on {config.gpu_type.value}",
+        f"TP{config.tensor} x PP{config.pipeline} on {config.gpu_type.value}"
+        + (
+            f", {config.nodes} nodes of {config.gpu.gpus_per_node} GPUs per replica"
+            if config.nodes > 1
+            else ""
+        ),
         f"  Fit:               {memory.verdict()}",
         "  Memory per GPU:",
         f"    total            {memory.total / gib:8.1f} GiB",

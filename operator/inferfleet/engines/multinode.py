@@ -16,6 +16,7 @@ trtllm-serve`), launched by the leader into the workers' pods: not rendered here
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 from typing import Any, Final
 
@@ -69,10 +70,10 @@ def group_members(
         ],
     }
     # A headless worker serves nothing to probe: the group is ready when its leader is.
-    worker = {k: v for k, v in container.items() if k not in ("ports", *_PROBES)}
+    worker = {k: copy.deepcopy(v) for k, v in container.items() if k not in ("ports", *_PROBES)}
     rank = ["--node-rank", f"$({WORKER_INDEX_ENV})", "--headless"]
     worker["args"] = [*container["args"], *group, *rank]
     return (
         replace(engine, container=leader, volumes=volumes, gpus=gpus),
-        replace(engine, container=worker, volumes=volumes, gpus=gpus),
+        replace(engine, container=worker, volumes=copy.deepcopy(volumes), gpus=gpus),
     )

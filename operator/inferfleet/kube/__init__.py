@@ -13,6 +13,7 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
+from kubernetes.dynamic.exceptions import ResourceNotFoundError
 from kubernetes.utils import parse_quantity
 
 FIELD_MANAGER = "inferfleet-operator"
@@ -106,6 +107,15 @@ class Kube:
         dynamic = self.dynamic
         with self._discovery:
             return dynamic.resources.get(api_version=api_version, kind=kind)
+
+    def serves(self, api_version: str, kind: str) -> bool:
+        """Whether the API server serves the kind (a custom resource whose CRD is installed).
+        Asking about one it does not serve reads its discovery afresh."""
+        try:
+            self.resource(api_version, kind)
+        except ResourceNotFoundError:
+            return False
+        return True
 
     def list(
         self, api_version: str, kind: str, namespace: str | None = None, **selectors: str

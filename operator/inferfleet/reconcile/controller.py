@@ -42,6 +42,7 @@ from inferfleet.autoscale.ownership import Claim, claims_of
 from inferfleet.kube import AlreadyExistsError, Kube, StaleObjectError, quantity
 from inferfleet.reconcile.desired import (
     APPLIED_HASH_ANNOTATION,
+    UNSERVED_RECHECK_S,
     Child,
     Namespace,
     ObjectKey,
@@ -54,7 +55,13 @@ from inferfleet.reconcile.events import Event, event_object
 from inferfleet.reconcile.status import RoleProgress
 from inferfleet.reconcile.workqueue import WorkQueue
 from inferfleet.render import InstallSettings
-from inferfleet.render.common import LABEL_MODEL_DEPLOYMENT, LABEL_ROLE, label_value
+from inferfleet.render.common import (
+    LABEL_MODEL_DEPLOYMENT,
+    LABEL_ROLE,
+    WORKLOAD_KINDS,
+    label_value,
+)
+from inferfleet.render.multinode import LWS_API_VERSION, LWS_KIND
 
 MODEL_DEPLOYMENT = "ModelDeployment"
 INFERENCE_SERVICE = "InferenceService"
@@ -67,9 +74,13 @@ CHILD_KINDS = (
     ("rbac.authorization.k8s.io/v1", "Role"),
     ("rbac.authorization.k8s.io/v1", "RoleBinding"),
     ("networking.k8s.io/v1", "NetworkPolicy"),
+    (LWS_API_VERSION, LWS_KIND),
 )
 """What the operator renders for its resources: it watches them, to reconcile their owner when
-they change and to know what exists without asking the API server."""
+they change and to know what exists without asking the API server. (A kind the cluster does
+not serve, LeaderWorkerSet without LWS installed, is watched once its CRD appears.)"""
+OPTIONAL_KINDS = ((LWS_API_VERSION, LWS_KIND),)
+"""Of those, the ones a cluster serves only with an add-on installed."""
 
 # A reconcile makes its writes one after another and waits on each (0.1-0.3 s from an API
 # server busy with a large apply): 8 workers kept up with fewer objects a second than one
@@ -118,19 +129,19 @@ def child_entries(namespace: str, obj: Mapping[str, Any]) -> dict[Any, Any]:
     labels = metadata.get("labels") or {}
     role_label = labels.get(LABEL_ROLE)
     role = Role(str(role_label)) if role_label in Role._value2member_map_ else None
-    deployment = key.kind == "Deployment"
-    replicas = (obj.get("spec") or {}).get("replicas") if deployment else None
+    workload = key.kind in WORKLOAD_KINDS
+    replicas = (obj.get("spec") or {}).get("replicas") if workload else None
     child = Child(
         key=key,
         owner_uid=str(owner.get("uid")),
         applied_hash=(metadata.get("annotations") or {}).get(APPLIED_HASH_ANNOTATION),
         replicas=replicas if isinstance(replicas, int) else None,
         role=role if owner.get("kind") == MODEL_DEPLOYMENT else None,
-        progress=RoleProgress.from_deployment(obj)
-        if deployment and owner.get("kind") == MODEL_DEPLOYMENT
+        progress=RoleProgress.from_workload(obj)
+        if workload and owner.get("kind") == MODEL_DEPLOYMENT
         else None,
-        serving=RoleProgress.from_deployment(obj).available > 0
-        if deployment and owner.get("kind") == INFERENCE_SERVICE
+        serving=RoleProgress.from_workload(obj).available > 0
+        if workload and owner.get("kind") == INFERENCE_SERVICE
         else None,
     )
     return {("owner", namespace, child.owner_uid): child, ("name", namespace, key): child.owner_uid}
@@ -303,6 +314,8 @@ class Controller:
         self._children: dict[tuple[str, str], Child] = {}
         """What the indices held of each created object when its owner was last queued."""
         self._foreign_lock = threading.Lock()  # workers are threads
+        self._unserved: tuple[float, frozenset[str]] | None = None
+        """When it was last asked, the optional kinds the cluster does not serve."""
         self._tasks: list[asyncio.Task[None]] = []
 
     # The event loop's side: keys in, workers out.
@@ -487,6 +500,7 @@ class Controller:
                 unschedulable=self.indices.unschedulable(namespace, name),
                 install=self.install,
                 now=_now(),
+                unserved=self._unserved_kinds(),
             )
         else:
             backends = {
@@ -524,6 +538,19 @@ class Controller:
         if outcome.status is not None:
             self._write_status(key, body, outcome.status)
         return Done(outcome.requeue_after_s)
+
+    def _unserved_kinds(self) -> frozenset[str]:
+        """The kinds a ModelDeployment may render that this cluster does not serve, asked
+        again once `UNSERVED_RECHECK_S` has passed (a CRD installed since)."""
+        now = time.monotonic()
+        known = self._unserved
+        if known is not None and now - known[0] < UNSERVED_RECHECK_S:
+            return known[1]
+        unserved = frozenset(
+            kind for api_version, kind in OPTIONAL_KINDS if not kube().serves(api_version, kind)
+        )
+        self._unserved = (now, unserved)
+        return unserved
 
     def _ours(self, namespace: str, key: ObjectKey) -> bool:
         """Whether inferfleet created the object (its index may not hold it yet)."""

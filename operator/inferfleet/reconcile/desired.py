@@ -60,8 +60,12 @@ from inferfleet.render import (
     selector_labels,
     spec_hash,
 )
+from inferfleet.render.common import WORKLOAD_KINDS
+from inferfleet.render.multinode import LWS_API_VERSION, LWS_KIND, LWS_SUPPORTED
 
 APPLIED_HASH_ANNOTATION = "inferfleet.io/applied-hash"
+UNSERVED_RECHECK_S = 60.0
+"""How soon a deployment blocked on a kind the cluster does not serve looks again."""
 
 
 @dataclass(frozen=True, order=True)
@@ -88,10 +92,10 @@ class Child:
     owner_uid: str
     applied_hash: str | None
     replicas: int | None = None
-    """A Deployment's spec.replicas (an edit of it by hand is drift to undo)."""
+    """A workload's spec.replicas (an edit of it by hand is drift to undo)."""
     role: Role | None = None
     progress: RoleProgress | None = None
-    """A ModelDeployment's Deployment: its rollout."""
+    """A ModelDeployment's workload (Deployment or LeaderWorkerSet): its rollout."""
     serving: bool | None = None
     """An InferenceService's router Deployment: whether a router pod is available (the
     service's endpoint answers)."""
@@ -140,7 +144,9 @@ def _to_apply(
     changed = []
     for obj in objects:
         child = held.get(ObjectKey.of(obj))
-        replicas = (obj.get("spec") or {}).get("replicas") if obj["kind"] == "Deployment" else None
+        replicas = (
+            (obj.get("spec") or {}).get("replicas") if obj["kind"] in WORKLOAD_KINDS else None
+        )
         digest = spec_hash(obj)
         if (
             child is None
@@ -150,7 +156,7 @@ def _to_apply(
             changed.append(_stamped(obj, digest))
     # Workloads last: what their pods use (a service account, a config map) exists before the
     # pods are created, and a name found taken stops the apply before any pod runs.
-    return tuple(sorted(changed, key=lambda obj: obj["kind"] == "Deployment"))
+    return tuple(sorted(changed, key=lambda obj: obj["kind"] in WORKLOAD_KINDS))
 
 
 def _to_delete(
@@ -318,10 +324,12 @@ def model_deployment_outcome(
     unschedulable: Mapping[Role, str],
     install: InstallSettings,
     now: datetime,
+    unserved: frozenset[str] = frozenset(),
 ) -> Outcome:
     """A ModelDeployment's outcome. `claims`: the services that route to it (the owner's
     decision replaces the spec's replicas, a pin wins over both); `unschedulable`: per role,
-    the scheduler's reason for pods it cannot place."""
+    the scheduler's reason for pods it cannot place; `unserved`: the kinds it may render that
+    the cluster does not serve (LeaderWorkerSet, where LWS is not installed)."""
     try:
         md = ModelDeployment.model_validate(without_status(body))
     except ValidationError as error:
@@ -343,8 +351,9 @@ def model_deployment_outcome(
     )
     pinned = dict(pin.replicas) if pin is not None and pin.active(now) else {}
     objects, blocked = _rendered(
-        md, capacity, overrides=decided | pinned, uid=uid, space=space, install=install
-    )
+        md, capacity, overrides=decided | pinned, uid=uid, space=space, install=install,
+        unserved=unserved,
+    )  # fmt: skip
     apply = _to_apply(objects, space.children)
     disaggregated = md.spec.topology.mode == TopologyMode.DISAGGREGATED
     serving = Role.DECODE if disaggregated else Role.AGGREGATED
@@ -370,13 +379,21 @@ def model_deployment_outcome(
         kinds = ", ".join(sorted(ObjectKey.of(o).describe() for o in objects))
         once = f"generation {generation}"
         events.insert(0, Event("Applied", f"{once}: {kinds}", occurrence=once))
+    rechecks = [
+        after
+        for after in (
+            (pin.until - now).total_seconds() if pin and pinned else None,
+            blocked.recheck_after_s if blocked else None,
+        )
+        if after is not None
+    ]
     return Outcome(
         apply=apply,
         delete=_to_delete(objects, space.children) if objects else (),
         new=_new(objects, space.children),
         status=status_patch(previous, status, owned=MODEL_DEPLOYMENT_STATUS_FIELDS),
         events=tuple(events),
-        requeue_after_s=(pin.until - now).total_seconds() if pin and pinned else None,
+        requeue_after_s=min(rechecks, default=None),
     )
 
 
@@ -388,6 +405,7 @@ def _rendered(
     uid: str,
     space: Namespace,
     install: InstallSettings,
+    unserved: frozenset[str],
 ) -> tuple[list[dict[str, Any]], Blocked | None]:
     """The objects to apply, or why none may be: a spec that does not fit asks for no GPU,
     and names another resource holds are not taken."""
@@ -404,6 +422,14 @@ def _rendered(
         )
     except UnsupportedSpecError as error:
         return [], Blocked("SpecNotApplied", f"not applied: {error}")
+    if LWS_KIND in unserved and any(o["kind"] == LWS_KIND for o in objects):
+        gpus = md.spec.parallelism.gpus_per_replica
+        message = (
+            f"not applied: a replica of {gpus} GPUs spans more than one node and runs as a "
+            f"LeaderWorkerSet ({LWS_API_VERSION}), which this cluster does not serve: install "
+            f"LeaderWorkerSet ({LWS_SUPPORTED}, https://github.com/kubernetes-sigs/lws)"
+        )
+        return [], Blocked("SpecNotApplied", message, recheck_after_s=UNSERVED_RECHECK_S)
     collision = _collisions(objects, uid, space)
     if collision is not None:
         return [], Blocked("NameCollision", collision)
@@ -435,7 +461,7 @@ def _progress(
         return {role: c.progress for role, c in held.items() if role and c.progress}
     progress: dict[Role, RoleProgress] = {}
     for obj in objects:
-        if obj["kind"] != "Deployment":
+        if obj["kind"] not in WORKLOAD_KINDS:
             continue
         role = Role(obj["metadata"]["labels"]["inferfleet.io/role"])
         desired = int(obj["spec"]["replicas"])

@@ -30,7 +30,7 @@ GIB = 1024**3
 
 @dataclass(frozen=True)
 class RoleProgress:
-    """What the Deployment of one role reports."""
+    """What the workload of one role reports: its Deployment, or its LeaderWorkerSet."""
 
     desired: int
     updated: int = 0
@@ -79,6 +79,31 @@ class RoleProgress:
             observed_current=status.get("observedGeneration", 0) >= generation,
         )
 
+    @classmethod
+    def from_leader_worker_set(cls, lws: Mapping[str, Any]) -> RoleProgress:
+        """A LeaderWorkerSet's groups, each a replica: created, updated, ready. LWS has no
+        progress deadline, and a group is available when it is ready."""
+        spec, status = lws.get("spec") or {}, lws.get("status") or {}
+        generation = (lws.get("metadata") or {}).get("generation", 0)
+        # Reported since LWS v0.9.0; with an earlier release the counts are taken as current.
+        observed = status.get("observedGeneration")
+        ready = int(status.get("readyReplicas", 0))
+        return cls(
+            desired=int(spec.get("replicas", 0)),
+            updated=int(status.get("updatedReplicas", 0)),
+            ready=ready,
+            available=ready,
+            created=int(status.get("replicas", 0)),
+            observed_current=observed is None or int(observed) >= generation,
+        )
+
+    @classmethod
+    def from_workload(cls, workload: Mapping[str, Any]) -> RoleProgress:
+        """What a role's Deployment or LeaderWorkerSet reports."""
+        if workload.get("kind") == "LeaderWorkerSet":
+            return cls.from_leader_worker_set(workload)
+        return cls.from_deployment(workload)
+
     @property
     def rolled_out(self) -> bool:
         return (
@@ -96,6 +121,8 @@ class Blocked:
     reason: str
     """InvalidSpec, SpecNotApplied or NameCollision."""
     message: str
+    recheck_after_s: float | None = None
+    """When what blocks it may have changed without an event that says so (a CRD installed)."""
 
 
 @dataclass(frozen=True)

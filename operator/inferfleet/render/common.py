@@ -181,7 +181,10 @@ KIND_ORDER: Final = (
     "Service",
     "PodDisruptionBudget",
     "Deployment",
+    "LeaderWorkerSet",
 )
+WORKLOAD_KINDS: Final = ("Deployment", "LeaderWorkerSet")
+"""The kinds that run pods: their replicas are the scale, their status the rollout."""
 
 
 def apply_order(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:

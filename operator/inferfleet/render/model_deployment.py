@@ -11,8 +11,9 @@ values elsewhere). `spec.scheduling` adds to that: node labels, node affinity, t
 priority class, image pull secrets, a spread across a topology label, host CPU and memory; it
 never replaces the GPU request, the GPU type's label or the GPU toleration. The `sim` engine
 requests no GPU but keeps the node selector and toleration, so the dev cluster's fake GPU
-nodes exercise the same placement. A replica is one pod: tensor x pipeline beyond one node of
-the GPU type is refused as not supported yet.
+nodes exercise the same placement. A replica is one pod; one that needs more GPUs than a node
+of its type has is a group of pods, a node each, in one LeaderWorkerSet per role
+(`render.multinode`), with a disruption budget over all the groups' pods.
 
 Rollout: a change of anything the pods run (image, args, env, config file content) changes
 the `inferfleet.io/spec-hash` annotation of the pod template and so rolls the pods, one surge
@@ -44,6 +45,7 @@ from inferfleet.api.model_deployment import (
     ModelDeployment,
     ModelDeploymentSpec,
     Role,
+    TopologyMode,
 )
 from inferfleet.api.scheduling import (
     EngineResources,
@@ -65,6 +67,7 @@ from inferfleet.engines import (
     build_engine_container,
     roles_of,
 )
+from inferfleet.engines.multinode import group_members
 from inferfleet.planning.memory import weight_bytes_per_gpu
 from inferfleet.planning.replica import ReplicaConfig
 from inferfleet.render.common import (
@@ -90,6 +93,11 @@ from inferfleet.render.common import (
     pod_security_context,
     rolling_update,
     spec_hash,
+)
+from inferfleet.render.multinode import (
+    ENGINE_WORKER_APP,
+    engine_leader_worker_set,
+    group_disruption_budget,
 )
 from inferfleet.render.network import NetworkIsolation, engine_network_policy
 
@@ -176,16 +184,29 @@ def replicas_per_role(
     return counts
 
 
-def check_fits_one_node(spec: ModelDeploymentSpec, gpus: GpuCatalog) -> None:
+def replica_nodes(spec: ModelDeploymentSpec, gpus: GpuCatalog) -> int:
+    """Nodes of the GPU type one replica spans (the install's catalog says how many GPUs a
+    node has): one, or whole nodes each holding whole tensor groups or a share of one.
+
+    Raises `UnsupportedSpecError` for a replica that would leave part of a node."""
     per_node = gpus[spec.gpu.type].gpus_per_node
-    wanted = spec.parallelism.gpus_per_replica
-    if wanted > per_node:
+    wanted, tensor = spec.parallelism.gpus_per_replica, spec.parallelism.tensor
+    if wanted <= per_node:
+        return 1
+    if wanted % per_node or (per_node % tensor and tensor % per_node):
         raise UnsupportedSpecError(
             "parallelism",
-            f"{wanted} GPUs per replica (tensor {spec.parallelism.tensor} x pipeline "
-            f"{spec.parallelism.pipeline}) exceed the {per_node} GPUs of one "
-            f"{spec.gpu.type.value} node: multi-node replicas are planned but not supported yet",
+            f"{wanted} GPUs per replica (tensor {tensor} x pipeline "
+            f"{spec.parallelism.pipeline}) do not fill whole {spec.gpu.type.value} nodes of "
+            f"{per_node} GPUs with whole tensor groups",
         )
+    if spec.topology.mode != TopologyMode.AGGREGATED:
+        raise UnsupportedSpecError(
+            "topology.mode",
+            f"a replica of {wanted} GPUs spans {wanted // per_node} nodes, served aggregated "
+            "only: disaggregated pools of replicas over several nodes are not supported",
+        )
+    return wanted // per_node
 
 
 def engine_config_map(owner: Owner, role: Role, files: Mapping[str, str]) -> dict[str, Any]:
@@ -444,6 +465,35 @@ def engine_pod_template(
     }
 
 
+def engine_group_set(
+    owner: Owner,
+    spec: ModelDeploymentSpec,
+    role: Role,
+    engine: EngineContainer,
+    replicas: int,
+    *,
+    nodes: int,
+    placement: Placement,
+    gpus: GpuCatalog,
+) -> dict[str, Any]:
+    """A role whose replica spans `nodes` nodes: one LeaderWorkerSet, a group per replica."""
+    leader, worker = group_members(spec, engine, nodes)
+    labels = engine_labels(owner.name, role)
+    templates = (
+        engine_pod_template(
+            labels, engine_pod_spec(owner, spec, role, leader, placement, gpus=gpus), leader
+        ),
+        engine_pod_template(
+            labels | {LABEL_NAME: ENGINE_WORKER_APP},
+            engine_pod_spec(owner, spec, role, worker, placement, gpus=gpus),
+            None,
+        ),
+    )
+    return engine_leader_worker_set(
+        owner, role, labels, templates, replicas, nodes=nodes, config_files=leader.config_files
+    )
+
+
 def engine_service(owner: Owner, role: Role) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
@@ -490,8 +540,9 @@ def render_model_deployment(
     owner = Owner.of(f"{API_GROUP}/{API_VERSION}", KIND, md.metadata)
     spec = md.spec
     gpus = gpus or GpuCatalog.builtin()
-    check_fits_one_node(spec, gpus)
+    nodes = replica_nodes(spec, gpus)
     counts = replicas_per_role(spec, replicas)
+    placement = placement or Placement()
     objects: list[dict[str, Any]] = []
     for role in roles_of(spec):
         engine = build_engine_container(
@@ -499,13 +550,29 @@ def render_model_deployment(
         )
         if engine.config_files:
             objects.append(engine_config_map(owner, role, engine.config_files))
-        objects += [
-            engine_service(owner, role),
-            engine_pod_disruption_budget(owner, role),
-            engine_deployment(
-                owner, spec, role, engine, counts[role], placement=placement, gpus=gpus
-            ),
-        ]
+        objects.append(engine_service(owner, role))
+        if nodes == 1:
+            objects += [
+                engine_pod_disruption_budget(owner, role),
+                engine_deployment(
+                    owner, spec, role, engine, counts[role], placement=placement, gpus=gpus
+                ),
+            ]
+        else:
+            labels = engine_labels(owner.name, role)
+            objects += [
+                group_disruption_budget(owner, engine_name(owner.name, role), role, labels),
+                engine_group_set(
+                    owner,
+                    spec,
+                    role,
+                    engine,
+                    counts[role],
+                    nodes=nodes,
+                    placement=placement,
+                    gpus=gpus,
+                ),
+            ]
     if isolation is not None:
         objects.append(engine_network_policy(owner, deployment_labels(owner.name), isolation))
     return apply_order(objects)

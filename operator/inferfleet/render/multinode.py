@@ -12,30 +12,27 @@ time without a spare one: a group is a node each, and spare nodes are the scarce
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from typing import Any, Final
 
-from inferfleet.api.catalog import GpuCatalog
-from inferfleet.api.model_deployment import ModelDeploymentSpec, Role
-from inferfleet.engines import EngineContainer
+from inferfleet.api.model_deployment import Role
 from inferfleet.render.common import (
-    LABEL_NAME,
+    LABEL_MODEL_DEPLOYMENT,
+    LABEL_ROLE,
     SPEC_HASH_ANNOTATION,
     Owner,
     dns_label,
+    label_value,
     object_meta,
+    pod_disruption_budget,
     spec_hash,
-)
-from inferfleet.render.model_deployment import (
-    Placement,
-    engine_labels,
-    engine_pod_spec,
-    engine_pod_template,
 )
 
 LWS_API_VERSION: Final = "leaderworkerset.x-k8s.io/v1"
 LWS_KIND: Final = "LeaderWorkerSet"
-WORKER_INDEX_LABEL: Final = "leaderworkerset.sigs.k8s.io/worker-index"
-"""On every pod of a group: "0" on its leader."""
+LWS_SUPPORTED: Final = "v0.6.0 or later; v0.10.0's schema is the one checked here"
+"""The LWS releases whose API this renders against: `LWS_WORKER_INDEX` in the pods'
+environment came with v0.6.0, everything else used here before it."""
 ENGINE_WORKER_APP: Final = "inferfleet-engine-worker"
 """A worker's name label: not an engine's, so that neither the engine Service nor a router
 looking for engine pods takes it for one that serves."""
@@ -57,37 +54,35 @@ def group_set_name(deployment: str, role: Role) -> str:
     return f"{name[: _MAX_GROUP_NAME - 9].rstrip('-')}-{digest}"
 
 
-def leader_selector(selector: dict[str, str]) -> dict[str, str]:
-    """What picks a group's serving pod out of the engine pods of a role."""
-    return selector | {WORKER_INDEX_LABEL: "0"}
+def group_selector(deployment: str, role: Role) -> dict[str, str]:
+    """Every pod of a role's groups, leaders and workers."""
+    return {LABEL_MODEL_DEPLOYMENT: label_value(deployment), LABEL_ROLE: role.value}
+
+
+def group_disruption_budget(
+    owner: Owner, name: str, role: Role, labels: dict[str, str]
+) -> dict[str, Any]:
+    """One pod of the role's groups voluntarily down at a time: a group loses all its pods
+    with any one of them, so a drain takes one group at a time, not one pod of each."""
+    return pod_disruption_budget(name, owner, labels, group_selector(owner.name, role))
 
 
 def engine_leader_worker_set(
     owner: Owner,
-    spec: ModelDeploymentSpec,
     role: Role,
-    members: tuple[EngineContainer, EngineContainer],
+    labels: dict[str, str],
+    templates: tuple[dict[str, Any], dict[str, Any]],
     replicas: int,
     *,
     nodes: int,
-    placement: Placement,
-    gpus: GpuCatalog,
+    config_files: Mapping[str, str],
 ) -> dict[str, Any]:
-    """The LeaderWorkerSet of `role`: `replicas` groups of `nodes` pods, `members` the
-    leader's and the workers' containers (`engines.multinode.group_members`)."""
-    leader, worker = members
-    labels = engine_labels(owner.name, role)
-    worker_labels = labels | {LABEL_NAME: ENGINE_WORKER_APP}
-    templates = {
-        "leaderTemplate": engine_pod_template(
-            labels, engine_pod_spec(owner, spec, role, leader, placement, gpus=gpus), leader
-        ),
-        "workerTemplate": engine_pod_template(
-            worker_labels, engine_pod_spec(owner, spec, role, worker, placement, gpus=gpus), None
-        ),
-    }
-    digest = spec_hash({"templates": templates, "configFiles": leader.config_files})
-    for template in templates.values():
+    """The LeaderWorkerSet of `role`: `replicas` groups of `nodes` pods, from the leader's and
+    the workers' pod templates (`engines.multinode.group_members` builds their containers)."""
+    leader, worker = templates
+    named = {"leaderTemplate": leader, "workerTemplate": worker}
+    digest = spec_hash({"templates": named, "configFiles": dict(config_files)})
+    for template in named.values():
         annotations = template["metadata"]["annotations"] | {SPEC_HASH_ANNOTATION: digest}
         template["metadata"]["annotations"] = dict(sorted(annotations.items()))
     return {
@@ -102,7 +97,7 @@ def engine_leader_worker_set(
             "leaderWorkerTemplate": {
                 "size": nodes,
                 "restartPolicy": "RecreateGroupOnPodRestart",
-                **templates,
+                **named,
             },
             "rolloutStrategy": {
                 "type": "RollingUpdate",

@@ -26,6 +26,7 @@ from inferfleet.render.common import (
     label_value,
     object_meta,
 )
+from inferfleet.render.multinode import ENGINE_WORKER_APP
 from inferfleet.router.config import ADMIN_PORT
 
 NAMESPACE_NAME_LABEL: Final = "kubernetes.io/metadata.name"
@@ -69,10 +70,13 @@ def _policy(
 
 
 def _engines_of(deployments: Sequence[str]) -> dict[str, Any]:
-    """The engine pods of `deployments`, by the labels every engine pod carries."""
+    """The engine pods of `deployments`, by the labels every engine pod carries: the workers
+    of multi-node groups too, which their leader's torch.distributed store and NCCL reach."""
     return {
-        "matchLabels": {LABEL_NAME: ENGINE_APP},
-        "matchExpressions": [_in(LABEL_MODEL_DEPLOYMENT, map(label_value, deployments))],
+        "matchExpressions": [
+            _in(LABEL_NAME, (ENGINE_APP, ENGINE_WORKER_APP)),
+            _in(LABEL_MODEL_DEPLOYMENT, map(label_value, deployments)),
+        ],
     }
 
 

@@ -90,6 +90,13 @@ NAMESPACED_RULES: Final = (
         "readiness for status",
     ),
     Rule(
+        ("leaderworkerset.x-k8s.io",),
+        ("leaderworkersets",),
+        _WRITE,
+        "engine workloads whose replicas span several nodes (where LeaderWorkerSet is "
+        "installed): server-side apply, pruning, readiness for status",
+    ),
+    Rule(
         ("",),
         ("configmaps", "services"),
         _WRITE,
