@@ -59,6 +59,24 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "intermediate_size": 2880, "num_local_experts": 128, "num_experts_per_tok": 4,
         "vocab_size": 201088, "max_position_embeddings": 131072, "tie_word_embeddings": False,
     },
+    "gpt-oss-20b": {
+        "model_type": "gpt_oss", "hidden_size": 2880, "num_hidden_layers": 24,
+        "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64,
+        "intermediate_size": 2880, "num_local_experts": 32, "num_experts_per_tok": 4,
+        "vocab_size": 201088, "max_position_embeddings": 131072, "tie_word_embeddings": False,
+    },
+    "qwen3-8b": {
+        "model_type": "qwen3", "hidden_size": 4096, "num_hidden_layers": 36,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+        "intermediate_size": 12288, "vocab_size": 151936, "max_position_embeddings": 40960,
+        "tie_word_embeddings": False,
+    },
+    "qwen3-32b": {
+        "model_type": "qwen3", "hidden_size": 5120, "num_hidden_layers": 64,
+        "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128,
+        "intermediate_size": 25600, "vocab_size": 151936, "max_position_embeddings": 40960,
+        "tie_word_embeddings": False,
+    },
 }  # fmt: skip
 
 

@@ -9,12 +9,14 @@ import pytest
 
 from inferfleet.api.catalog import GpuCatalog
 from inferfleet.api.model_deployment import ModelDeploymentSpec, ParallelismSpec, Role
+from inferfleet.api.scheduling import SchedulingSpec
 from inferfleet.devcluster.thirdparty import LEADER_WORKER_SET, file_sha256, published_crd
 from inferfleet.engines import UnsupportedSpecError, build_engine_container
 from inferfleet.engines.multinode import DISTRIBUTED_PORT, group_members
 from inferfleet.render import render_model_deployment
 from inferfleet.render.multinode import (
     ENGINE_WORKER_APP,
+    EXCLUSIVE_TOPOLOGY_ANNOTATION,
     group_set_name,
 )
 from inferfleet.render.network import NetworkIsolation
@@ -161,3 +163,23 @@ def test_the_install_catalog_says_how_many_nodes_a_replica_spans() -> None:
     kinds = {o["kind"] for o in render_model_deployment(deployment(spec))}
     assert "Deployment" in kinds
     assert "LeaderWorkerSet" not in kinds
+
+
+def test_a_group_topology_keeps_each_replica_in_one_domain_and_rolls_the_groups() -> None:
+    """LWS's exclusive topology: each value of the label holds one group whole. A change of
+    it changes the groups' pod template hash, so LWS replaces them where they stand."""
+    spec = llama_405b_bf16()
+    placed = spec.model_copy(
+        update={"scheduling": SchedulingSpec.model_validate({"groupTopology": "example.com/rack"})}
+    )
+    before, after = rendered(spec), rendered(placed)
+    assert after["metadata"]["annotations"][EXCLUSIVE_TOPOLOGY_ANNOTATION] == "example.com/rack"
+    assert EXCLUSIVE_TOPOLOGY_ANNOTATION not in before["metadata"]["annotations"]
+    admission = admit(after, lws_schema())
+    assert admission.admitted, admission.errors
+
+    def template_hash(lws: dict[str, Any]) -> str:
+        template = lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"]
+        return str(template["metadata"]["annotations"]["inferfleet.io/spec-hash"])
+
+    assert template_hash(before) != template_hash(after)

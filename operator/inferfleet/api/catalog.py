@@ -347,6 +347,30 @@ _MODEL_CATALOG: dict[str, ModelArchitecture] = {
         vocab_size=152064,
         max_context_length=32768,
     ),
+    # Qwen/Qwen3-8B config.json (QK norms, untied output head; "8.2B" on its model card).
+    "qwen3-8b": ModelArchitecture(
+        parameter_count=8_190_735_360,
+        layers=36,
+        hidden_size=4096,
+        attention_heads=32,
+        kv_heads=8,
+        head_dim=128,
+        intermediate_size=12288,
+        vocab_size=151936,
+        max_context_length=40960,
+    ),
+    # Qwen/Qwen3-32B config.json ("32.8B" on its model card).
+    "qwen3-32b": ModelArchitecture(
+        parameter_count=32_762_123_264,
+        layers=64,
+        hidden_size=5120,
+        attention_heads=64,
+        kv_heads=8,
+        head_dim=128,
+        intermediate_size=25600,
+        vocab_size=151936,
+        max_context_length=40960,
+    ),
     # mistralai/Mistral-7B-Instruct-v0.3
     "mistral-7b": ModelArchitecture(
         parameter_count=7_248_023_552,
@@ -408,6 +432,24 @@ _MODEL_CATALOG: dict[str, ModelArchitecture] = {
         vocab_size=201088,
         max_context_length=131072,
         experts=128,
+        experts_per_token=4,
+    ),
+    # openai/gpt-oss-20b config.json (num_local_experts 32, experts_per_token 4; "21B
+    # parameters with 3.6B active" on its model card, the active count there without the input
+    # embedding). MXFP4 experts, BF16 attention, every second layer a 128-token sliding window
+    # (counted here as full context, as for gpt-oss-120b).
+    "gpt-oss-20b": ModelArchitecture(
+        parameter_count=20_914_757_184,
+        active_parameter_count=4_187_440_704,
+        layers=24,
+        hidden_size=2880,
+        attention_heads=64,
+        kv_heads=8,
+        head_dim=64,
+        intermediate_size=2880,
+        vocab_size=201088,
+        max_context_length=131072,
+        experts=32,
         experts_per_token=4,
     ),
 }

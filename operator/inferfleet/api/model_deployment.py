@@ -584,6 +584,20 @@ DEPLOYMENT_RULES: tuple[CrossFieldRule[ModelDeploymentSpec], ...] = (
         field_path=".parallelism",
     ),
     CrossFieldRule(
+        cel="!has(self.scheduling) || !has(self.scheduling.groupTopology) || "
+        "self.parallelism.tensor * self.parallelism.pipeline > "
+        + _gpus_per_node_cel()
+        + "[self.gpu.type]",
+        message="scheduling.groupTopology places the nodes of a replica that spans several; "
+        "this replica fits one node (use spreadAcross or nodeAffinity)",
+        holds=lambda s: (
+            s.scheduling is None
+            or s.scheduling.group_topology is None
+            or s.parallelism.gpus_per_replica > GpuCatalog.builtin()[s.gpu.type].gpus_per_node
+        ),
+        field_path=".scheduling.groupTopology",
+    ),
+    CrossFieldRule(
         cel="!has(self.precision.method) || self.precision.method != 'nvfp4' || "
         f"self.gpu.type in {json.dumps(_fp4_gpus())}",
         message="nvfp4 (FP4 weights and activations) needs a GPU with FP4 tensor cores ("

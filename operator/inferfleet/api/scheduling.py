@@ -261,6 +261,13 @@ class SchedulingSpec(WireModel):
         description="A node label (for example topology.kubernetes.io/zone) across whose "
         "values the replicas of each role are spread as evenly as the cluster allows.",
     )
+    group_topology: LabelKey | None = Field(
+        default=None,
+        description="For a replica that spans nodes: a node label (for example a rack's or "
+        "an InfiniBand block's) whose every value holds one replica's nodes whole, and one "
+        "replica only (LeaderWorkerSet's exclusive topology), so that the nodes of a replica "
+        "share their network.",
+    )
     resources: EngineResources | None = Field(
         default=None, description="Host CPU and memory of the engine container."
     )

@@ -490,8 +490,10 @@ def engine_group_set(
         ),
     )
     return engine_leader_worker_set(
-        owner, role, labels, templates, replicas, nodes=nodes, config_files=leader.config_files
-    )
+        owner, role, labels, templates, replicas,
+        nodes=nodes, config_files=leader.config_files,
+        group_topology=spec.scheduling.group_topology if spec.scheduling else None,
+    )  # fmt: skip
 
 
 def engine_service(owner: Owner, role: Role) -> dict[str, Any]:

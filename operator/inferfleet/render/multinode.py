@@ -33,6 +33,8 @@ LWS_KIND: Final = "LeaderWorkerSet"
 LWS_SUPPORTED: Final = "v0.6.0 or later; v0.10.0's schema is the one checked here"
 """The LWS releases whose API this renders against: `LWS_WORKER_INDEX` in the pods'
 environment came with v0.6.0, everything else used here before it."""
+EXCLUSIVE_TOPOLOGY_ANNOTATION: Final = "leaderworkerset.sigs.k8s.io/exclusive-topology"
+"""LWS's annotation (since v0.6.0): the node label whose values hold one group each, whole."""
 ENGINE_WORKER_APP: Final = "inferfleet-engine-worker"
 """A worker's name label: not an engine's, so that neither the engine Service nor a router
 looking for engine pods takes it for one that serves."""
@@ -76,12 +78,17 @@ def engine_leader_worker_set(
     *,
     nodes: int,
     config_files: Mapping[str, str],
+    group_topology: str | None = None,
 ) -> dict[str, Any]:
     """The LeaderWorkerSet of `role`: `replicas` groups of `nodes` pods, from the leader's and
-    the workers' pod templates (`engines.multinode.group_members` builds their containers)."""
+    the workers' pod templates (`engines.multinode.group_members` builds their containers).
+    `group_topology`: a node label each of whose values holds one group whole, and only one
+    (LWS's exclusive topology: its controller gives the pods the affinities)."""
     leader, worker = templates
     named = {"leaderTemplate": leader, "workerTemplate": worker}
-    digest = spec_hash({"templates": named, "configFiles": dict(config_files)})
+    # The placement is part of what the groups run: a change of it rolls them.
+    placement = {"groupTopology": group_topology} if group_topology else {}
+    digest = spec_hash({"templates": named, "configFiles": dict(config_files)} | placement)
     for template in named.values():
         annotations = template["metadata"]["annotations"] | {SPEC_HASH_ANNOTATION: digest}
         template["metadata"]["annotations"] = dict(sorted(annotations.items()))
@@ -89,7 +96,11 @@ def engine_leader_worker_set(
         "apiVersion": LWS_API_VERSION,
         "kind": LWS_KIND,
         "metadata": object_meta(
-            group_set_name(owner.name, role), owner, labels, {SPEC_HASH_ANNOTATION: digest}
+            group_set_name(owner.name, role),
+            owner,
+            labels,
+            {SPEC_HASH_ANNOTATION: digest}
+            | ({EXCLUSIVE_TOPOLOGY_ANNOTATION: group_topology} if group_topology else {}),
         ),
         "spec": {
             "replicas": replicas,
