@@ -25,6 +25,7 @@ from inferfleet.reconcile.desired import (
     ObjectKey,
     Outcome,
     inference_service_outcome,
+    may_span_nodes,
     model_deployment_outcome,
 )
 from inferfleet.reconcile.events import event_name
@@ -517,3 +518,37 @@ def test_without_leader_worker_set_installed_nothing_is_applied_and_status_says_
     single = _md_outcome(_example("ModelDeployment"), unserved=frozenset({"LeaderWorkerSet"}))
     assert "Deployment" in {o["kind"] for o in single.apply}
     assert single.requeue_after_s is None
+
+
+def test_a_role_that_changes_kind_is_read_from_the_workload_rendered() -> None:
+    """Back on one node: the Deployment just applied is what status reads, not the
+    LeaderWorkerSet on its way out (which the same outcome deletes)."""
+    multi = _example("ModelDeployment", MULTI_NODE)
+    groups = [c for c in _settled(multi, _md_outcome(multi)) if c.key.kind == "LeaderWorkerSet"]
+    body = _example("ModelDeployment")
+    body["metadata"]["uid"] = multi["metadata"]["uid"]
+    deployment = [
+        c for c in _stored_all(_md_outcome(body), ready=False) if c.key.kind == "Deployment"
+    ]
+    outcome = _md_outcome(body, children=[*deployment, *groups])
+    assert [key.kind for key in outcome.delete] == ["LeaderWorkerSet"]
+    assert _condition(outcome.status, "Ready")["status"] == "False"
+    assert outcome.status is not None
+    assert outcome.status["readyReplicas"] == 0, "the group ready on its way out is not counted"
+
+
+def test_only_a_replica_over_nodes_asks_whether_the_cluster_serves_leader_worker_sets() -> None:
+    gpus = GpuCatalog.builtin()
+    assert may_span_nodes(_example("ModelDeployment", MULTI_NODE), gpus)
+    assert not may_span_nodes(_example("ModelDeployment"), gpus)
+    four = gpus.with_overrides({"H100-80GB": {"gpusPerNode": 1}})
+    assert may_span_nodes(
+        _example("ModelDeployment", "llama-3.3-70b-fp8-disaggregated-trtllm.yaml"), four
+    )
+    for broken in (
+        {},
+        {"spec": []},
+        {"spec": {"gpu": {"type": "TPU"}}},
+        {"spec": {"parallelism": 3}},
+    ):
+        assert not may_span_nodes(broken, gpus)

@@ -69,10 +69,13 @@ def test_a_405b_replica_on_two_h100_nodes_is_a_leader_worker_set_the_schema_admi
     assert "prometheus.io/scrape" not in worker_meta["annotations"]
 
 
-def test_the_group_name_leaves_room_for_pod_hostnames() -> None:
+def test_the_group_name_leaves_room_for_the_names_lws_derives_from_it() -> None:
     long = group_set_name("a" * 63, Role.AGGREGATED)
-    assert len(long) <= 50
     assert long != group_set_name("a" * 62 + "b", Role.AGGREGATED)
+    # The worker StatefulSet of group 999999 and the revision label on its pods (a 10-character
+    # hash after the StatefulSet's name): a label value, at most 63 characters.
+    assert len(f"{long}-999999-{'h' * 10}") <= 63
+    # A worker pod's hostname.
     assert len(f"{long}-999999-99") <= 63
 
 
@@ -183,3 +186,17 @@ def test_a_group_topology_keeps_each_replica_in_one_domain_and_rolls_the_groups(
         return str(template["metadata"]["annotations"]["inferfleet.io/spec-hash"])
 
     assert template_hash(before) != template_hash(after)
+
+
+def test_spread_across_spreads_the_groups_by_their_leaders_only() -> None:
+    spec = llama_405b_bf16().model_copy(
+        update={
+            "scheduling": SchedulingSpec.model_validate(
+                {"spreadAcross": "topology.kubernetes.io/zone"}
+            )
+        }
+    )
+    group = rendered(spec)["spec"]["leaderWorkerTemplate"]
+    (spread,) = group["leaderTemplate"]["spec"]["topologySpreadConstraints"]
+    assert spread["topologyKey"] == "topology.kubernetes.io/zone"
+    assert "topologySpreadConstraints" not in group["workerTemplate"]["spec"]

@@ -10,6 +10,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
@@ -108,13 +109,16 @@ class Kube:
         with self._discovery:
             return dynamic.resources.get(api_version=api_version, kind=kind)
 
-    def serves(self, api_version: str, kind: str) -> bool:
-        """Whether the API server serves the kind (a custom resource whose CRD is installed).
-        Asking about one it does not serve reads its discovery afresh."""
+    def serves(self, api_version: str, kind: str) -> bool | None:
+        """Whether the API server serves the kind (a custom resource whose CRD is installed);
+        None when discovery could not be read. Asking about one it does not serve reads its
+        discovery afresh."""
         try:
             self.resource(api_version, kind)
         except ResourceNotFoundError:
             return False
+        except (ApiException, urllib3.exceptions.HTTPError):
+            return None
         return True
 
     def list(

@@ -48,6 +48,7 @@ from inferfleet.reconcile.desired import (
     ObjectKey,
     Outcome,
     inference_service_outcome,
+    may_span_nodes,
     model_deployment_outcome,
     without_status,
 )
@@ -233,12 +234,13 @@ class Indices:
         return min(self._values("gpu_quotas", ("gpus", namespace)), default=None)
 
     def pods_created(self, namespace: str, uid: str) -> dict[Role, int]:
-        """Per role, the pods of a ModelDeployment that exist."""
-        return {
-            child.role: child.progress.created
-            for child in self.children(namespace, uid)
-            if child.role is not None and child.progress is not None
-        }
+        """Per role, the replicas of a ModelDeployment that exist (pods, or groups of pods over
+        several nodes; both, while a role changes kind, as both hold GPUs)."""
+        created: dict[Role, int] = {}
+        for child in self.children(namespace, uid):
+            if child.role is not None and child.progress is not None:
+                created[child.role] = created.get(child.role, 0) + child.progress.created
+        return created
 
     def unschedulable_pods(self, namespace: str, label: str) -> set[str]:
         """Names of the unschedulable pods of the deployment whose label value is `label`."""
@@ -316,6 +318,7 @@ class Controller:
         self._foreign_lock = threading.Lock()  # workers are threads
         self._unserved: tuple[float, frozenset[str]] | None = None
         """When it was last asked, the optional kinds the cluster does not serve."""
+        self._unserved_lock = threading.Lock()
         self._tasks: list[asyncio.Task[None]] = []
 
     # The event loop's side: keys in, workers out.
@@ -500,7 +503,7 @@ class Controller:
                 unschedulable=self.indices.unschedulable(namespace, name),
                 install=self.install,
                 now=_now(),
-                unserved=self._unserved_kinds(),
+                unserved=self._unserved_kinds(body),
             )
         else:
             backends = {
@@ -539,18 +542,29 @@ class Controller:
             self._write_status(key, body, outcome.status)
         return Done(outcome.requeue_after_s)
 
-    def _unserved_kinds(self) -> frozenset[str]:
-        """The kinds a ModelDeployment may render that this cluster does not serve, asked
-        again once `UNSERVED_RECHECK_S` has passed (a CRD installed since)."""
-        now = time.monotonic()
-        known = self._unserved
-        if known is not None and now - known[0] < UNSERVED_RECHECK_S:
-            return known[1]
-        unserved = frozenset(
-            kind for api_version, kind in OPTIONAL_KINDS if not kube().serves(api_version, kind)
-        )
-        self._unserved = (now, unserved)
-        return unserved
+    def _unserved_kinds(self, body: Mapping[str, Any]) -> frozenset[str]:
+        """The kinds the ModelDeployment may render that this cluster does not serve: asked
+        only of one whose replica may span nodes, and again once `UNSERVED_RECHECK_S` has
+        passed (a CRD installed since). Where discovery cannot be read, the last answer holds
+        (none at first: the apply says what is missing)."""
+        if not may_span_nodes(body, self.install.gpus):
+            return frozenset()
+        with self._unserved_lock:  # one discovery read for the workers that ask at once
+            now = time.monotonic()
+            known = self._unserved
+            if known is not None and now - known[0] < UNSERVED_RECHECK_S:
+                return known[1]
+            answers = {
+                kind: kube().serves(api_version, kind) for api_version, kind in OPTIONAL_KINDS
+            }
+            before = known[1] if known is not None else frozenset()
+            unserved = frozenset(
+                kind
+                for kind, served in answers.items()
+                if served is False or (served is None and kind in before)
+            )
+            self._unserved = (now, unserved)
+            return unserved
 
     def _ours(self, namespace: str, key: ObjectKey) -> bool:
         """Whether inferfleet created the object (its index may not hold it yet)."""

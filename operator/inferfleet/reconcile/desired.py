@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from inferfleet.api.catalog import GpuCatalog
+from inferfleet.api.catalog import GpuCatalog, GpuType
 from inferfleet.api.common import StatusModel
 from inferfleet.api.conditions import condition, find, with_condition, without_conditions
 from inferfleet.api.inference_service import (
@@ -397,6 +397,22 @@ def model_deployment_outcome(
     )
 
 
+def may_span_nodes(body: Mapping[str, Any], gpus: GpuCatalog) -> bool:
+    """Whether a ModelDeployment as stored asks for more GPUs per replica than a node of its
+    type has (read without validating it: its reconcile judges the spec)."""
+    spec = body.get("spec")
+    if not isinstance(spec, Mapping):
+        return False
+    parallelism = spec.get("parallelism") or {}
+    gpu = spec.get("gpu") or {}
+    try:
+        per_replica = int(parallelism.get("tensor", 1)) * int(parallelism.get("pipeline", 1))
+        per_node = gpus[GpuType(str(gpu.get("type")))].gpus_per_node
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return False
+    return per_replica > per_node
+
+
 def _rendered(
     md: ModelDeployment,
     capacity: CapacityPlan,
@@ -454,18 +470,22 @@ def _autoscaling_record(
 def _progress(
     objects: Sequence[Mapping[str, Any]], children: Sequence[Child]
 ) -> dict[Role, RoleProgress]:
-    """Each role's rollout: what its Deployment reports, against the replicas it is asked
-    for now (a Deployment not yet applied, or applied with another count, is rolling out)."""
-    held = {child.role: child for child in children if child.progress is not None}
+    """Each role's rollout: what its workload reports, against the replicas it is asked for
+    now (a workload not yet applied, or applied with another count, is rolling out). A role
+    that changes kind (a replica now over several nodes, or back on one) is read from the
+    workload rendered, not the one on its way out."""
+    workloads = [child for child in children if child.progress is not None]
+    held = {child.role: child for child in workloads}
     if not objects:  # nothing applied (blocked): the workloads as they are
         return {role: c.progress for role, c in held.items() if role and c.progress}
+    by_key = {child.key: child for child in workloads}
     progress: dict[Role, RoleProgress] = {}
     for obj in objects:
         if obj["kind"] not in WORKLOAD_KINDS:
             continue
         role = Role(obj["metadata"]["labels"]["inferfleet.io/role"])
         desired = int(obj["spec"]["replicas"])
-        child = held.get(role)
+        child = by_key.get(ObjectKey.of(obj))
         seen = child.progress if child is not None else None
         current = (
             child is not None
@@ -476,7 +496,8 @@ def _progress(
         if seen is not None and current:
             progress[role] = seen
         else:
-            ready = seen.ready if seen is not None else 0
+            before = seen or (held[role].progress if role in held else None)
+            ready = before.ready if before is not None else 0
             progress[role] = RoleProgress(desired=desired, ready=ready, observed_current=False)
     return progress
 

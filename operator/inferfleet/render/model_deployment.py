@@ -479,15 +479,18 @@ def engine_group_set(
     """A role whose replica spans `nodes` nodes: one LeaderWorkerSet, a group per replica."""
     leader, worker = group_members(spec, engine, nodes)
     labels = engine_labels(owner.name, role)
+    # `spreadAcross` spreads the groups, by their leaders: a worker spread away from the
+    # leaders would leave its own group's (`scheduling.groupTopology` keeps a group together).
+    worker_pod = {
+        key: value
+        for key, value in engine_pod_spec(owner, spec, role, worker, placement, gpus=gpus).items()
+        if key != "topologySpreadConstraints"
+    }
     templates = (
         engine_pod_template(
             labels, engine_pod_spec(owner, spec, role, leader, placement, gpus=gpus), leader
         ),
-        engine_pod_template(
-            labels | {LABEL_NAME: ENGINE_WORKER_APP},
-            engine_pod_spec(owner, spec, role, worker, placement, gpus=gpus),
-            None,
-        ),
+        engine_pod_template(labels | {LABEL_NAME: ENGINE_WORKER_APP}, worker_pod, None),
     )
     return engine_leader_worker_set(
         owner, role, labels, templates, replicas,

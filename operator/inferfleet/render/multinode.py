@@ -40,9 +40,11 @@ ENGINE_WORKER_APP: Final = "inferfleet-engine-worker"
 looking for engine pods takes it for one that serves."""
 
 
-_MAX_GROUP_NAME: Final = 50
-"""A leader's pod is `<name>-<group>`, a worker's `<name>-<group>-<index>`, and a pod's name is
-its hostname, a 63-character DNS label: room for six digits of each."""
+_MAX_GROUP_NAME: Final = 45
+"""LWS names each group's worker StatefulSet `<name>-<group>`, and the StatefulSet controller
+labels its pods `controller-revision-hash: <statefulset>-<hash of up to 10 characters>`, a label
+value of at most 63: room for a six-digit group index. (A worker pod, `<name>-<group>-<index>`,
+is a 63-character hostname at most too.)"""
 
 
 def group_set_name(deployment: str, role: Role) -> str:
