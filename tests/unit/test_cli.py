@@ -358,7 +358,7 @@ def test_a_config_json_becomes_the_architecture_block_of_a_spec(tmp_path: Path) 
         }
     )
     assert spec.architecture().parameter_count == 8_190_735_360
-    path.write_text(json.dumps({"model_type": "deepseek_v3"}))
+    path.write_text(json.dumps({"model_type": "deepseek_v2"}))
     refused = runner.invoke(app, ["architecture", str(path)])
     assert refused.exit_code == EXIT_INVALID
-    assert "deepseek_v3" in refused.output
+    assert "deepseek_v2" in refused.output

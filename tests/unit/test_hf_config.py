@@ -12,6 +12,30 @@ from inferfleet.api.catalog import catalog_models
 from inferfleet.api.hf_config import UnsupportedConfigError, architecture_from_hf_config
 
 _LLAMA = {"model_type": "llama", "num_key_value_heads": 8, "vocab_size": 128256}
+_DEEPSEEK_V3 = {
+    "model_type": "deepseek_v3",
+    "hidden_size": 7168,
+    "intermediate_size": 18432,
+    "moe_intermediate_size": 2048,
+    "num_hidden_layers": 61,
+    "num_attention_heads": 128,
+    "num_key_value_heads": 128,
+    "q_lora_rank": 1536,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "n_routed_experts": 256,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 8,
+    "first_k_dense_replace": 3,
+    "moe_layer_freq": 1,
+    "topk_method": "noaux_tc",
+    "vocab_size": 129280,
+    "max_position_embeddings": 163840,
+    "tie_word_embeddings": False,
+    "num_nextn_predict_layers": 1,
+}
 CONFIGS: dict[str, dict[str, Any]] = {
     "llama-3.1-8b": _LLAMA | {
         "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
@@ -77,6 +101,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "intermediate_size": 25600, "vocab_size": 151936, "max_position_embeddings": 40960,
         "tie_word_embeddings": False,
     },
+    "deepseek-v3": _DEEPSEEK_V3,
+    "deepseek-r1": _DEEPSEEK_V3,
 }  # fmt: skip
 
 
@@ -93,7 +119,9 @@ def test_the_catalog_entry_comes_back_from_its_config(name: str) -> None:
 @pytest.mark.parametrize(
     ("config", "says"),
     [
-        ({"model_type": "deepseek_v3"}, "deepseek_v3"),
+        ({"model_type": "deepseek_v2"}, "deepseek_v2"),
+        (_DEEPSEEK_V3 | {"moe_layer_freq": 2}, "moe_layer_freq"),
+        ({k: v for k, v in _DEEPSEEK_V3.items() if k != "kv_lora_rank"}, "kv_lora_rank"),
         (CONFIGS["llama-3.1-8b"] | {"hidden_size": "4096"}, "hidden_size"),
         (CONFIGS["llama-3.1-8b"] | {"num_attention_heads": 0}, "num_attention_heads"),
         ({k: v for k, v in CONFIGS["llama-3.1-8b"].items() if k != "vocab_size"}, "vocab_size"),
@@ -103,3 +131,13 @@ def test_the_catalog_entry_comes_back_from_its_config(name: str) -> None:
 def test_configs_it_cannot_count_are_refused_by_name(config: dict[str, Any], says: str) -> None:
     with pytest.raises(UnsupportedConfigError, match=says):
         architecture_from_hf_config(config)
+
+
+def test_latent_attention_counts_match_the_published_totals() -> None:
+    """DeepSeek-V3's model card: 671B parameters, 36.6B activated per token without the input
+    embedding (a lookup, not a matmul)."""
+    read = architecture_from_hf_config(_DEEPSEEK_V3)
+    embedding = read.vocab_size * read.hidden_size
+    assert round(read.parameter_count / 1e9) == 671
+    assert round((read.active_parameters - embedding) / 1e8) == 366
+    assert read.kv_latent_dim == 512 + 64

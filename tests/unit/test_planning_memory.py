@@ -18,6 +18,7 @@ from inferfleet.planning.memory import (
     GIB,
     KV_BLOCK_TOKENS,
     kv_bytes_per_token,
+    kv_bytes_per_token_replica,
     lora_parameters,
     plan_memory,
     weight_bytes_per_gpu,
@@ -36,6 +37,9 @@ from tests.unit.planning_fixtures import replica
         ("qwen2.5-7b", 1, KvCacheDtype.BF16, 2 * 28 * 4 * 128 * 2),
         ("qwen2.5-7b", 4, KvCacheDtype.BF16, 2 * 28 * 1 * 128 * 2),
         ("llama-3.3-70b", 8, KvCacheDtype.FP8, 2 * 80 * 1 * 128 * 1),
+        # Multi-head latent attention: one 512 + 64 latent per layer, whole on every TP rank.
+        ("deepseek-v3", 1, KvCacheDtype.BF16, 61 * 576 * 2),
+        ("deepseek-v3", 8, KvCacheDtype.FP8, 61 * 576 * 1),
     ],
 )
 def test_kv_bytes_per_token_is_gqa_and_tp_aware(
@@ -47,6 +51,13 @@ def test_kv_bytes_per_token_is_gqa_and_tp_aware(
 def test_pipeline_splits_layers_for_kv() -> None:
     whole = kv_bytes_per_token(replica("llama-3.3-70b"))
     assert kv_bytes_per_token(replica("llama-3.3-70b", pipeline=2)) == whole // 2
+
+
+@pytest.mark.parametrize(("model", "copies"), [("llama-3.3-70b", 1), ("deepseek-v3", 8)])
+def test_a_kv_transfer_moves_each_token_once(model: str, copies: int) -> None:
+    """Split KV heads add up over the ranks; a latent every rank holds moves once."""
+    config = replica(model, tensor=8, kv_cache=KvCacheDtype.FP8)
+    assert kv_bytes_per_token_replica(config) * copies == 8 * kv_bytes_per_token(config)
 
 
 @pytest.mark.parametrize(

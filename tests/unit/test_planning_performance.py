@@ -132,6 +132,27 @@ def test_decode_attention_depends_on_the_summed_context_only() -> None:
     assert even.attention_s == pytest.approx(per_sequence)
 
 
+def test_latent_attention_decodes_against_the_latent_every_rank_holds() -> None:
+    """DeepSeek-V3 on eight H200s: a decode reads 576 latent elements per token and layer on
+    every rank, however many ranks split the heads, and each of the rank's 16 heads runs its
+    query against the whole latent. That is 64 FLOPs per byte of an FP8 latent, below the
+    H200's ridge: the bytes set the time. On four ranks, each reads the same bytes for twice
+    the heads, and the FLOPs set it."""
+    config = fp8(replica("deepseek-v3", GpuType.H200_141GB, tensor=8))
+    m = config.model
+    load = StepLoad(decode_sequences=32, decode_context_tokens=32 * 8000)
+    efficiency = DEFAULT_EFFICIENCY.for_gpu(config.gpu_type)
+    kv_read = load.decode_context_tokens * m.layers * 576 * 1
+    flops = 4 * m.layers * (128 / 8) * 576 * load.decode_context_tokens
+    read_s = kv_read / (config.gpu.memory_bandwidth * efficiency.bandwidth)
+    compute_s = flops / (config.gpu.bf16_flops * efficiency.compute)
+    assert compute_s < read_s
+    assert step_time(config, load).attention_s == pytest.approx(read_s)
+    four_ranks = step_time(replace(config, tensor=4), load).attention_s
+    assert 2 * compute_s > read_s
+    assert four_ranks == pytest.approx(2 * compute_s)
+
+
 def test_a_gpu_type_with_its_own_terms_is_timed_by_them_and_no_other() -> None:
     shared = EfficiencyTerms()
     slower = EfficiencyTerms(compute=0.4, bandwidth=0.7)

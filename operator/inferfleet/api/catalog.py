@@ -234,6 +234,16 @@ class ModelArchitecture(WireModel):
     tied_embeddings: bool = Field(
         default=False, description="Whether the output head shares the input embedding matrix."
     )
+    kv_latent_dim: int | None = Field(
+        default=None,
+        ge=16,
+        le=65536,
+        description=(
+            "Multi-head latent attention (MLA): the width each layer caches per token, the "
+            "compressed key/value latent and the rotary key (kv_lora_rank + qk_rope_head_dim). "
+            "Unset: keys and values are cached per KV head (2 x kvHeads x headDim)."
+        ),
+    )
 
     @property
     def active_parameters(self) -> int:
@@ -252,6 +262,17 @@ class ModelArchitecture(WireModel):
     @property
     def is_moe(self) -> bool:
         return self.experts > 1
+
+    @property
+    def routed_expert_parameters(self) -> int:
+        """Parameters of the routed experts, all layers: what a token may skip. Every
+        parameter is read by every token except the routed experts it was not sent to, so
+        total - active = (experts - experts per token) x one expert, across the MoE layers,
+        whatever else (dense layers, shared experts) the model has."""
+        if self.experts_per_token >= self.experts:
+            return 0  # every expert is read by every token: none is skipped
+        skipped = self.parameter_count - self.active_parameters
+        return skipped * self.experts // (self.experts - self.experts_per_token)
 
 
 ARCHITECTURE_RULES: tuple[CrossFieldRule[ModelArchitecture], ...] = (
@@ -285,6 +306,22 @@ ARCHITECTURE_RULES: tuple[CrossFieldRule[ModelArchitecture], ...] = (
 
 
 ModelArchitecture.cross_field_rules = ARCHITECTURE_RULES
+
+_DEEPSEEK_V3 = ModelArchitecture(
+    parameter_count=671_026_419_200,
+    active_parameter_count=37_552_297_472,
+    layers=61,
+    hidden_size=7168,
+    attention_heads=128,
+    kv_heads=128,
+    head_dim=192,
+    intermediate_size=2048,
+    vocab_size=129280,
+    max_context_length=163840,
+    experts=256,
+    experts_per_token=8,
+    kv_latent_dim=576,
+)
 
 _MODEL_CATALOG: dict[str, ModelArchitecture] = {
     # meta-llama/Llama-3.1-8B-Instruct config.json
@@ -452,6 +489,15 @@ _MODEL_CATALOG: dict[str, ModelArchitecture] = {
         experts=32,
         experts_per_token=4,
     ),
+    # deepseek-ai/DeepSeek-V3 config.json (model_type deepseek_v3: multi-head latent attention
+    # with kv_lora_rank 512 and qk_rope_head_dim 64, so 576 cached per token and layer;
+    # first_k_dense_replace 3, then n_routed_experts 256 and n_shared_experts 1 of width 2048,
+    # num_experts_per_tok 8). "671B total, 36.6B activated" on its model card, the active count
+    # there without the input embedding, and both without the multi-token prediction layer
+    # (num_nextn_predict_layers 1, loaded only to speculate). Published in FP8 (128x128 blocks).
+    "deepseek-v3": _DEEPSEEK_V3,
+    # deepseek-ai/DeepSeek-R1: the same config.json as DeepSeek-V3, other weights.
+    "deepseek-r1": _DEEPSEEK_V3,
 }
 
 

@@ -6,8 +6,8 @@ A `config.json` gives shapes, not parameter counts: they are counted here from t
 the decoder families whose layout is known (`FAMILIES`), embeddings, norms and biases included,
 so that the counts match the published checkpoints (the catalog's entries are checked against
 their own configs in the tests). Any other `model_type` is refused with the families known:
-a count guessed from a layout that differs (multi-head latent attention, shared experts of
-another shape) would misplan memory silently.
+a count guessed from a layout that differs (shared experts of another shape, attention of
+another kind) would misplan memory silently.
 """
 
 from __future__ import annotations
@@ -43,6 +43,12 @@ FAMILIES: Final[Mapping[str, _Layout]] = {
     "gpt_oss": _Layout(attention_bias=True, expert_bias=True),
 }
 
+# Multi-head latent attention with DeepSeek-V3's mixture of experts: the first
+# `first_k_dense_replace` layers dense, every later one routed experts plus shared ones of the
+# same width (DeepSeek-V3, DeepSeek-R1 and the models built on their layout, Kimi K2 among
+# them, publish this model_type).
+LATENT_ATTENTION_FAMILIES: Final = frozenset({"deepseek_v3"})
+
 _EXPERTS_KEYS: Final = ("num_local_experts", "num_experts")
 _TOP_K_KEYS: Final = ("num_experts_per_tok", "experts_per_token")
 
@@ -68,9 +74,11 @@ def _int(config: Mapping[str, Any], *keys: str, default: int | None = None) -> i
 def architecture_from_hf_config(config: Mapping[str, Any]) -> ModelArchitecture:
     """The ModelArchitecture of a decoder-only model from its config.json."""
     family = config.get("model_type")
+    if family in LATENT_ATTENTION_FAMILIES:
+        return _latent_attention_architecture(config)
     layout = FAMILIES.get(str(family))
     if layout is None:
-        known = ", ".join(sorted(FAMILIES))
+        known = ", ".join(sorted([*FAMILIES, *LATENT_ATTENTION_FAMILIES]))
         raise UnsupportedConfigError(
             f"model_type {family!r} is not a family whose parameters can be counted from its "
             f"config ({known}); give model.architecture in full"
@@ -123,4 +131,74 @@ def architecture_from_hf_config(config: Mapping[str, Any]) -> ModelArchitecture:
         experts=experts,
         experts_per_token=top_k,
         tied_embeddings=tied,
+    )
+
+
+def _latent_attention_architecture(config: Mapping[str, Any]) -> ModelArchitecture:
+    """DeepSeek-V3's layout: multi-head latent attention (queries through a low-rank
+    projection, keys and values through a `kv_lora_rank` latent cached with a rotary key of
+    `qk_rope_head_dim`), `first_k_dense_replace` dense layers, then in each layer
+    `n_routed_experts` routed and `n_shared_experts` shared experts of `moe_intermediate_size`,
+    and a router with a bias per expert. The multi-token prediction layers
+    (`num_nextn_predict_layers`) are left out: engines load them only to speculate."""
+    if config.get("moe_layer_freq", 1) != 1:
+        raise UnsupportedConfigError(
+            "moe_layer_freq other than 1 is not counted; give model.architecture in full"
+        )
+    hidden = _int(config, "hidden_size")
+    layers = _int(config, "num_hidden_layers")
+    heads = _int(config, "num_attention_heads")
+    nope, rope = _int(config, "qk_nope_head_dim"), _int(config, "qk_rope_head_dim")
+    value_dim, latent = _int(config, "v_head_dim"), _int(config, "kv_lora_rank")
+    q_rank = config.get("q_lora_rank")
+    vocab = _int(config, "vocab_size")
+    dense_width = _int(config, "intermediate_size")
+    expert_width = _int(config, "moe_intermediate_size")
+    routed = _int(config, "n_routed_experts")
+    shared = _int(config, "n_shared_experts") if config.get("n_shared_experts") else 0
+    top_k = _int(config, "num_experts_per_tok")
+    dense_layers = (
+        min(layers, _int(config, "first_k_dense_replace"))
+        if config.get("first_k_dense_replace")
+        else 0
+    )
+    tied = bool(config.get("tie_word_embeddings", False))
+
+    query_width = heads * (nope + rope)
+    if q_rank is None:
+        queries = hidden * query_width
+    else:
+        rank = _int(config, "q_lora_rank")
+        queries = hidden * rank + rank + rank * query_width  # down, its norm, up
+    keys_values = hidden * (latent + rope) + latent + latent * heads * (nope + value_dim)
+    attention = queries + keys_values + heads * value_dim * hidden
+    expert = 3 * hidden * expert_width
+    router = hidden * routed + (routed if config.get("topk_method") == "noaux_tc" else 0)
+    moe_layer = (routed + shared) * expert + router
+    norms = 2 * hidden
+    sparse_layers = layers - dense_layers
+    embeddings = vocab * hidden * (1 if tied else 2)
+    total = (
+        embeddings
+        + layers * (attention + norms)
+        + dense_layers * 3 * hidden * dense_width
+        + sparse_layers * moe_layer
+        + hidden
+    )
+    active = total - sparse_layers * (routed - top_k) * expert
+    return ModelArchitecture(
+        parameter_count=total,
+        active_parameter_count=active,
+        layers=layers,
+        hidden_size=hidden,
+        attention_heads=heads,
+        kv_heads=_int(config, "num_key_value_heads", default=heads),
+        head_dim=nope + rope,
+        intermediate_size=expert_width,
+        vocab_size=vocab,
+        max_context_length=_int(config, "max_position_embeddings"),
+        experts=routed,
+        experts_per_token=top_k,
+        tied_embeddings=tied,
+        kv_latent_dim=latent + rope,
     )

@@ -94,10 +94,9 @@ MODEL_NAME_PATTERN = r"^[a-z0-9]([a-z0-9.\-]*[a-z0-9])?$"
 class ModelSpec(WireModel):
     name: str = Field(
         description=(
-            "Model name. A built-in catalog name (llama-3.1-8b, llama-3.3-70b, llama-3.1-405b, "
-            "qwen2.5-7b, qwen2.5-72b, mistral-7b, mixtral-8x7b, qwen3-30b-a3b, gpt-oss-120b) "
-            "brings its architecture; any other name needs `architecture` (`inferfleet "
-            "architecture config.json` prints it)."
+            f"Model name. A built-in catalog name ({', '.join(catalog_models())}) brings its "
+            "architecture; any other name needs `architecture` (`inferfleet architecture "
+            "config.json` prints it)."
         ),
         min_length=1,
         max_length=63,

@@ -3,6 +3,8 @@
 KV cache bytes per token = 2 (K and V) x layers x kv_heads x head_dim x bytes. Under tensor
 parallelism each GPU holds kv_heads / tensor heads (at least one: when tensor exceeds kv_heads,
 heads are replicated); under pipeline parallelism each GPU holds layers / pipeline layers.
+Multi-head latent attention caches one latent of `kv_latent_dim` per token and layer instead,
+whole on every tensor-parallel rank.
 """
 
 from __future__ import annotations
@@ -26,14 +28,6 @@ _SAMPLER_BYTES_PER_VOCAB_ENTRY = 8
 def linear_parameters(config: ReplicaConfig) -> int:
     """Parameters in the transformer blocks' matrices (what quantisation shrinks)."""
     return config.model.parameter_count - config.model.embedding_parameters
-
-
-def attention_parameters(config: ReplicaConfig) -> int:
-    """Q, K, V and output projections of all layers (never routed, even in MoE models)."""
-    m = config.model
-    q_and_o = 2 * m.hidden_size * m.attention_heads * m.head_dim
-    k_and_v = 2 * m.hidden_size * m.kv_heads * m.head_dim
-    return m.layers * (q_and_o + k_and_v)
 
 
 def lora_parameters(config: ReplicaConfig) -> int:
@@ -63,16 +57,27 @@ def kv_heads_per_gpu(config: ReplicaConfig) -> int:
     return max(1, config.model.kv_heads // config.tensor)
 
 
+def kv_width_per_gpu(config: ReplicaConfig) -> int:
+    """Elements one token caches per layer on one GPU: K and V of its KV heads, or under
+    multi-head latent attention the whole latent, which every tensor-parallel rank holds (the
+    heads are split, the latent they share is not)."""
+    m = config.model
+    if m.kv_latent_dim is not None:
+        return m.kv_latent_dim
+    return 2 * kv_heads_per_gpu(config) * m.head_dim
+
+
 def kv_bytes_per_token(config: ReplicaConfig) -> int:
     """KV bytes one token occupies on one GPU of the replica."""
-    m = config.model
-    layers_per_gpu = math.ceil(m.layers / config.pipeline)
-    return 2 * layers_per_gpu * kv_heads_per_gpu(config) * m.head_dim * config.kv_bytes_per_element
+    layers_per_gpu = math.ceil(config.model.layers / config.pipeline)
+    return layers_per_gpu * kv_width_per_gpu(config) * config.kv_bytes_per_element
 
 
 def kv_bytes_per_token_replica(config: ReplicaConfig) -> int:
-    """KV bytes one token occupies across the whole replica (what a KV transfer moves)."""
-    return kv_bytes_per_token(config) * config.gpus
+    """KV bytes one token's cache holds once across the replica (what a KV transfer moves): a
+    latent replicated over tensor-parallel ranks moves once."""
+    copies = 1 if config.model.kv_latent_dim is not None else config.tensor
+    return kv_bytes_per_token(config) * config.pipeline * copies
 
 
 def activation_bytes_per_gpu(config: ReplicaConfig) -> float:

@@ -29,7 +29,6 @@ from dataclasses import dataclass, replace
 
 from inferfleet.api.catalog import GpuType
 from inferfleet.planning.memory import (
-    attention_parameters,
     kv_bytes_per_token,
     linear_parameters,
     weight_bytes_per_gpu,
@@ -124,15 +123,15 @@ class StepTime:
 
 def _moe_weight_fraction(config: ReplicaConfig, tokens: int) -> float:
     """Fraction of the linear weights a step reads: dense models read all of them; an MoE step
-    reads the attention weights and the experts its tokens were routed to (uniform routing)."""
+    reads everything but the routed experts, and of those the ones its tokens were routed to
+    (uniform routing)."""
     m = config.model
     if not m.is_moe:
         return 1.0
     linear = linear_parameters(config)
-    attention = attention_parameters(config)
-    experts = linear - attention
+    routed = m.routed_expert_parameters
     untouched = (1 - m.experts_per_token / m.experts) ** max(tokens, 1)
-    return (attention + experts * (1 - untouched)) / linear
+    return (linear - routed * untouched) / linear
 
 
 def linear_work(config: ReplicaConfig, load: StepLoad) -> tuple[float, float]:
@@ -167,12 +166,17 @@ def step_time(
     # cached position, a prompt chunk's queries the causal pairs. Each part is a roofline.
     bandwidth = gpu.memory_bandwidth * efficiency.bandwidth
     attention_rate = gpu.bf16_flops * efficiency.compute
-    flops_per_pair = (
-        4 * m.layers * (m.attention_heads / config.tensor) * m.head_dim / config.pipeline
+    heads_per_stage = m.layers * (m.attention_heads / config.tensor) / config.pipeline
+    flops_per_pair = 4 * heads_per_stage * m.head_dim
+    # Multi-head latent attention decodes against the latent itself (the up-projections
+    # absorbed into the query and output): each head's query meets the whole latent width.
+    # Prompts are attended with keys and values expanded per head, as for any other model.
+    decode_flops_per_pair = (
+        flops_per_pair if m.kv_latent_dim is None else 4 * heads_per_stage * m.kv_latent_dim
     )
     kv_per_token = kv_bytes_per_token(config)
     decode_read = load.decode_context_tokens * kv_per_token
-    decode_flops = flops_per_pair * load.decode_context_tokens
+    decode_flops = decode_flops_per_pair * load.decode_context_tokens
     prefill_flops = flops_per_pair * load.prefill_attention_pairs
     # A chunk reads the K/V of its prompt up to its end once: the start plus the chunk itself.
     prefill_read = 0.0
