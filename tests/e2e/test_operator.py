@@ -474,6 +474,56 @@ def test_a_replica_over_two_nodes_is_a_leader_worker_set_that_scales_and_prunes(
     assert wait_until(on_one_node, 60, 1), operator.tail()
 
 
+CONFIGMAP_EXAMPLE = "qwen3-4b-architecture-from-configmap-vllm.yaml"
+FROM_CONFIGMAP = "qwen3-4b"
+
+
+@pytest.mark.timeout(200)
+def test_an_architecture_read_from_a_configmap_is_planned_and_followed(
+    operator: Operator, kubectl: Kubectl, namespace: str, tmp_path: Path
+) -> None:
+    """A model the catalog does not hold, its config.json in a labelled ConfigMap: until the
+    ConfigMap exists, Ready=False ArchitectureUnavailable and nothing applied; once applied, the
+    engine Deployment follows and the plan in status counts the parameters from it; a config
+    the operator cannot read later says so and leaves the running Deployment alone."""
+    docs = list(yaml.safe_load_all((EXAMPLES / CONFIGMAP_EXAMPLE).read_text()))
+    (config_map,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    deployment_only = tmp_path / "deployment.yaml"
+    deployment_only.write_text(
+        yaml.safe_dump_all([d for d in docs if d["kind"] != "ConfigMap"], sort_keys=False)
+    )
+    _apply(kubectl, namespace, deployment_only)
+
+    def reason() -> str:
+        return str(_condition(_md(kubectl, namespace, FROM_CONFIGMAP), "Ready").get("reason"))
+
+    assert wait_until(lambda: reason() == "ArchitectureUnavailable", 60, 1), operator.tail()
+    message = _condition(_md(kubectl, namespace, FROM_CONFIGMAP), "Ready")["message"]
+    assert "ConfigMap qwen3-4b-config not found" in message
+    assert _deployments(kubectl, namespace, FROM_CONFIGMAP) == {}
+
+    config_file = tmp_path / "config-map.yaml"
+    config_file.write_text(yaml.safe_dump(config_map))
+    _apply(kubectl, namespace, config_file)
+    # Read again within MODEL_CONFIG_RECHECK_S, 30 s (the operator does not watch ConfigMaps).
+    assert wait_until(lambda: _deployments(kubectl, namespace, FROM_CONFIGMAP), 60, 1), (
+        operator.tail()
+    )
+    status = _md(kubectl, namespace, FROM_CONFIGMAP)["status"]
+    assert status["plan"]["fits"] is True
+    assert reason() != "ArchitectureUnavailable"
+
+    config_map["data"]["config.json"] = json.dumps({"model_type": "bert"})
+    config_file.write_text(yaml.safe_dump(config_map))
+    _apply(kubectl, namespace, config_file)
+    assert wait_until(lambda: reason() == "ArchitectureUnavailable", 60, 1), operator.tail()
+    assert (
+        "model_type 'bert'"
+        in _condition(_md(kubectl, namespace, FROM_CONFIGMAP), "Ready")["message"]
+    )
+    assert _deployments(kubectl, namespace, FROM_CONFIGMAP)
+
+
 AUTOSCALED = "llama-3-1-8b"
 """The ModelDeployment of the aggregated vLLM example, whose service `_autoscale` turns on."""
 

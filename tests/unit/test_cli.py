@@ -117,7 +117,7 @@ def test_command_line_load_overrides_the_service() -> None:
         ("kind: ModelDeployment\nmetadata: {name: x}\nspec:\n  model: {name: gpt-17, "
          "source: 'hf://a/b'}\n  engine: {name: vllm}\n  gpu: {type: H100-80GB}\n",
          "spec.model.name: model.name is not in the built-in catalog; give model.architecture "
-         "in full (got 'gpt-17')"),
+         "in full or model.architectureFrom (got 'gpt-17')"),
         ("kind: ModelDeployment\nmetadata: {name: x}\nspec:\n  model: {name: llama-3.1-8b, "
          "source: 'hf://a/b'}\n  engine: {name: vllm}\n  gpu: {type: H100-81GB}\n",
          "spec.gpu.type: Input should be"),

@@ -9,11 +9,10 @@ import pytest
 from inferfleet.api.catalog import GpuType
 from inferfleet.api.model_deployment import (
     KvCacheDtype,
-    LoraAdapter,
     QuantizationMethod,
     WeightPrecision,
-    lora_slot_rank,
 )
+from inferfleet.api.model_spec import LoraAdapter, lora_slot_rank
 from inferfleet.planning.memory import (
     GIB,
     KV_BLOCK_TOKENS,

@@ -72,6 +72,11 @@ def template_hash(deployment: dict[str, Any]) -> str:
         ("llama-3.3-70b-nvfp4-b200-vllm", "llama-3.3-70b-nvfp4-b200-vllm.yaml", None),
         ("gpt-oss-120b-mxfp4-moe-vllm", "gpt-oss-120b-mxfp4-moe-vllm.yaml", None),
         ("deepseek-v3-fp8-h200-vllm", "deepseek-v3-fp8-h200-vllm.yaml", None),
+        (
+            "qwen3-4b-architecture-from-configmap-vllm",
+            "qwen3-4b-architecture-from-configmap-vllm.yaml",
+            None,
+        ),
         ("llama-3.1-8b-lora-vllm", "llama-3.1-8b-lora-vllm.yaml", None),
         ("llama-3.1-405b-bf16-two-nodes-vllm", "llama-3.1-405b-bf16-two-nodes-vllm.yaml", None),
     ],

@@ -9,7 +9,8 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field, StringConstraints
 
 from inferfleet.api.common import Condition, CrossFieldRule, StatusModel, WireModel
-from inferfleet.api.model_deployment import MAX_REPLICAS, MODEL_NAME_PATTERN, Role
+from inferfleet.api.model_deployment import MAX_REPLICAS, Role
+from inferfleet.api.model_spec import MODEL_NAME_PATTERN
 
 KIND = "InferenceService"
 PLURAL = "inferenceservices"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Final, Literal
@@ -20,6 +21,12 @@ from inferfleet.api.common import (
     CrossFieldRule,
     StatusModel,
     WireModel,
+)
+from inferfleet.api.model_spec import (
+    MODEL_NAME_PATTERN,
+    LoraAdapter,
+    ModelSpec,
+    UnresolvedArchitectureError,
 )
 from inferfleet.api.scheduling import SchedulingSpec
 
@@ -86,78 +93,6 @@ class Role(StrEnum):
     AGGREGATED = "aggregated"
     PREFILL = "prefill"
     DECODE = "decode"
-
-
-MODEL_NAME_PATTERN = r"^[a-z0-9]([a-z0-9.\-]*[a-z0-9])?$"
-
-
-class ModelSpec(WireModel):
-    name: str = Field(
-        description=(
-            f"Model name. A built-in catalog name ({', '.join(catalog_models())}) brings its "
-            "architecture; any other name needs `architecture` (`inferfleet architecture "
-            "config.json` prints it)."
-        ),
-        min_length=1,
-        max_length=63,
-        pattern=MODEL_NAME_PATTERN,
-    )
-    source: str = Field(
-        description="Where the weights come from: hf://org/repo, pvc://claim/path, s3://bucket/"
-        "prefix or oci://registry/repo:tag.",
-        max_length=512,
-        pattern=r"^(hf|pvc|s3|oci)://[^\s]+$",
-    )
-    architecture: ModelArchitecture | None = Field(
-        default=None,
-        description="The model's shape, given in full; overrides the catalog entry of `name`.",
-    )
-
-
-# The LoRA ranks vLLM's --max-lora-rank takes; an adapter's rank is rounded up to one.
-LORA_RANKS: Final = (8, 16, 32, 64, 128, 256, 320, 512)
-
-
-class LoraAdapter(WireModel):
-    """A LoRA adapter of the base model, served under its own name beside it."""
-
-    name: str = Field(
-        description="The name requests use for the adapter (their `model`).",
-        min_length=1,
-        max_length=63,
-        pattern=MODEL_NAME_PATTERN,
-    )
-    source: str = Field(
-        description="Where the adapter's weights come from: hf://org/repo or pvc://claim/path.",
-        max_length=512,
-        pattern=r"^(hf|pvc)://[^\s]+$",
-    )
-    rank: int = Field(
-        ge=1,
-        le=max(LORA_RANKS),
-        description="The adapter's LoRA rank (`r` in its adapter_config.json): sizes the GPU "
-        "memory the engines reserve for adapters.",
-    )
-
-
-def lora_slot_rank(adapters: list[LoraAdapter]) -> int:
-    """The rank of the engines' adapter slots: the largest adapter's, rounded up to a rank
-    vLLM takes (0 without adapters)."""
-    if not adapters:
-        return 0
-    largest = max(a.rank for a in adapters)
-    return next(rank for rank in LORA_RANKS if rank >= largest)
-
-
-MODEL_RULES: tuple[CrossFieldRule[ModelSpec], ...] = (
-    CrossFieldRule(
-        cel="has(self.architecture) || self.name in " + json.dumps(sorted(catalog_models())),
-        message="model.name is not in the built-in catalog; give model.architecture in full",
-        holds=lambda m: m.architecture is not None or m.name in catalog_models(),
-        field_path=".name",
-    ),
-)
-ModelSpec.cross_field_rules = MODEL_RULES
 
 
 class EngineSpec(WireModel):
@@ -460,6 +395,15 @@ def _if_model_known(rule: str) -> str:
     return f"!({_MODEL_KNOWN_CEL}) || ({rule})"
 
 
+def _when_known(
+    holds: Callable[[ModelDeploymentSpec], bool],
+) -> Callable[[ModelDeploymentSpec], bool]:
+    """`_if_model_known` for the pydantic side: a rule about the architecture holds vacuously
+    until the architecture is known (an unknown name is refused by MODEL_RULES; one read from
+    a ConfigMap is checked when the operator has read it, by `with_architecture`)."""
+    return lambda spec: not spec.architecture_known or holds(spec)
+
+
 def _architecture_cel(field: str) -> str:
     """CEL for one architecture field: given in full, else looked up in the catalog (0 for an
     unknown name; rules using it are wrapped in `_if_model_known`)."""
@@ -516,10 +460,32 @@ class ModelDeploymentSpec(WireModel):
     )
 
     def architecture(self) -> ModelArchitecture:
-        """The model's architecture: given in full, else from the catalog."""
+        """The model's architecture: given in full, else from the catalog. A spec whose
+        architecture comes from a ConfigMap has it once the operator has read it
+        (`with_architecture`)."""
         if self.model.architecture is not None:
             return self.model.architecture
-        return catalog_models()[self.model.name]
+        known = catalog_models().get(self.model.name)
+        if known is None:
+            raise UnresolvedArchitectureError(
+                "model.architectureFrom has not been read: the operator reads it from the "
+                "ConfigMap (`inferfleet architecture config.json` prints the block to give "
+                "in full instead)"
+            )
+        return known
+
+    @property
+    def architecture_known(self) -> bool:
+        """Whether the architecture is in the spec or the catalog (not yet to be read)."""
+        return self.model.architecture is not None or self.model.name in catalog_models()
+
+    def with_architecture(self, architecture: ModelArchitecture) -> ModelDeploymentSpec:
+        """This spec with the architecture read from its source given in full, every rule
+        checked against it (a ValidationError says which fails)."""
+        wire = self.to_wire()
+        model = {k: v for k, v in wire["model"].items() if k != "architectureFrom"}
+        model["architecture"] = architecture.to_wire()
+        return ModelDeploymentSpec.model_validate(wire | {"model": model})
 
     def max_model_length(self) -> int:
         return self.batching.max_model_length or self.architecture().max_context_length
@@ -613,7 +579,7 @@ DEPLOYMENT_RULES: tuple[CrossFieldRule[ModelDeploymentSpec], ...] = (
         "and parallelism.tensor > 1 to spread its experts over",
         holds=lambda s: (
             not s.parallelism.expert_parallel
-            or (s.architecture().is_moe and s.parallelism.tensor > 1)
+            or ((not s.architecture_known or s.architecture().is_moe) and s.parallelism.tensor > 1)
         ),
         field_path=".parallelism.expertParallel",
     ),
@@ -622,7 +588,7 @@ DEPLOYMENT_RULES: tuple[CrossFieldRule[ModelDeploymentSpec], ...] = (
             _architecture_cel("attentionHeads") + " % self.parallelism.tensor == 0"
         ),
         message="parallelism.tensor must divide the model's attention heads",
-        holds=lambda s: s.architecture().attention_heads % s.parallelism.tensor == 0,
+        holds=_when_known(lambda s: s.architecture().attention_heads % s.parallelism.tensor == 0),
         field_path=".parallelism.tensor",
     ),
     CrossFieldRule(
@@ -632,16 +598,18 @@ DEPLOYMENT_RULES: tuple[CrossFieldRule[ModelDeploymentSpec], ...] = (
         ),
         message="parallelism.tensor must divide the model's KV heads, or be a multiple of them "
         "(KV heads are then replicated)",
-        holds=lambda s: (
-            s.architecture().kv_heads % s.parallelism.tensor == 0
-            or s.parallelism.tensor % s.architecture().kv_heads == 0
+        holds=_when_known(
+            lambda s: (
+                s.architecture().kv_heads % s.parallelism.tensor == 0
+                or s.parallelism.tensor % s.architecture().kv_heads == 0
+            )
         ),
         field_path=".parallelism.tensor",
     ),
     CrossFieldRule(
         cel=_if_model_known("self.parallelism.pipeline <= " + _architecture_cel("layers")),
         message="parallelism.pipeline cannot exceed the model's layers",
-        holds=lambda s: s.parallelism.pipeline <= s.architecture().layers,
+        holds=_when_known(lambda s: s.parallelism.pipeline <= s.architecture().layers),
         field_path=".parallelism.pipeline",
     ),
     CrossFieldRule(
@@ -650,9 +618,11 @@ DEPLOYMENT_RULES: tuple[CrossFieldRule[ModelDeploymentSpec], ...] = (
             + _architecture_cel("maxContextLength")
         ),
         message="batching.maxModelLength cannot exceed the model's maxContextLength",
-        holds=lambda s: (
-            s.batching.max_model_length is None
-            or s.batching.max_model_length <= s.architecture().max_context_length
+        holds=_when_known(
+            lambda s: (
+                s.batching.max_model_length is None
+                or s.batching.max_model_length <= s.architecture().max_context_length
+            )
         ),
         field_path=".batching.maxModelLength",
     ),
@@ -662,8 +632,10 @@ DEPLOYMENT_RULES: tuple[CrossFieldRule[ModelDeploymentSpec], ...] = (
         ),
         message="without chunked prefill, batching.maxBatchedTokens must hold a whole prompt "
         "(at least the max model length)",
-        holds=lambda s: (
-            s.batching.chunked_prefill or s.batching.max_batched_tokens >= s.max_model_length()
+        holds=_when_known(
+            lambda s: (
+                s.batching.chunked_prefill or s.batching.max_batched_tokens >= s.max_model_length()
+            )
         ),
         field_path=".batching.maxBatchedTokens",
     ),

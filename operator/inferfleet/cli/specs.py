@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -15,6 +15,7 @@ import typer
 import yaml
 from pydantic import ValidationError
 
+from inferfleet.api.architecture_source import architecture_source, read_architecture
 from inferfleet.api.catalog import GpuCatalog
 from inferfleet.api.crd import crd_files
 from inferfleet.api.hf_config import UnsupportedConfigError, architecture_from_hf_config
@@ -59,6 +60,8 @@ class Document:
     kind: str
     name: str
     spec: Mapping[str, Any]
+    data: Mapping[str, Any] = field(default_factory=dict)
+    """A ConfigMap's data (a model's config.json that a ModelDeployment reads)."""
 
 
 def _load_documents(path: Path) -> Iterator[Document]:
@@ -76,6 +79,10 @@ def _load_documents(path: Path) -> Iterator[Document]:
         kind = document.get("kind")
         metadata = document.get("metadata") or {}
         name = metadata.get("name", f"document-{index + 1}") if isinstance(metadata, dict) else ""
+        if kind == "ConfigMap":
+            data = document.get("data")
+            yield Document(str(kind), str(name), {}, data=data if isinstance(data, dict) else {})
+            continue
         spec = document.get("spec")
         if not isinstance(spec, dict):
             raise InvalidInputError(f"{path}: {kind} {name}: spec: required mapping is missing")
@@ -86,14 +93,29 @@ def _inferfleet_documents(path: Path) -> list[Document]:
     """The file's ModelDeployments and InferenceServices; any other kind is named on stderr
     (a Namespace or a Secret beside them is normal, a typo in a kind is not) and skipped."""
     documents = list(_load_documents(path))
+    read = [*KNOWN_KINDS, "ConfigMap"]
     for doc in documents:
-        if doc.kind not in KNOWN_KINDS:
+        if doc.kind not in read:
             typer.echo(
                 f"warning: {path}: skipped {doc.kind} {doc.name}: not a kind inferfleet reads "
-                f"({', '.join(KNOWN_KINDS)})",
+                f"({', '.join(read)})",
                 err=True,
             )
-    return [doc for doc in documents if doc.kind in KNOWN_KINDS]
+    return [doc for doc in documents if doc.kind in read]
+
+
+def _deployment_spec(doc: Document, documents: list[Document], path: Path) -> ModelDeploymentSpec:
+    """A ModelDeployment's spec, its architecture read as the operator reads it: from a
+    ConfigMap of the same file when `model.architectureFrom` names one."""
+    configs = {d.name: d.data for d in documents if d.kind == "ConfigMap"}
+    source = architecture_source({"spec": doc.spec})
+    read = read_architecture({"spec": doc.spec}, configs.get(source.name) if source else None)
+    if read.problem is not None:
+        raise InvalidInputError(f"{path}: {doc.kind} {doc.name}: {read.problem} in this file")
+    spec: ModelDeploymentSpec = _validated(
+        ModelDeploymentSpec, Document(doc.kind, doc.name, read.body["spec"]), path
+    )
+    return spec
 
 
 # A cross-field rule's message starts with the path of the field it blames.
@@ -242,7 +264,7 @@ def plan_command(
             if doc.kind == "InferenceService"
         ]
         deployments = [
-            (doc, _validated(ModelDeploymentSpec, doc, file))
+            (doc, _deployment_spec(doc, documents, file))
             for doc in documents
             if doc.kind == "ModelDeployment"
         ]
@@ -364,7 +386,7 @@ def render_command(
         deployments = {
             doc.name: ModelDeployment(
                 metadata={"name": doc.name, "namespace": namespace},
-                spec=_validated(ModelDeploymentSpec, doc, file),
+                spec=_deployment_spec(doc, documents, file),
             )
             for doc in documents
             if doc.kind == "ModelDeployment"

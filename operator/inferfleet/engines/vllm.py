@@ -79,8 +79,8 @@ from inferfleet.api.model_deployment import (
     Role,
     SpeculativeMethod,
     WeightPrecision,
-    lora_slot_rank,
 )
+from inferfleet.api.model_spec import lora_slot_rank
 from inferfleet.engines.common import (
     ENGINE_PORT,
     NON_ROOT_UID,

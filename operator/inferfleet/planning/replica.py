@@ -19,8 +19,8 @@ from inferfleet.api.model_deployment import (
     ModelDeploymentSpec,
     QuantizationMethod,
     WeightPrecision,
-    lora_slot_rank,
 )
+from inferfleet.api.model_spec import lora_slot_rank
 
 # Bytes per weight. Group-wise int4 (AWQ/GPTQ, group size 128) stores a 16-bit scale per group.
 _WEIGHT_BYTES: dict[WeightPrecision, float] = {

@@ -34,6 +34,11 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
+from inferfleet.api.architecture_source import (
+    ReadArchitecture,
+    architecture_source,
+    read_architecture,
+)
 from inferfleet.api.conditions import find
 from inferfleet.api.inference_service import InferenceService
 from inferfleet.api.model_deployment import ModelDeployment, Role
@@ -92,6 +97,8 @@ TICK_WORKERS = 4
 TICKER_PERIOD_S = 1.0
 FOREIGN_RECHECK_S = 60.0
 """How long a name held by an object inferfleet did not create is taken as still held."""
+MODEL_CONFIG_RECHECK_S = 30.0
+"""How often a ModelDeployment that reads its architecture from a ConfigMap reads it again."""
 
 Key = tuple[str, str, str]
 """(kind, namespace, name)"""
@@ -316,6 +323,10 @@ class Controller:
         self._children: dict[tuple[str, str], Child] = {}
         """What the indices held of each created object when its owner was last queued."""
         self._foreign_lock = threading.Lock()  # workers are threads
+        # The data of the ConfigMaps ModelDeployments read architectures from, as last fetched
+        # (None: not found).
+        self._model_configs: dict[tuple[str, str], dict[str, Any] | None] = {}
+        self._model_configs_lock = threading.Lock()
         self._unserved: tuple[float, frozenset[str]] | None = None
         """When it was last asked, the optional kinds the cluster does not serve."""
         self._unserved_lock = threading.Lock()
@@ -496,8 +507,10 @@ class Controller:
         foreign = self._foreign_in(namespace)
         space = dataclasses.replace(self.indices.namespace(namespace, uid), foreign=foreign)
         if kind == MODEL_DEPLOYMENT:
+            read = self._read_architecture(namespace, body, fetch=True)
             outcome = model_deployment_outcome(
-                body,
+                read.body,
+                architecture_problem=read.problem,
                 space=space,
                 claims=self.indices.claims(namespace, name),
                 unschedulable=self.indices.unschedulable(namespace, name),
@@ -507,7 +520,7 @@ class Controller:
             )
         else:
             backends = {
-                backend: found
+                backend: self._read_architecture(namespace, found).body
                 for backend in claims_of(body)
                 if (found := self.indices.model_deployment(namespace, backend)) is not None
             }
@@ -519,7 +532,31 @@ class Controller:
             return self._reconcile(key)
         if foreign and done.requeue_after_s is None:
             return Done(FOREIGN_RECHECK_S)
+        if kind == MODEL_DEPLOYMENT and architecture_source(body) is not None:
+            # The ConfigMap is not watched (the operator streams only what it made): read again.
+            return Done(min(done.requeue_after_s or MODEL_CONFIG_RECHECK_S, MODEL_CONFIG_RECHECK_S))
         return done
+
+    def _read_architecture(
+        self, namespace: str, body: Mapping[str, Any], *, fetch: bool = False
+    ) -> ReadArchitecture:
+        """A ModelDeployment body with its architecture read from the ConfigMap it names, if it
+        names one: fetched from the API server by its own reconcile (`fetch`), and as that
+        last read it for the services and the autoscaler."""
+        source = architecture_source(body)
+        if source is None:
+            return read_architecture(body, None)
+        key = (namespace, source.name)
+        if fetch:
+            found = kube().get("v1", "ConfigMap", source.name, namespace)
+            data = None if found is None else found.get("data")
+            read: dict[str, Any] | None = None if found is None else {}
+            if isinstance(data, Mapping):
+                read = dict(data)
+            with self._model_configs_lock:
+                self._model_configs[key] = read
+        with self._model_configs_lock:
+            return read_architecture(body, self._model_configs.get(key))
 
     def _carry_out(self, key: Key, body: dict[str, Any], outcome: Outcome) -> Done | None:
         """Apply, delete, post, write status; None when an object inferfleet did not create
@@ -614,8 +651,10 @@ class Controller:
         deployments: dict[str, ModelDeployment] = {}
         for ref in service.spec.deployments:
             found = self.indices.model_deployment(namespace, ref.name)
+            if found is not None:
+                found = dict(self._read_architecture(namespace, found).body)
             md = _readable(ModelDeployment, found) if found is not None else None
-            if md is not None:  # else its own status says why
+            if md is not None and md.spec.architecture_known:  # else its status says why
                 deployments[ref.name] = md
         settings = self.autoscaler
         source = (

@@ -276,6 +276,7 @@ def _condition_events(
 PROBLEMS = frozenset(
     {
         "InvalidSpec",
+        "ArchitectureUnavailable",
         "SpecNotApplied",
         "NameCollision",
         "PinIgnored",
@@ -296,16 +297,31 @@ MODEL_DEPLOYMENT_STATUS_FIELDS = tuple(
 def _invalid(
     body: Mapping[str, Any], error: ValidationError, now: datetime, model: type[StatusModel]
 ) -> Outcome:
+    message = f"spec refused: {_first_lines(error)}"
+    return _not_ready(body, model, "InvalidSpec", message, now)
+
+
+def _not_ready(
+    body: Mapping[str, Any],
+    model: type[StatusModel],
+    reason: str,
+    message: str,
+    now: datetime,
+    *,
+    recheck_after_s: float | None = None,
+) -> Outcome:
+    """Ready False with `reason`, nothing applied or deleted: what runs keeps running."""
     previous = stored_status(body, model)
     conditions = previous.get("conditions") or []
     ready = condition(
-        conditions, "Ready", status=False, reason="InvalidSpec",
-        message=f"spec refused: {_first_lines(error)}", generation=_generation(body), now=now,
+        conditions, "Ready", status=False, reason=reason, message=message,
+        generation=_generation(body), now=now,
     )  # fmt: skip
     after = with_condition(conditions, ready)
     return Outcome(
         status=status_patch(previous, {"conditions": after}),
         events=tuple(_condition_events(conditions, after)),
+        requeue_after_s=recheck_after_s,
     )
 
 
@@ -314,6 +330,24 @@ def _first_lines(error: ValidationError) -> str:
         f"{'.'.join(str(p) for p in e['loc']) or 'object'}: {e['msg']}" for e in error.errors()
     ]
     return "; ".join(problems[:5]) + ("; ..." if len(problems) > 5 else "")
+
+
+def _validated_deployment(
+    body: Mapping[str, Any], architecture_problem: str | None, now: datetime
+) -> ModelDeployment | Outcome:
+    """The deployment, or the outcome that says why it is not reconciled (nothing applied or
+    deleted): a spec refused, or an architecture its ConfigMap did not give."""
+    try:
+        md = ModelDeployment.model_validate(without_status(body))
+    except ValidationError as error:
+        return _invalid(body, error, now, ModelDeploymentStatus)
+    if architecture_problem is None and md.spec.architecture_known:
+        return md
+    message = architecture_problem or "model.architectureFrom has not been read"
+    return _not_ready(
+        body, ModelDeploymentStatus, "ArchitectureUnavailable", message, now,
+        recheck_after_s=UNSERVED_RECHECK_S,
+    )  # fmt: skip
 
 
 def model_deployment_outcome(
@@ -325,15 +359,16 @@ def model_deployment_outcome(
     install: InstallSettings,
     now: datetime,
     unserved: frozenset[str] = frozenset(),
+    architecture_problem: str | None = None,
 ) -> Outcome:
     """A ModelDeployment's outcome. `claims`: the services that route to it (the owner's
     decision replaces the spec's replicas, a pin wins over both); `unschedulable`: per role,
     the scheduler's reason for pods it cannot place; `unserved`: the kinds it may render that
-    the cluster does not serve (LeaderWorkerSet, where LWS is not installed)."""
-    try:
-        md = ModelDeployment.model_validate(without_status(body))
-    except ValidationError as error:
-        return _invalid(body, error, now, ModelDeploymentStatus)
+    the cluster does not serve (LeaderWorkerSet, where LWS is not installed);
+    `architecture_problem`: why the architecture its spec reads from a ConfigMap was not read."""
+    md = _validated_deployment(body, architecture_problem, now)
+    if isinstance(md, Outcome):
+        return md
     metadata = body.get("metadata") or {}
     name, uid = str(metadata.get("name")), str(metadata.get("uid", ""))
     generation = _generation(body)
@@ -344,11 +379,9 @@ def model_deployment_outcome(
     decided = {r: n for r, n in owner.replicas.items() if r in roles and n > 0} if owner else {}
     annotations = metadata.get("annotations")
     pin, pin_problem = read_pin(
-        annotations if isinstance(annotations, dict) else {},
-        roles=roles,
-        now=now,
+        annotations if isinstance(annotations, dict) else {}, roles=roles, now=now,
         limits=owner.pin_limits(capacity.config.gpus) if owner else None,
-    )
+    )  # fmt: skip
     pinned = dict(pin.replicas) if pin is not None and pin.active(now) else {}
     objects, blocked = _rendered(
         md, capacity, overrides=decided | pinned, uid=uid, space=space, install=install,
@@ -532,7 +565,10 @@ def inference_service_outcome(
         found = backends.get(ref.name)
         if found is not None:
             with contextlib.suppress(ValidationError):  # its own status says why
-                referenced[ref.name] = ModelDeployment.model_validate(without_status(found))
+                backend = ModelDeployment.model_validate(without_status(found))
+                if not backend.spec.architecture_known:
+                    continue  # its ConfigMap could not be read: its own status says why
+                referenced[ref.name] = backend
                 backend_conditions = stored_status(found, ModelDeploymentStatus).get(
                     "conditions", []
                 )

@@ -101,7 +101,8 @@ NAMESPACED_RULES: Final = (
         ("configmaps", "services"),
         _WRITE,
         "engine config files and the Services of engines and routers; reading them is "
-        "granted on to routers that find replicas by pod",
+        "granted on to routers that find replicas by pod; a ConfigMap a ModelDeployment names "
+        "in model.architectureFrom is read for the architecture it holds",
     ),
     Rule(
         ("policy",),

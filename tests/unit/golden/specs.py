@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from inferfleet.api.architecture_source import architecture_source, read_architecture
 from inferfleet.api.inference_service import InferenceService
 from inferfleet.api.model_deployment import ModelDeployment, ModelDeploymentSpec
 
@@ -21,10 +22,18 @@ Wire = dict[str, Any]
 
 
 def example(file: str) -> tuple[Wire, Wire]:
-    """The (ModelDeployment, InferenceService) documents of an example, as wire dicts."""
+    """The (ModelDeployment, InferenceService) documents of an example, as wire dicts; an
+    architecture the ModelDeployment reads from a ConfigMap of the file read into it, as the
+    operator reads it."""
     docs = list(yaml.safe_load_all((EXAMPLES / file).read_text("utf-8")))
     (md,) = [d for d in docs if d["kind"] == "ModelDeployment"]
     (isvc,) = [d for d in docs if d["kind"] == "InferenceService"]
+    source = architecture_source(md)
+    if source is not None:
+        (config,) = [d for d in docs if d["kind"] == "ConfigMap"]
+        read = read_architecture(md, config["data"])
+        assert read.problem is None, read.problem
+        md = dict(read.body)
     return md, isvc
 
 
