@@ -6,20 +6,28 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from inferfleet.api.architecture_source import read_architecture
 from inferfleet.api.catalog import catalog_models
 from inferfleet.api.model_deployment import ModelDeployment
 from inferfleet.reconcile import controller as controller_module
 from inferfleet.reconcile.controller import Controller
-from inferfleet.reconcile.desired import Namespace, model_deployment_outcome
+from inferfleet.reconcile.desired import (
+    Namespace,
+    inference_service_outcome,
+    model_deployment_outcome,
+)
 from inferfleet.render import InstallSettings
 from tests.unit.test_hf_config import CONFIGS
 
 NOW = datetime(2026, 11, 27, 12, 0, tzinfo=UTC)
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+CONFIGMAP_EXAMPLE = "qwen3-4b-architecture-from-configmap-vllm.yaml"
 CONFIG = {"config.json": json.dumps(CONFIGS["qwen3-8b"])}
 
 
@@ -131,17 +139,40 @@ def test_its_reconcile_fetches_the_configmap_and_the_others_read_what_it_fetched
     monkeypatch.setattr(controller_module, "kube", lambda: api)
     controller = Controller({}, install=InstallSettings(), autoscaler=None)
     body = _body()
-    assert controller._read_architecture("llm", body, fetch=True).problem is not None
+    # Before its reconcile ran (a restart), a service's read fetches it.
+    assert controller._read_architecture("llm", "assistant", body).problem is not None
+    assert api.gets == 1
     api.stored["llm", "qwen-config"] = {"data": CONFIG}
     # The services and the autoscaler read what the deployment's reconcile last fetched.
-    assert controller._read_architecture("llm", body).problem is not None
-    read = controller._read_architecture("llm", body, fetch=True)
+    assert controller._read_architecture("llm", "assistant", body).problem is not None
+    read, changed = controller._fetch_architecture("llm", "assistant", body)
+    assert changed
     assert read.problem is None
     assert read.body["spec"]["model"]["architecture"]["layers"] == 36
-    assert controller._read_architecture("llm", body).body == read.body
-    assert api.gets == 2
+    assert controller._read_architecture("llm", "assistant", body).body == read.body
+    assert controller._fetch_architecture("llm", "assistant", body) == (read, False)
+    assert api.gets == 3
     # A deployment that names no ConfigMap reads nothing.
     plain = _body()
     del plain["spec"]["model"]["architectureFrom"]
-    assert controller._read_architecture("llm", plain, fetch=True).body == plain
-    assert api.gets == 2
+    assert controller._fetch_architecture("llm", "plain", plain) == (
+        read_architecture(plain, None),
+        False,
+    )
+    assert api.gets == 3
+
+
+def test_a_service_whose_backend_is_not_read_renders_nothing_and_says_why() -> None:
+    docs = list(yaml.safe_load_all((EXAMPLES / CONFIGMAP_EXAMPLE).read_text()))
+    (service,) = [d for d in docs if d["kind"] == "InferenceService"]
+    (deployment,) = [d for d in docs if d["kind"] == "ModelDeployment"]
+    service["metadata"] |= {"namespace": "llm", "uid": "uid-svc", "generation": 1}
+    outcome = inference_service_outcome(
+        service, space=Namespace(children=[], holder=lambda _key: None),
+        backends={"qwen3-4b": deployment}, install=InstallSettings(), now=NOW,
+    )  # fmt: skip
+    assert outcome.apply == ()
+    assert outcome.delete == ()
+    ready = _ready(outcome)
+    assert ready["reason"] == "BackendsNotReady"
+    assert "architecture not read: qwen3-4b" in ready["message"]

@@ -285,11 +285,16 @@ def test_render_of_a_spec_that_does_not_fit_renders_no_workload_and_exits_3() ->
 def test_render_and_plan_name_the_kinds_they_skip(tmp_path: Path) -> None:
     example = (EXAMPLES / "llama-3.1-8b-aggregated-vllm.yaml").read_text()
     mixed = tmp_path / "mixed.yaml"
-    mixed.write_text(example + "\n---\nkind: ModelDeploymnet\nmetadata: {name: typo}\nspec: {}\n")
+    mixed.write_text(
+        example
+        + "\n---\nkind: ModelDeploymnet\nmetadata: {name: typo}\nspec: {}\n"
+        + "---\nkind: Secret\nmetadata: {name: hf-token}\nstringData: {token: x}\n"
+    )
     for command in ("render", "plan"):
         result = runner.invoke(app, [command, "-f", str(mixed)])
         assert result.exit_code == 0, result.output
         assert "skipped ModelDeploymnet typo: not a kind inferfleet reads" in result.stderr
+        assert "skipped Secret hf-token" in result.stderr
 
 
 def test_dev_cluster_kubeconfig_fails_where_no_cluster_runs(tmp_path: Path) -> None:

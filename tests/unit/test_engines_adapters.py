@@ -180,6 +180,20 @@ def test_mtp_is_accepted_for_a_model_given_in_full() -> None:
     assert config == {"method": "mtp", "num_speculative_tokens": 1}
 
 
+@pytest.mark.parametrize("engine", ["vllm", "tensorrt-llm"])
+def test_mtp_is_accepted_for_a_catalog_model_that_ships_its_layers(engine: str) -> None:
+    """DeepSeek-V3 and R1 ship one multi-token-prediction layer (num_nextn_predict_layers)."""
+    spec = spec_on(
+        engine,
+        model={"name": "deepseek-r1", "source": "hf://deepseek-ai/DeepSeek-R1"},
+        gpu={"type": "H200-141GB"},
+        parallelism={"tensor": 8},
+        precision={"weights": "fp8", "method": "fp8", "kvCache": "auto"},
+        speculativeDecoding={"method": "mtp", "numTokens": 1},
+    )
+    build(spec)
+
+
 def _llama_shape() -> dict[str, Any]:
     return aggregated_spec().architecture().to_wire()
 

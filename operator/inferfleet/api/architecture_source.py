@@ -51,10 +51,12 @@ def read_architecture(
     where = f"ConfigMap {source.name}"
     if config_map_data is None:
         return ReadArchitecture(body, f"{where} not found in the namespace")
-    text = config_map_data.get(source.key)
-    if not isinstance(text, str):
+    if source.key not in config_map_data:
         keys = ", ".join(sorted(config_map_data)) or "none"
         return ReadArchitecture(body, f"{where} has no key {source.key} (its keys: {keys})")
+    text = config_map_data[source.key]
+    if not isinstance(text, str):
+        return ReadArchitecture(body, f"{where} key {source.key} is not text")
     try:
         config = json.loads(text)
     except json.JSONDecodeError as error:

@@ -234,6 +234,13 @@ class ModelArchitecture(WireModel):
     tied_embeddings: bool = Field(
         default=False, description="Whether the output head shares the input embedding matrix."
     )
+    prediction_layers: int = Field(
+        default=0,
+        ge=0,
+        le=16,
+        description="Multi-token-prediction layers the checkpoint ships beside the model "
+        "(num_nextn_predict_layers), which speculativeDecoding.method mtp drafts with.",
+    )
     kv_latent_dim: int | None = Field(
         default=None,
         ge=16,
@@ -321,6 +328,7 @@ _DEEPSEEK_V3 = ModelArchitecture(
     experts=256,
     experts_per_token=8,
     kv_latent_dim=576,
+    prediction_layers=1,
 )
 
 _MODEL_CATALOG: dict[str, ModelArchitecture] = {
@@ -494,7 +502,8 @@ _MODEL_CATALOG: dict[str, ModelArchitecture] = {
     # first_k_dense_replace 3, then n_routed_experts 256 and n_shared_experts 1 of width 2048,
     # num_experts_per_tok 8). "671B total, 36.6B activated" on its model card, the active count
     # there without the input embedding, and both without the multi-token prediction layer
-    # (num_nextn_predict_layers 1, loaded only to speculate). Published in FP8 (128x128 blocks).
+    # (num_nextn_predict_layers 1, loaded only to speculate with mtp; its weights are not
+    # planned, as no speculative method's are). Published in FP8 (128x128 blocks).
     "deepseek-v3": _DEEPSEEK_V3,
     # deepseek-ai/DeepSeek-R1: the same config.json as DeepSeek-V3, other weights.
     "deepseek-r1": _DEEPSEEK_V3,

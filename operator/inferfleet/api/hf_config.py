@@ -45,8 +45,7 @@ FAMILIES: Final[Mapping[str, _Layout]] = {
 
 # Multi-head latent attention with DeepSeek-V3's mixture of experts: the first
 # `first_k_dense_replace` layers dense, every later one routed experts plus shared ones of the
-# same width (DeepSeek-V3, DeepSeek-R1 and the models built on their layout, Kimi K2 among
-# them, publish this model_type).
+# same width (DeepSeek-V3 and DeepSeek-R1 publish this model_type).
 LATENT_ATTENTION_FAMILIES: Final = frozenset({"deepseek_v3"})
 
 _EXPERTS_KEYS: Final = ("num_local_experts", "num_experts")
@@ -140,7 +139,7 @@ def _latent_attention_architecture(config: Mapping[str, Any]) -> ModelArchitectu
     `qk_rope_head_dim`), `first_k_dense_replace` dense layers, then in each layer
     `n_routed_experts` routed and `n_shared_experts` shared experts of `moe_intermediate_size`,
     and a router with a bias per expert. The multi-token prediction layers
-    (`num_nextn_predict_layers`) are left out: engines load them only to speculate."""
+    (`num_nextn_predict_layers`) are counted apart: engines load them only to speculate."""
     if config.get("moe_layer_freq", 1) != 1:
         raise UnsupportedConfigError(
             "moe_layer_freq other than 1 is not counted; give model.architecture in full"
@@ -201,4 +200,9 @@ def _latent_attention_architecture(config: Mapping[str, Any]) -> ModelArchitectu
         experts_per_token=top_k,
         tied_embeddings=tied,
         kv_latent_dim=latent + rope,
+        prediction_layers=(
+            _int(config, "num_nextn_predict_layers")
+            if config.get("num_nextn_predict_layers")
+            else 0
+        ),
     )

@@ -384,8 +384,11 @@ def _fp4_fits_gpu(s: ModelDeploymentSpec) -> bool:
     )
 
 
-_MODEL_KNOWN_CEL = "has(self.model.architecture) || self.model.name in " + json.dumps(
-    sorted(catalog_models())
+# Known at apply: given in full, or a catalog name that no ConfigMap overrides.
+_MODEL_KNOWN_CEL = (
+    "has(self.model.architecture) || (!has(self.model.architectureFrom) && self.model.name in "
+    + json.dumps(sorted(catalog_models()))
+    + ")"
 )
 
 
@@ -400,7 +403,7 @@ def _when_known(
 ) -> Callable[[ModelDeploymentSpec], bool]:
     """`_if_model_known` for the pydantic side: a rule about the architecture holds vacuously
     until the architecture is known (an unknown name is refused by MODEL_RULES; one read from
-    a ConfigMap is checked when the operator has read it, by `with_architecture`)."""
+    a ConfigMap is checked when the operator has read it into the spec)."""
     return lambda spec: not spec.architecture_known or holds(spec)
 
 
@@ -461,12 +464,12 @@ class ModelDeploymentSpec(WireModel):
 
     def architecture(self) -> ModelArchitecture:
         """The model's architecture: given in full, else from the catalog. A spec whose
-        architecture comes from a ConfigMap has it once the operator has read it
-        (`with_architecture`)."""
+        architecture comes from a ConfigMap has it once the operator has read it in
+        (`api.architecture_source.read_architecture`)."""
         if self.model.architecture is not None:
             return self.model.architecture
         known = catalog_models().get(self.model.name)
-        if known is None:
+        if known is None or self.model.architecture_from is not None:
             raise UnresolvedArchitectureError(
                 "model.architectureFrom has not been read: the operator reads it from the "
                 "ConfigMap (`inferfleet architecture config.json` prints the block to give "
@@ -476,16 +479,11 @@ class ModelDeploymentSpec(WireModel):
 
     @property
     def architecture_known(self) -> bool:
-        """Whether the architecture is in the spec or the catalog (not yet to be read)."""
-        return self.model.architecture is not None or self.model.name in catalog_models()
-
-    def with_architecture(self, architecture: ModelArchitecture) -> ModelDeploymentSpec:
-        """This spec with the architecture read from its source given in full, every rule
-        checked against it (a ValidationError says which fails)."""
-        wire = self.to_wire()
-        model = {k: v for k, v in wire["model"].items() if k != "architectureFrom"}
-        model["architecture"] = architecture.to_wire()
-        return ModelDeploymentSpec.model_validate(wire | {"model": model})
+        """Whether the architecture is in the spec, or in the catalog and not to be read from a
+        ConfigMap (which overrides the catalog, as the architecture in full does)."""
+        return self.model.architecture is not None or (
+            self.model.architecture_from is None and self.model.name in catalog_models()
+        )
 
     def max_model_length(self) -> int:
         return self.batching.max_model_length or self.architecture().max_context_length

@@ -65,8 +65,9 @@ class ModelSpec(WireModel):
     architecture_from: ArchitectureSource | None = Field(
         default=None,
         description="Where the operator reads the model's shape: its Hugging Face config.json "
-        "in a ConfigMap of this namespace. Instead of `architecture`; the rules that need the "
-        "shape are then checked by the operator, not at apply.",
+        "in a ConfigMap of this namespace. Instead of `architecture`, and like it overrides "
+        "the catalog entry of `name`; the rules that need the shape are then checked by the "
+        "operator, not at apply.",
     )
 
 

@@ -79,7 +79,7 @@ def _load_documents(path: Path) -> Iterator[Document]:
         kind = document.get("kind")
         metadata = document.get("metadata") or {}
         name = metadata.get("name", f"document-{index + 1}") if isinstance(metadata, dict) else ""
-        if kind == "ConfigMap":
+        if kind not in KNOWN_KINDS:  # a ConfigMap's data is read; other kinds are skipped
             data = document.get("data")
             yield Document(str(kind), str(name), {}, data=data if isinstance(data, dict) else {})
             continue

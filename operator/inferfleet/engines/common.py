@@ -356,7 +356,9 @@ def check_gpu_engine_spec(spec: ModelDeploymentSpec) -> None:
         speculative is not None
         and speculative.method == SpeculativeMethod.MTP
         and spec.model.architecture is None
+        and spec.model.architecture_from is None
         and spec.model.name in catalog_models()
+        and catalog_models()[spec.model.name].prediction_layers == 0
     ):
         raise UnsupportedSpecError(
             "speculativeDecoding.method",

@@ -129,7 +129,8 @@ def _moe_weight_fraction(config: ReplicaConfig, tokens: int) -> float:
     if not m.is_moe:
         return 1.0
     linear = linear_parameters(config)
-    routed = m.routed_expert_parameters
+    # An active count given below the embeddings would make the routed experts more than all.
+    routed = min(m.routed_expert_parameters, linear)
     untouched = (1 - m.experts_per_token / m.experts) ** max(tokens, 1)
     return (linear - routed * untouched) / linear
 

@@ -35,6 +35,7 @@ from typing import Any, TypeVar
 from pydantic import ValidationError
 
 from inferfleet.api.architecture_source import (
+    ConfigMapKey,
     ReadArchitecture,
     architecture_source,
     read_architecture,
@@ -292,6 +293,8 @@ class Done:
     requeue_after_s: float | None = None
     gone: bool = False
     """The object no longer exists: its retries and failure count are dropped."""
+    then: tuple[Key, ...] = ()
+    """Others to reconcile now (queued by the loop: the queue is the loop's alone)."""
 
 
 class Controller:
@@ -323,9 +326,9 @@ class Controller:
         self._children: dict[tuple[str, str], Child] = {}
         """What the indices held of each created object when its owner was last queued."""
         self._foreign_lock = threading.Lock()  # workers are threads
-        # The data of the ConfigMaps ModelDeployments read architectures from, as last fetched
-        # (None: not found).
-        self._model_configs: dict[tuple[str, str], dict[str, Any] | None] = {}
+        # Per ModelDeployment, the ConfigMap key it reads its architecture from and that
+        # ConfigMap's data as its reconcile last fetched it (None: not found).
+        self._model_configs: dict[tuple[str, str], tuple[ConfigMapKey, dict[str, Any] | None]] = {}
         self._model_configs_lock = threading.Lock()
         self._unserved: tuple[float, frozenset[str]] | None = None
         """When it was last asked, the optional kinds the cluster does not serve."""
@@ -475,6 +478,8 @@ class Controller:
             queue.done(key)
             if done.gone:
                 queue.forget(key)  # here, on the loop that owns the queue
+            for other in done.then:  # only reconciles return others, keys of this queue
+                queue.add(other)  # type: ignore[arg-type]
             if done.requeue_after_s is not None:
                 queue.add_after(key, done.requeue_after_s)
 
@@ -506,8 +511,14 @@ class Controller:
         uid = str(body["metadata"].get("uid", ""))
         foreign = self._foreign_in(namespace)
         space = dataclasses.replace(self.indices.namespace(namespace, uid), foreign=foreign)
+        then: tuple[Key, ...] = ()
         if kind == MODEL_DEPLOYMENT:
-            read = self._read_architecture(namespace, body, fetch=True)
+            read, changed = self._fetch_architecture(namespace, name, body)
+            if changed:  # the services that route to it render from its architecture too
+                then = tuple(
+                    (INFERENCE_SERVICE, namespace, claim.service)
+                    for claim in self.indices.claims(namespace, name)
+                )
             outcome = model_deployment_outcome(
                 read.body,
                 architecture_problem=read.problem,
@@ -520,7 +531,7 @@ class Controller:
             )
         else:
             backends = {
-                backend: self._read_architecture(namespace, found).body
+                backend: self._read_architecture(namespace, backend, found).body
                 for backend in claims_of(body)
                 if (found := self.indices.model_deployment(namespace, backend)) is not None
             }
@@ -534,29 +545,43 @@ class Controller:
             return Done(FOREIGN_RECHECK_S)
         if kind == MODEL_DEPLOYMENT and architecture_source(body) is not None:
             # The ConfigMap is not watched (the operator streams only what it made): read again.
-            return Done(min(done.requeue_after_s or MODEL_CONFIG_RECHECK_S, MODEL_CONFIG_RECHECK_S))
-        return done
+            after = min(done.requeue_after_s or MODEL_CONFIG_RECHECK_S, MODEL_CONFIG_RECHECK_S)
+            return Done(after, then=then)
+        return dataclasses.replace(done, then=then)
+
+    def _fetch_architecture(
+        self, namespace: str, name: str, body: Mapping[str, Any]
+    ) -> tuple[ReadArchitecture, bool]:
+        """A ModelDeployment body with its architecture read from the ConfigMap it names, if it
+        names one, fetched from the API server for its own reconcile; and whether what was read
+        differs from the last read (the services and the autoscaler use that last read)."""
+        source = architecture_source(body)
+        if source is None:
+            return read_architecture(body, None), False
+        found = kube().get("v1", "ConfigMap", source.name, namespace)
+        data = None if found is None else found.get("data")
+        fetched = (
+            source,
+            dict(data) if isinstance(data, Mapping) else None if found is None else {},
+        )
+        with self._model_configs_lock:
+            changed = self._model_configs.get((namespace, name)) != fetched
+            self._model_configs[namespace, name] = fetched
+        return read_architecture(body, fetched[1]), changed
 
     def _read_architecture(
-        self, namespace: str, body: Mapping[str, Any], *, fetch: bool = False
+        self, namespace: str, name: str, body: Mapping[str, Any]
     ) -> ReadArchitecture:
-        """A ModelDeployment body with its architecture read from the ConfigMap it names, if it
-        names one: fetched from the API server by its own reconcile (`fetch`), and as that
-        last read it for the services and the autoscaler."""
+        """As the deployment's reconcile last read it (fetched now when it has not yet, as
+        after a restart before that reconcile ran)."""
         source = architecture_source(body)
         if source is None:
             return read_architecture(body, None)
-        key = (namespace, source.name)
-        if fetch:
-            found = kube().get("v1", "ConfigMap", source.name, namespace)
-            data = None if found is None else found.get("data")
-            read: dict[str, Any] | None = None if found is None else {}
-            if isinstance(data, Mapping):
-                read = dict(data)
-            with self._model_configs_lock:
-                self._model_configs[key] = read
         with self._model_configs_lock:
-            return read_architecture(body, self._model_configs.get(key))
+            last = self._model_configs.get((namespace, name))
+        if last is None or last[0] != source:
+            return self._fetch_architecture(namespace, name, body)[0]
+        return read_architecture(body, last[1])
 
     def _carry_out(self, key: Key, body: dict[str, Any], outcome: Outcome) -> Done | None:
         """Apply, delete, post, write status; None when an object inferfleet did not create
@@ -652,7 +677,10 @@ class Controller:
         for ref in service.spec.deployments:
             found = self.indices.model_deployment(namespace, ref.name)
             if found is not None:
-                found = dict(self._read_architecture(namespace, found).body)
+                read = self._read_architecture(namespace, ref.name, found)
+                if read.problem is not None:
+                    return Done()  # every decision holds until it is read: its status says why
+                found = dict(read.body)
             md = _readable(ModelDeployment, found) if found is not None else None
             if md is not None and md.spec.architecture_known:  # else its status says why
                 deployments[ref.name] = md

@@ -559,22 +559,12 @@ def inference_service_outcome(
     metadata = body.get("metadata") or {}
     name, namespace = str(metadata.get("name")), str(metadata.get("namespace"))
     uid = str(metadata.get("uid", ""))
-    referenced = {}
-    ready_backends: set[str] = set()
-    for ref in service.spec.deployments:
-        found = backends.get(ref.name)
-        if found is not None:
-            with contextlib.suppress(ValidationError):  # its own status says why
-                backend = ModelDeployment.model_validate(without_status(found))
-                if not backend.spec.architecture_known:
-                    continue  # its ConfigMap could not be read: its own status says why
-                referenced[ref.name] = backend
-                backend_conditions = stored_status(found, ModelDeploymentStatus).get(
-                    "conditions", []
-                )
-                if (find(backend_conditions, "Ready") or {}).get("status") == "True":
-                    ready_backends.add(ref.name)
+    referenced, ready_backends, unread = _read_backends(service, backends)
     url: str | None = None
+    if unread:
+        # Its router is rendered from every backend's architecture: what runs keeps running.
+        message = f"architecture not read: {', '.join(unread)} (see its Ready condition)"
+        return _not_ready(body, InferenceServiceStatus, "BackendsNotReady", message, now)
     try:
         objects = render_inference_service(
             service,
@@ -620,6 +610,31 @@ def inference_service_outcome(
         status=status_patch(previous, desired),
         events=tuple(_condition_events(conditions, after)),
     )
+
+
+def _read_backends(
+    service: InferenceService, backends: Mapping[str, Mapping[str, Any]]
+) -> tuple[dict[str, ModelDeployment], set[str], list[str]]:
+    """The service's backends that can be read, those of them Ready, and those whose
+    architecture (from a ConfigMap) is not read yet. One that does not validate is left out:
+    its own status says why."""
+    referenced: dict[str, ModelDeployment] = {}
+    ready: set[str] = set()
+    unread: list[str] = []
+    for ref in service.spec.deployments:
+        found = backends.get(ref.name)
+        if found is None:
+            continue
+        with contextlib.suppress(ValidationError):
+            backend = ModelDeployment.model_validate(without_status(found))
+            if not backend.spec.architecture_known:
+                unread.append(ref.name)
+                continue
+            referenced[ref.name] = backend
+            conditions = stored_status(found, ModelDeploymentStatus).get("conditions", [])
+            if (find(conditions, "Ready") or {}).get("status") == "True":
+                ready.add(ref.name)
+    return referenced, ready, unread
 
 
 def _router_serving(children: Sequence[Child]) -> bool:
