@@ -507,6 +507,9 @@ class Controller:
         body = self._body(key)
         if body is None:  # gone: owner references take its children with it
             self._stored.pop(key, None)
+            if kind == MODEL_DEPLOYMENT:
+                with self._model_configs_lock:
+                    self._model_configs.pop((namespace, name), None)
             return Done(gone=True)
         uid = str(body["metadata"].get("uid", ""))
         foreign = self._foreign_in(namespace)
@@ -540,13 +543,13 @@ class Controller:
             )
         done = self._carry_out(key, body, outcome)
         if done is None:  # an object in the way, now known: what to do instead
-            return self._reconcile(key)
+            again = self._reconcile(key)
+            return dataclasses.replace(again, then=then + again.then)
         if foreign and done.requeue_after_s is None:
-            return Done(FOREIGN_RECHECK_S)
+            done = Done(FOREIGN_RECHECK_S)
         if kind == MODEL_DEPLOYMENT and architecture_source(body) is not None:
             # The ConfigMap is not watched (the operator streams only what it made): read again.
-            after = min(done.requeue_after_s or MODEL_CONFIG_RECHECK_S, MODEL_CONFIG_RECHECK_S)
-            return Done(after, then=then)
+            done = Done(min(done.requeue_after_s or MODEL_CONFIG_RECHECK_S, MODEL_CONFIG_RECHECK_S))
         return dataclasses.replace(done, then=then)
 
     def _fetch_architecture(
@@ -559,11 +562,11 @@ class Controller:
         if source is None:
             return read_architecture(body, None), False
         found = kube().get("v1", "ConfigMap", source.name, namespace)
-        data = None if found is None else found.get("data")
-        fetched = (
-            source,
-            dict(data) if isinstance(data, Mapping) else None if found is None else {},
-        )
+        data: dict[str, Any] | None = None  # not found
+        if found is not None:
+            held = found.get("data")
+            data = dict(held) if isinstance(held, Mapping) else {}
+        fetched = (source, data)
         with self._model_configs_lock:
             changed = self._model_configs.get((namespace, name)) != fetched
             self._model_configs[namespace, name] = fetched
