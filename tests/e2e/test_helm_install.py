@@ -128,14 +128,9 @@ def install(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Install]:
         with_fleet=True, runtime=Runtime.OCI, operator=False,
     ) as cluster:  # fmt: skip
         kubectl = Kubectl(bin_dir / "kube", cluster.kubeconfig_path)
-        # The fleet installs the CRDs; here the chart must, so they go first.
-        kubectl.run("delete", "customresourcedefinition", *CRD_NAMES, "--wait=false")
-
-        def crds_gone() -> bool:
-            listed = kubectl.run("get", "customresourcedefinition", "-o", "name").stdout
-            return not any(name in listed for name in CRD_NAMES)
-
-        assert wait_until(crds_gone, 180, 1.0), "the fleet's CRDs are still there"
+        # A fleet without an operator leaves its CRDs to the installer: here, the chart.
+        listed = kubectl.run("get", "customresourcedefinition", "-o", "name").stdout
+        assert not any(name in listed for name in CRD_NAMES), listed
         crds = (
             subprocess.run(
                 ["bash", str(PROMETHEUS_OPERATOR_CRDS)], capture_output=True, text=True, check=True

@@ -98,7 +98,7 @@ def dev_cluster_up(
     try:
         bin_dir = ensure_binaries()
         cluster.up(bin_dir, pools, cpu_nodes=cpu_nodes, timeout_s=timeout)
-        if crds or with_fleet:
+        if crds:
             cluster.install_crds()
         if with_fleet:
             cluster.start_fleet(

@@ -493,13 +493,14 @@ class DevCluster:
 
         `runtime=Runtime.OCI`: the agent runs pods from the images in `images` (default: built
         by tools/images/build.sh) through crun, and the operator is a pod of its image.
-        `operator=False`: no operator at all (one installed by other means, a chart)."""
+        `operator=False`: no operator at all, nor its CRDs (whoever installs the operator, a
+        chart, brings them); the published CRDs of the projects it renders for are installed."""
         state = self.state()
         if state is None or not processes.alive(state.pids.get("kube-apiserver", 0)):
             raise DevClusterError(f"no dev cluster runs from {self.state_dir}")
         if runtime == Runtime.OCI and images is None:
             images = ensure_images()
-        self.install_crds()
+        self.install_crds(ours=operator)
         kube = Kube.from_kubeconfig(self.kubeconfig_path)
         for namespace in (OPERATOR_NAMESPACE, MONITORING_NAMESPACE):
             kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
@@ -714,13 +715,15 @@ class DevCluster:
                 + processes.log_tail(self.log_dir, component)
             )
 
-    def install_crds(self, timeout_s: float = 60.0) -> list[str]:
-        """Apply the generated CRDs and the published ones of the projects the operator renders
-        for (`thirdparty`), and wait until the API server serves them."""
+    def install_crds(self, timeout_s: float = 60.0, *, ours: bool = True) -> list[str]:
+        """Apply the generated CRDs (unless `ours=False`) and the published ones of the
+        projects the operator renders for (`thirdparty`), and wait until the API server serves
+        them."""
         kube = Kube.from_kubeconfig(self.kubeconfig_path)
         names = []
         published = [published_crd(crd) for crd in PUBLISHED_CRDS]
-        for crd in [*custom_resource_definitions(), *published]:
+        generated = custom_resource_definitions() if ours else []
+        for crd in [*generated, *published]:
             kube.apply(crd)
             names.append(crd["metadata"]["name"])
 
