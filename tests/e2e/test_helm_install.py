@@ -354,7 +354,7 @@ def test_uninstall_leaves_nothing_of_the_operator_and_keeps_the_crds(install: In
         "get", "deployment,serviceaccount,service,role,rolebinding", OPERATOR, "-n", NAMESPACE,
         "--ignore-not-found", "-o", "name",
     ).stdout + install.kubectl.run(
-        "get", "clusterrole,clusterrolebinding", f"{OPERATOR}-crd-reader-{NAMESPACE}",
+        "get", "clusterrole,clusterrolebinding", f"{OPERATOR}-cluster-reader-{NAMESPACE}",
         "--ignore-not-found", "-o", "name",
     ).stdout  # fmt: skip
     assert not left.strip(), left

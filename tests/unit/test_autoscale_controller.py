@@ -15,7 +15,6 @@ from inferfleet.api.inference_service import InferenceService
 from inferfleet.api.model_deployment import ModelDeployment, Role
 from inferfleet.autoscale.controller import (
     AutoscalerSettings,
-    GpuQuota,
     MetricsUnavailableError,
     autoscaled_by,
     current_replicas,
@@ -30,6 +29,7 @@ from inferfleet.autoscale.queries import (
     service_queries,
     snapshot_from_answers,
 )
+from inferfleet.autoscale.quota import GpuClaim, GpuQuota
 from inferfleet.autoscale.snapshot import RoleMetrics, ServiceMetrics
 from inferfleet.planning.memory import weight_bytes_per_gpu
 from inferfleet.planning.replica import ReplicaConfig
@@ -223,6 +223,41 @@ def test_a_load_step_takes_no_more_gpus_than_the_namespace_quota_leaves() -> Non
         settings=SETTINGS, now=NOW + timedelta(seconds=15), gpu_quota=quota,
     )  # fmt: skip
     assert "QuotaExhausted" not in [r for r, _, _ in again.events]
+
+
+def test_a_lower_priority_service_gives_back_gpus_a_higher_one_waits_for() -> None:
+    md = model_deployment()  # two 1-GPU replicas, both created
+    answers = busy(60.0, attainment=0.7, ttft_p95_s=1.2)
+    waiting = GpuClaim("search", 100_000, True, held=1, wanted=2, at_s=0.0)
+    # No GPU is left, and the interactive service waits for one this one holds.
+    quota = GpuQuota(
+        left=-1, pods={"llama": {Role.AGGREGATED: 2}}, priority=1000, yields_to=(waiting,)
+    )
+    result = tick(
+        inference_service(), {"llama": md}, Scripted(answers),
+        settings=SETTINGS, now=NOW, gpu_quota=quota,
+    )  # fmt: skip
+    [decided] = result.deployments
+    assert decided.decision.replicas == {Role.AGGREGATED: 1}
+    assert decided.decision.reason.value == "QuotaExhausted"
+    assert (
+        "the namespace's GPU quota leaves it 1 GPUs, after search (priority 100000, SLO missed, "
+        "waits for 1)"
+    ) in decided.decision.message
+    # What it claims for the next tick of the others: what it holds, and what it would hold.
+    claim = result.gpu_claim
+    assert claim is not None
+    assert (claim.service, claim.priority, claim.slo_missed, claim.held) == (
+        "chat",
+        1000,
+        True,
+        2,
+    )
+    unquoted = tick(
+        inference_service(), {"llama": md}, Scripted(answers), settings=SETTINGS, now=NOW
+    ).deployments[0]
+    assert claim.wanted == unquoted.decision.replicas[Role.AGGREGATED] > 2
+    assert unquoted.decision.unquoted is None
 
 
 def test_each_tenant_is_charged_its_share_of_the_gpus_by_tokens_served() -> None:

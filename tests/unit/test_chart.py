@@ -27,7 +27,7 @@ from inferfleet.cli.common import load_gpu_catalog
 from inferfleet.devcluster.tools import TOOLS_DIR, cached_tool
 from inferfleet.render import render_inference_service
 from inferfleet.render.rbac import (
-    CRD_RULE,
+    CLUSTER_READ_RULES,
     LEADER_ELECTION_RULES,
     NAMESPACED_RULES,
     NAMESPACES_RULE,
@@ -127,7 +127,7 @@ def _rules(rules: Sequence[Rule]) -> list[dict[str, Any]]:
 def rules_file_text() -> str:
     groups = {
         "namespaced": NAMESPACED_RULES,
-        "crdReader": (CRD_RULE,),
+        "clusterReader": CLUSTER_READ_RULES,
         "clusterScopeOnly": (NAMESPACES_RULE,),
         "leaderElection": LEADER_ELECTION_RULES,
     }
@@ -135,7 +135,7 @@ def rules_file_text() -> str:
         "# Generated from operator/inferfleet/render/rbac.py. Do not edit; regenerate with",
         "#   INFERFLEET_UPDATE_GOLDEN=1 pytest tests/unit/test_chart.py",
         "# The operator's grants, as deploy/rbac/ has them: `namespaced` in the watched namespace",
-        "# (or cluster-wide), `crdReader` always cluster-wide, `clusterScopeOnly` only when it",
+        "# (or cluster-wide), `clusterReader` always cluster-wide, `clusterScopeOnly` only when it",
         "# watches every namespace, `leaderElection` in the operator's own namespace.",
         "#",
         "# Why each rule:",

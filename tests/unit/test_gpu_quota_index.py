@@ -7,8 +7,16 @@ from typing import Any
 
 import pytest
 
-from inferfleet.api.model_deployment import Role
-from inferfleet.reconcile.controller import Indices, child_entries, gpu_quota_entry
+from inferfleet.api.model_deployment import ModelDeployment, Role
+from inferfleet.autoscale.quota import GpuClaim
+from inferfleet.reconcile.controller import (
+    Controller,
+    Indices,
+    child_entries,
+    gpu_quota_entry,
+    priority_class_entry,
+)
+from inferfleet.render import InstallSettings
 
 
 def quota(hard: str | None, used: str | None = None, *, counted: bool = True) -> dict[str, Any]:
@@ -60,3 +68,69 @@ def test_the_tightest_quota_of_a_namespace_and_the_pods_of_a_deployment() -> Non
     assert indices.gpu_quota_left("team-a") == 1
     assert indices.gpu_quota_left("team-b") is None
     assert indices.pods_created("team-a", "u1") == {Role.AGGREGATED: 3}
+
+
+def test_a_priority_class_gives_its_value_and_the_global_default() -> None:
+    interactive = {"value": 100000, "globalDefault": False}
+    default = {"value": 1000, "globalDefault": True}
+    assert priority_class_entry("interactive", interactive) == {("value", "interactive"): 100000}
+    assert priority_class_entry("standard", default) == {
+        ("value", "standard"): 1000,
+        ("default",): 1000,
+    }
+    assert priority_class_entry("broken", {"value": "high"}) == {}
+    indices = Indices(
+        {
+            "priority_classes": {
+                ("value", "interactive"): [100000],
+                ("value", "standard"): [1000],
+                ("default",): [1000],
+            }
+        }
+    )
+    assert indices.priority("interactive") == 100000
+    # No class named: the global default's value, as the API server gives such pods.
+    assert indices.priority(None) == 1000
+    # A class the operator has not seen yet (or none at all): 0, as for pods without one.
+    assert indices.priority("unknown") == 0
+    assert Indices({}).priority(None) == 0
+
+
+def _deployment(name: str, priority_class: str | None) -> ModelDeployment:
+    spec: dict[str, Any] = {
+        "model": {"name": "llama-3.1-8b", "source": "hf://meta-llama/Llama-3.1-8B-Instruct"},
+        "engine": {"name": "sim"},
+        "gpu": {"type": "H100-80GB"},
+        "replicas": 2,
+    }
+    if priority_class:
+        spec["scheduling"] = {"priorityClassName": priority_class}
+    return ModelDeployment.model_validate(
+        {"metadata": {"name": name, "namespace": "team-a", "uid": f"uid-{name}"}, "spec": spec}
+    )
+
+
+def test_a_tick_sees_the_quota_less_what_live_claims_of_higher_priority_wait_for() -> None:
+    indices = {
+        "gpu_quotas": {("gpus", "team-a"): [1]},
+        "priority_classes": {("value", "interactive"): [100000], ("value", "batch"): [1000]},
+    }
+    controller = Controller(indices, install=InstallSettings(), autoscaler=None)
+    interval = controller.autoscaler.interval_s
+    now = 1000.0
+    waiting = GpuClaim("chat", 100000, True, held=1, wanted=4, at_s=now - interval)
+    stale = GpuClaim("gone", 100000, True, held=0, wanted=8, at_s=now - 4 * interval)
+    controller._gpu_claims["team-a"] = {"chat": waiting, "gone": stale}
+    quota = controller._gpu_quota("team-a", "etl", {"etl": _deployment("etl", "batch")}, now)
+    assert quota is not None
+    # One GPU is free and the interactive service waits for three: the batch one gives two back.
+    assert (quota.left, quota.priority, quota.yields_to) == (-2, 1000, (waiting,))
+    # A claim three ticks old is dropped (a service deleted or no longer autoscaled).
+    assert set(controller._gpu_claims["team-a"]) == {"chat"}
+    # The interactive service itself takes the free GPU; a namespace without a quota has none.
+    chat = controller._gpu_quota(
+        "team-a", "chat", {"chat": _deployment("chat", "interactive")}, now
+    )
+    assert chat is not None
+    assert (chat.left, chat.priority) == (1, 100000)
+    assert controller._gpu_quota("team-b", "web", {"web": _deployment("web", None)}, now) is None

@@ -13,7 +13,7 @@ import yaml
 
 from inferfleet.render.common import KIND_ORDER
 from inferfleet.render.rbac import (
-    CRD_READER_NAME,
+    CLUSTER_READER_NAME,
     DEFAULT_NAMESPACE,
     LEADER_ELECTION_NAME,
     OPERATOR_NAME,
@@ -84,6 +84,7 @@ EXPECTED: Grants = {
 }
 CLUSTER_ONLY: Grants = {
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
+    ("scheduling.k8s.io", "priorityclasses"): {"get", "list", "watch"},
     ("", "namespaces"): {"list", "watch"},
 }
 
@@ -100,9 +101,10 @@ def test_single_namespace_install_keeps_namespaced_grants_in_a_role() -> None:
     assert role["metadata"]["namespace"] == "team-a"
     assert grants(role["rules"]) == EXPECTED
     cluster_role = kind(objects, "ClusterRole")
-    assert cluster_role["metadata"]["name"] == CRD_READER_NAME
+    assert cluster_role["metadata"]["name"] == CLUSTER_READER_NAME
     assert grants(cluster_role["rules"]) == {
-        ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"}
+        ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
+        ("scheduling.k8s.io", "priorityclasses"): {"get", "list", "watch"},
     }
 
 

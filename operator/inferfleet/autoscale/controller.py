@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -67,6 +67,7 @@ from inferfleet.autoscale.queries import (
     service_queries,
     snapshot_from_answers,
 )
+from inferfleet.autoscale.quota import GpuClaim, GpuQuota
 from inferfleet.autoscale.snapshot import MetricsSnapshot
 from inferfleet.autoscale.tenants import TENANT_TOKENS_QUERY, TenantTokens, tenant_tokens
 from inferfleet.engines import roles_of
@@ -178,22 +179,6 @@ class DeploymentDecision:
 
 
 @dataclass(frozen=True)
-class GpuQuota:
-    """What a namespace's ResourceQuota on GPUs leaves a tick."""
-
-    left: int
-    """GPUs no pod of the namespace holds yet."""
-    pods: Mapping[str, Mapping[Role, int]]
-    """Per deployment and role, the pods that exist (their GPUs count against the quota)."""
-
-    def limit(self, deployment: str, spec: PolicySpec) -> PolicySpec:
-        """`spec` with the GPUs `deployment` may hold: those its pods hold now and those left."""
-        held = self.pods.get(deployment, {})
-        pods_gpus = sum(held.get(p.role, 0) * p.gpus_per_replica for p in spec.roles)
-        return replace(spec, gpu_quota=self.left + pods_gpus)
-
-
-@dataclass(frozen=True)
 class TickResult:
     status: dict[str, Any]
     """The InferenceService's status fields to write."""
@@ -202,6 +187,8 @@ class TickResult:
     """(reason, message, warning) to post on the InferenceService."""
     record: TickRecord | None = None
     """What the tick exports as the operator's metrics."""
+    gpu_claim: GpuClaim | None = None
+    """What the service asks of its namespace's GPU quota (None: no quota on GPUs)."""
 
 
 def current_replicas(
@@ -366,10 +353,9 @@ def tick(
     catalog: GpuCatalog | None = None,
     gpu_quota: GpuQuota | None = None,
 ) -> TickResult:
-    """One autoscaling tick of `service`, whose referenced ModelDeployments found in its
-    namespace are `deployments`; `claims`: per deployment, every service's claim on it (None:
-    this service is taken to own every deployment it autoscales); `gpu_quota`: what the
-    namespace's quota on GPUs leaves (None: no quota)."""
+    """One autoscaling tick of `service` over the `deployments` it references found in its
+    namespace; `claims`: per deployment, every service's claim on it (None: it owns all it
+    autoscales); `gpu_quota`: what the namespace's GPU quota leaves it (None: no quota)."""
     catalog = catalog or GpuCatalog.builtin()
     name = str(service.metadata.get("name"))
     namespace = str(service.metadata.get("namespace"))
@@ -384,6 +370,7 @@ def tick(
     usage: list[DeploymentUsage] = []
     state: dict[str, Any] = {}
     role_records: list[RoleRecord] = []
+    quoted: list[tuple[str, PolicySpec, Decision]] = []
     for deployment, md in sorted(owned.items()):
         spec = policy_spec(
             service.spec, md.spec, catalog, traffic_share=weights[deployment] / total_weight
@@ -400,6 +387,7 @@ def tick(
             now_s=now_s,
         )  # fmt: skip
         state[deployment] = decision.history.to_wire()
+        quoted.append((deployment, spec, decision))
         changed = any(decision.replicas.get(r) != current.get(r) for r in spec.role_names)
         decisions.append(DeploymentDecision(deployment, decision, changed))
         role_records.extend(_role_records(deployment, spec, current, decision))
@@ -433,7 +421,32 @@ def tick(
     )
     if settings.metrics is not None:
         settings.metrics.record(record)
-    return TickResult(status, decisions, events, record)
+    return TickResult(status, decisions, events, record, _gpu_claim(name, gpu_quota, quoted, now_s))
+
+
+def _gpu_claim(
+    service: str,
+    quota: GpuQuota | None,
+    decided: Sequence[tuple[str, PolicySpec, Decision]],
+    at_s: float,
+) -> GpuClaim | None:
+    """What a tick's decisions claim of the namespace's GPU quota (`autoscale.quota`): the
+    GPUs the deployments' pods hold, and those the decisions would hold were there no quota
+    (None: no quota on GPUs)."""
+    if quota is None:
+        return None
+    wanted = 0
+    for _, spec, decision in decided:
+        replicas = decision.unquoted or decision.replicas
+        wanted += sum(replicas.get(p.role, 0) * p.gpus_per_replica for p in spec.roles)
+    return GpuClaim(
+        service=service,
+        priority=quota.priority,
+        slo_missed=any(decision.slo_missed for _, _, decision in decided),
+        held=sum(quota.held(deployment, spec) for deployment, spec, _ in decided),
+        wanted=wanted,
+        at_s=at_s,
+    )
 
 
 def _tick_status(

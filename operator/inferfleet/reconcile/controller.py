@@ -43,8 +43,9 @@ from inferfleet.api.architecture_source import (
 from inferfleet.api.conditions import find
 from inferfleet.api.inference_service import InferenceService
 from inferfleet.api.model_deployment import ModelDeployment, Role
-from inferfleet.autoscale.controller import AutoscalerSettings, GpuQuota, PrometheusSource, tick
+from inferfleet.autoscale.controller import AutoscalerSettings, PrometheusSource, tick
 from inferfleet.autoscale.ownership import Claim, claims_of
+from inferfleet.autoscale.quota import GpuClaim, GpuQuota, quota_share
 from inferfleet.kube import AlreadyExistsError, Kube, StaleObjectError, quantity
 from inferfleet.reconcile.desired import (
     APPLIED_HASH_ANNOTATION,
@@ -196,6 +197,18 @@ def gpu_quota_entry(namespace: str, quota: Mapping[str, Any]) -> dict[Any, Any]:
     return {("gpus", namespace): max(0, left)}
 
 
+def priority_class_entry(name: str, body: Mapping[str, Any]) -> dict[Any, Any]:
+    """An index entry for a PriorityClass: its value by name, and as the default of pods that
+    name none when it is the global default."""
+    value = body.get("value")
+    if not isinstance(value, int) or isinstance(value, bool):
+        return {}
+    entry: dict[Any, Any] = {("value", name): value}
+    if body.get("globalDefault") is True:
+        entry[("default",)] = value
+    return entry
+
+
 class Indices:
     """Reads of kopf's indices (each key maps to the values of the objects that gave it)."""
 
@@ -240,6 +253,12 @@ class Indices:
     def gpu_quota_left(self, namespace: str) -> int | None:
         """The GPUs the namespace's quotas leave (the tightest); None: no quota on GPUs."""
         return min(self._values("gpu_quotas", ("gpus", namespace)), default=None)
+
+    def priority(self, class_name: str | None) -> int:
+        """The priority of pods of PriorityClass `class_name` (None: the global default's, else
+        0, as the API server admits them); 0 for a class it does not know."""
+        key = ("value", class_name) if class_name else ("default",)
+        return max(self._values("priority_classes", key), default=0)
 
     def pods_created(self, namespace: str, uid: str) -> dict[Role, int]:
         """Per role, the replicas of a ModelDeployment that exist (pods, or groups of pods over
@@ -326,6 +345,10 @@ class Controller:
         self._children: dict[tuple[str, str], Child] = {}
         """What the indices held of each created object when its owner was last queued."""
         self._foreign_lock = threading.Lock()  # workers are threads
+        # Per namespace, each service's last claim on the namespace's GPU quota
+        # (`autoscale.quota`): held on the leader only, rebuilt by one round of ticks.
+        self._gpu_claims: dict[str, dict[str, GpuClaim]] = {}
+        self._gpu_claims_lock = threading.Lock()
         # Per ModelDeployment, the ConfigMap key it reads its architecture from and that
         # ConfigMap's data as its reconcile last fetched it (None: not found).
         self._model_configs: dict[tuple[str, str], tuple[ConfigMapKey, dict[str, Any] | None]] = {}
@@ -694,27 +717,55 @@ class Controller:
             else None
         )
         claims = {d: self.indices.claims(namespace, d) for d in deployments}
-        quota_left = self.indices.gpu_quota_left(namespace)
-        quota = (
-            None
-            if quota_left is None
-            else GpuQuota(
-                quota_left,
-                {
-                    d: self.indices.pods_created(namespace, str(md.metadata.get("uid")))
-                    for d, md in deployments.items()
-                },
-            )
-        )
+        now = _now()
+        quota = self._gpu_quota(namespace, name, deployments, now.timestamp())
         result = tick(
             service, deployments, source,
-            settings=settings, now=_now(), claims=claims, catalog=self.install.gpus,
+            settings=settings, now=now, claims=claims, catalog=self.install.gpus,
             gpu_quota=quota,
         )  # fmt: skip
+        if result.gpu_claim is not None:
+            with self._gpu_claims_lock:
+                self._gpu_claims.setdefault(namespace, {})[name] = result.gpu_claim
         self._post(body, (Event(*event) for event in result.events))
         self._write_status(service_key, body, result.status)
         self._ticked[key] = time.monotonic()
         return Done()
+
+    def _gpu_quota(
+        self, namespace: str, name: str, deployments: Mapping[str, ModelDeployment], now_s: float
+    ) -> GpuQuota | None:
+        """What the namespace's GPU quota leaves service `name` this tick: the GPUs no pod
+        holds, less those held for the other services' live claims ahead of it (None: no quota
+        on GPUs)."""
+        left = self.indices.gpu_quota_left(namespace)
+        if left is None:
+            return None
+        # A claim lives three ticks: a service deleted or no longer autoscaled stops holding.
+        expired = now_s - 3 * self.autoscaler.interval_s
+        with self._gpu_claims_lock:
+            live = {
+                service: claim
+                for service, claim in self._gpu_claims.get(namespace, {}).items()
+                if claim.at_s >= expired
+            }
+            self._gpu_claims[namespace] = live
+        own = live.get(name)
+        priority = max(
+            (
+                self.indices.priority(
+                    md.spec.scheduling.priority_class_name if md.spec.scheduling else None
+                )
+                for md in deployments.values()
+            ),
+            default=self.indices.priority(None),
+        )
+        share = quota_share(name, priority, own is not None and own.slo_missed, left, live.values())
+        pods = {
+            d: self.indices.pods_created(namespace, str(md.metadata.get("uid")))
+            for d, md in deployments.items()
+        }
+        return GpuQuota(share.left, pods, priority, share.yields_to)
 
 
 Model = TypeVar("Model", InferenceService, ModelDeployment)

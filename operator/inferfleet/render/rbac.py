@@ -34,7 +34,7 @@ from inferfleet.api.inference_service import PLURAL as INFERENCE_SERVICES
 from inferfleet.api.model_deployment import PLURAL as MODEL_DEPLOYMENTS
 
 OPERATOR_NAME: Final = "inferfleet-operator"
-CRD_READER_NAME: Final = "inferfleet-operator-crd-reader"
+CLUSTER_READER_NAME: Final = "inferfleet-operator-cluster-reader"
 LEADER_ELECTION_NAME: Final = "inferfleet-operator-leader-election"
 DEFAULT_NAMESPACE: Final = "inferfleet-system"
 LABELS: Final = {
@@ -163,6 +163,15 @@ CRD_RULE: Final = Rule(
     ("get", "list", "watch"),
     "kopf scans CustomResourceDefinitions to find the resources it serves",
 )
+PRIORITY_CLASS_RULE: Final = Rule(
+    ("scheduling.k8s.io",),
+    ("priorityclasses",),
+    ("get", "list", "watch"),
+    "the priority of each service's engine pods: a namespace's scarce GPU quota goes to the "
+    "higher one first",
+)
+CLUSTER_READ_RULES: Final = (CRD_RULE, PRIORITY_CLASS_RULE)
+"""What the operator reads cluster-wide whatever namespaces it watches."""
 NAMESPACES_RULE: Final = Rule(
     ("",),
     ("namespaces",),
@@ -230,7 +239,7 @@ def binding(
 
 def cluster_wide(namespace: str = DEFAULT_NAMESPACE) -> list[dict[str, Any]]:
     """The operator watching every namespace; its ServiceAccount lives in `namespace`."""
-    rules = (*NAMESPACED_RULES, CRD_RULE, NAMESPACES_RULE)
+    rules = (*NAMESPACED_RULES, *CLUSTER_READ_RULES, NAMESPACES_RULE)
     return [
         service_account(namespace),
         role("ClusterRole", OPERATOR_NAME, rules),
@@ -256,8 +265,8 @@ def single_namespace(
         service_account(namespace),
         role("Role", OPERATOR_NAME, NAMESPACED_RULES, watched),
         binding("RoleBinding", OPERATOR_NAME, "Role", namespace, watched),
-        role("ClusterRole", CRD_READER_NAME, (CRD_RULE,)),
-        binding("ClusterRoleBinding", CRD_READER_NAME, "ClusterRole", namespace),
+        role("ClusterRole", CLUSTER_READER_NAME, CLUSTER_READ_RULES),
+        binding("ClusterRoleBinding", CLUSTER_READER_NAME, "ClusterRole", namespace),
         *leader_election(namespace),
     ]
 
@@ -283,13 +292,13 @@ def rbac_files(namespace: str = DEFAULT_NAMESPACE) -> dict[str, str]:
     return {
         "cluster-wide.yaml": _header(
             f"The operator watching every namespace (ServiceAccount in {namespace}).",
-            (*NAMESPACED_RULES, CRD_RULE, NAMESPACES_RULE, *LEADER_ELECTION_RULES),
+            (*NAMESPACED_RULES, *CLUSTER_READ_RULES, NAMESPACES_RULE, *LEADER_ELECTION_RULES),
         )
         + _documents(cluster_wide(namespace)),
         "single-namespace.yaml": _header(
             f"The operator watching only {namespace}; the Role and RoleBinding go where it "
             "watches.",
-            (*NAMESPACED_RULES, CRD_RULE, *LEADER_ELECTION_RULES),
+            (*NAMESPACED_RULES, *CLUSTER_READ_RULES, *LEADER_ELECTION_RULES),
         )
         + _documents(single_namespace(namespace)),
     }

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from inferfleet.api.model_deployment import Role
-from inferfleet.autoscale.policy.constraints import constrain, stabilised
+from inferfleet.autoscale.policy.constraints import Constrained, constrain, stabilised
 from inferfleet.autoscale.policy.demand import (
     Demand,
     estimate_demand,
@@ -52,6 +52,11 @@ class Decision:
     history: PolicyHistory
     """What the caller stores and passes to the next tick."""
     estimates: Mapping[Role, RoleEstimate] = field(default_factory=dict)
+    unquoted: Mapping[Role, int] | None = None
+    """The replicas it would choose were there no namespace quota (None: `replicas`): what
+    it claims of the quota (`autoscale.quota`)."""
+    slo_missed: bool = False
+    """Whether the attainment target was missed (a role is short)."""
 
 
 def _hold(
@@ -376,14 +381,9 @@ def _decide_fresh(
     shrank = {r for r in roles if replicas[r] < current_counts[r]}
     held_down = {r for r in roles if raw[r] < current_counts[r] and r not in shrank}
     reason = choose_reason(
-        feedback.reason,
-        feedback.missed,
-        constrained=constrained,
-        grew=grew,
-        shrank=shrank,
-        held_down=held_down,
-        learned=learned,
-    )
+        feedback.reason, feedback.missed, constrained=constrained,
+        grew=grew, shrank=shrank, held_down=held_down, learned=learned,
+    )  # fmt: skip
     estimates = {
         role: role_estimate(
             spec,
@@ -411,4 +411,21 @@ def _decide_fresh(
         last_decision=LastDecision(now, dict(replicas), reason),
         outcomes=tally,
     )
-    return Decision(dict(replicas), reason, message, new_history, estimates)
+    return Decision(
+        dict(replicas), reason, message, new_history, estimates,
+        unquoted=_unquoted(spec, constrained, recommended, pins, feedback.missed),
+        slo_missed=bool(feedback.missed),
+    )  # fmt: skip
+
+
+def _unquoted(
+    spec: PolicySpec,
+    constrained: Constrained,
+    recommended: Mapping[Role, int],
+    pins: Mapping[Role, int],
+    missed: frozenset[Role],
+) -> dict[Role, int] | None:
+    """The replicas a decision cut to the namespace's quota would choose without it."""
+    if not constrained.by_quota:
+        return None
+    return constrain(replace(spec, gpu_quota=None), recommended, pins, missed).replicas

@@ -164,7 +164,8 @@ def explain(
         if role in pins:
             detail += " (pinned)"
         if role in constrained.budget_cut and constrained.by_quota:
-            detail += f" (the namespace's GPU quota leaves it {spec.gpu_quota} GPUs)"
+            held_for = f", after {spec.quota_yields_to}" if spec.quota_yields_to else ""
+            detail += f" (the namespace's GPU quota leaves it {spec.gpu_quota} GPUs{held_for})"
         elif role in constrained.budget_cut:
             detail += f" (GPU budget {spec.gpu_budget} exhausted)"
         parts.append(detail)

@@ -86,6 +86,9 @@ class PolicySpec:
     gpu_quota: int | None = None
     """GPUs the namespace's ResourceQuota leaves this deployment: what its pods hold and what
     no pod holds yet. None: no quota on GPUs."""
+    quota_yields_to: str = ""
+    """In words, the other services' claims on the quota served before this one
+    (`autoscale.quota`): what the explanation of a cut names."""
     scale_down_stabilization_s: float = 300.0
     cold_start_s: float = 120.0
     enabled: bool = True
