@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from inferfleet.api.catalog import GpuType
 from inferfleet.api.model_deployment import Role
 from inferfleet.router.config import RouterConfig, RouterConfigError, parse_backend
-from inferfleet.router.keyfiles import engine_keys
+from inferfleet.router.keyfiles import EngineKeys, engine_keys
 from inferfleet.router.proxy import ROUTER, create_admin_app, create_app
 from inferfleet.router.server import RouterServer
 from inferfleet.sim.openai_api import SimServer
@@ -561,6 +561,71 @@ async def test_engines_with_an_api_key_take_only_the_router_that_presents_it(
     keyless = await start_router(servers, config(aggregated(engine)))
     refused = await keyless.post("/v1/completions", json=body)
     assert refused.status_code == 401
+
+
+async def _keyed_engine(servers: dict[str, Any], key: str) -> str:
+    app = create_engine(CONFIG, MODEL, api_key=key)
+    server = SimServer(app, "127.0.0.1", 0, drain_timeout_s=1.0)
+    servers["engines"].append(server)
+    return f"http://127.0.0.1:{await server.start()}"
+
+
+async def _served(engine: str) -> float:
+    async with httpx.AsyncClient(base_url=engine) as direct:
+        return series((await direct.get("/metrics")).text, "vllm:request_success_total")
+
+
+async def test_an_engine_key_rotates_without_a_router_restart_or_a_refused_request(
+    servers: dict[str, Any], tmp_path: Any
+) -> None:
+    """A rotation mid-rollout: an engine started before it still takes the old key, one
+    started after takes the new one; the router, not restarted, serves both."""
+    before = await _keyed_engine(servers, "key-1")
+    after = await _keyed_engine(servers, "key-2")
+    key_file = tmp_path / "api-key"
+    key_file.write_text("key-1\n")
+    backend = aggregated(before, after) + f",keyfile={key_file}"
+    client = await start_router(servers, config(backend, key_reload_s=0.05))
+    body = {"model": MODEL, "prompt": "w", "max_tokens": 2}
+    # Until the Secret changes, the engine started with the new key refuses the router.
+    refused = [(await client.post("/v1/completions", json=body)).status_code for _ in range(8)]
+    assert sorted(set(refused)) == [200, 401], refused
+    served_before = await _served(before)
+    # The kubelet updates the mounted Secret in place; the router reads it again.
+    key_file.write_text("key-2\n")
+    await asyncio.sleep(0.3)
+    answers = [await client.post("/v1/completions", json=body) for _ in range(12)]
+    assert [a.status_code for a in answers] == [200] * 12, [a.text for a in answers]
+    # Both served some: the old engine with the key before the rotation.
+    assert await _served(before) > served_before
+    assert await _served(after) > 0
+    # A second rotation forgets the first key: an engine still on it is refused.
+    key_file.write_text("key-3\n")
+    await asyncio.sleep(0.3)
+    again = [(await client.post("/v1/completions", json=body)).status_code for _ in range(8)]
+    assert sorted(set(again)) == [200, 401], again
+
+
+def test_an_engine_key_file_that_cannot_be_read_later_keeps_the_keys_read_before(
+    tmp_path: Any,
+) -> None:
+    key_file = tmp_path / "api-key"
+    key_file.write_text("key-1\n")
+    keys = EngineKeys([parse_backend(aggregated("http://127.0.0.1:1") + f",keyfile={key_file}")])
+    assert keys.keys("d") == ("key-1",)
+    key_file.write_text("key-1\n")
+    keys.load()
+    assert keys.keys("d") == ("key-1",)  # unchanged: no second key
+    key_file.write_text("")
+    keys.load()
+    assert keys.keys("d") == ("key-1",)
+    key_file.unlink()
+    keys.load()
+    assert keys.keys("d") == ("key-1",)
+    key_file.write_text("key-2")
+    keys.load()
+    assert keys.keys("d") == ("key-2", "key-1")
+    assert keys.keys("other") == ()
 
 
 def test_an_engine_key_file_that_cannot_be_read_is_a_configuration_error(tmp_path: Any) -> None:

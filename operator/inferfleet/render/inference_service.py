@@ -218,7 +218,9 @@ def engine_key_volumes(
     resolved: Sequence[tuple[DeploymentRef, ModelDeployment]],
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The engine key Secret of each deployment that has one, as a volume (readable by the
-    router's group only; the key is its `api-key` file), and its mount."""
+    router's group only; the key is its `api-key` file), and its mount: a directory, not a
+    subPath, so the kubelet updates the file when the Secret changes and the router reads it
+    again (`router.keyfiles.EngineKeys`)."""
     keyed = [
         (ref.name, md.spec.engine.api_key_secret)
         for ref, md in sorted(resolved, key=lambda pair: pair[0].name)

@@ -1,6 +1,8 @@
 """Reading tenants' API keys from their mounted Secrets (one key per file), again as the
 kubelet updates them: a rotated key works within `RouterConfig.key_reload_s`, without a
-restart. And the engines' own key, which the router presents to them, read once."""
+restart. And the engines' own key, which the router presents to them, read the same way:
+the key before the last change is kept, because engines read theirs only when they start and
+those started before a rotation still want it (`EngineKeys`)."""
 
 from __future__ import annotations
 
@@ -25,23 +27,63 @@ def read_keys(directory: str) -> list[str]:
     return [key for key in found if key]
 
 
+def _read_engine_key(backend: Backend) -> str:
+    try:
+        key = Path(str(backend.key_file)).read_text().strip()
+    except OSError as error:
+        raise RouterConfigError(
+            f"backend {backend.deployment}: cannot read its engine key: {error}"
+        ) from error
+    if not key:
+        raise RouterConfigError(f"backend {backend.deployment}: its engine key is empty")
+    return key
+
+
 def engine_keys(backends: Sequence[Backend]) -> dict[str, str]:
-    """Per deployment, the key its engines require, read from its key file once: engines read
-    theirs when they start too, so the two stay the same until both restart."""
-    keys = {}
-    for backend in backends:
-        if backend.key_file is None:
-            continue
-        try:
-            key = Path(backend.key_file).read_text().strip()
-        except OSError as error:
-            raise RouterConfigError(
-                f"backend {backend.deployment}: cannot read its engine key: {error}"
-            ) from error
-        if not key:
-            raise RouterConfigError(f"backend {backend.deployment}: its engine key is empty")
-        keys[backend.deployment] = key
-    return keys
+    """Per deployment, the key its engines require, as its key file holds it now."""
+    return {b.deployment: _read_engine_key(b) for b in backends if b.key_file is not None}
+
+
+class EngineKeys:
+    """Per deployment, the keys to present to its engines, the newest first: the key file's
+    content, and the one it held before its last change. A rotation (the Secret's key
+    replaced) takes no restart of the router and refuses no request: engines started since
+    take the new key, those started before still take the previous one until they are
+    restarted (`kubectl rollout restart`), and a call the first key gets refused (401) is
+    made again with the second."""
+
+    def __init__(self, backends: Sequence[Backend]) -> None:
+        self._backends = [b for b in backends if b.key_file is not None]
+        self._keys: dict[str, tuple[str, ...]] = {
+            deployment: (key,) for deployment, key in engine_keys(self._backends).items()
+        }
+
+    @property
+    def any(self) -> bool:
+        return bool(self._backends)
+
+    def keys(self, deployment: str) -> tuple[str, ...]:
+        """The keys to try, in order; () where the deployment's engines take none."""
+        return self._keys.get(deployment, ())
+
+    def load(self) -> None:
+        """Read every key file again; a file that cannot be read, or is empty, leaves the keys
+        as they were (logged)."""
+        for backend in self._backends:
+            try:
+                key = _read_engine_key(backend)
+            except RouterConfigError as error:
+                log.warning("%s; presenting the keys read before", error)
+                continue
+            held = self._keys.get(backend.deployment, ())
+            if not held or held[0] != key:
+                self._keys[backend.deployment] = (key, *held[:1])
+
+
+async def reload_engine_keys(keys: EngineKeys, every_s: float) -> None:
+    while True:
+        await asyncio.sleep(every_s)
+        await asyncio.to_thread(keys.load)
 
 
 def load_keys(tenants: Tenants) -> None:

@@ -47,8 +47,9 @@ import contextlib
 import json
 import logging
 import math
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any
 
 import aiohttp
@@ -60,7 +61,7 @@ from inferfleet.router.answers import error_body, error_response, message_of
 from inferfleet.router.balancer import Balancer, Replica
 from inferfleet.router.config import Backend, RouterConfig
 from inferfleet.router.fairness import FairGate, ShedError
-from inferfleet.router.keyfiles import engine_keys, load_keys, reload_keys
+from inferfleet.router.keyfiles import EngineKeys, load_keys, reload_engine_keys, reload_keys
 from inferfleet.router.metrics import Finished, RouterMetrics
 from inferfleet.router.requests import (
     BadRequestError,
@@ -155,7 +156,7 @@ class Router:
             self.balancer.declare(backend.deployment, backend.role)
             self.metrics.declare(backend.deployment)
         self.tenants = Tenants(config.tenants)
-        self._engine_keys = engine_keys(config.backends)
+        self._engine_keys = EngineKeys(config.backends)
         self.gate = FairGate(
             max_queue=config.max_queued_requests, max_wait_s=config.max_queue_wait_s
         )
@@ -186,6 +187,8 @@ class Router:
         if self.tenants.enforced:
             await asyncio.to_thread(load_keys, self.tenants)
             self._spawn(reload_keys(self.tenants, self.config.key_reload_s))
+        if self._engine_keys.any:
+            self._spawn(reload_engine_keys(self._engine_keys, self.config.key_reload_s))
 
     async def close(self) -> None:
         for task in list(self._tasks):
@@ -249,13 +252,24 @@ class Router:
                 len(pool) - healthy
             )
 
-    def _upstream_headers(self, replica: Replica) -> dict[str, str]:
-        """A request to an engine: JSON, with its deployment's engine key where it has one
-        (the client's own Authorization, a tenant's key, never goes upstream)."""
-        key = self._engine_keys.get(replica.deployment)
-        if key is None:
-            return {"Content-Type": "application/json"}
-        return {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
+    @contextlib.asynccontextmanager
+    async def _post(
+        self, replica: Replica, url: str, payload: bytes
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """POST a request to an engine: JSON, with its deployment's engine key where it has
+        one (the client's own Authorization, a tenant's key, never goes upstream); refused as
+        unauthorised, again with the key before a rotation (`EngineKeys`)."""
+        keys = self._engine_keys.keys(replica.deployment) or (None,)
+        for attempt, key in enumerate(keys, start=1):
+            headers = {"Content-Type": "application/json"}
+            if key is not None:
+                headers["Authorization"] = f"Bearer {key}"
+            async with self.session.post(url, data=payload, headers=headers) as response:
+                if response.status == HTTPStatus.UNAUTHORIZED and attempt < len(keys):
+                    await response.read()
+                    continue
+                yield response
+                return
 
     def _engine_capacity(self) -> int | None:
         """Requests the healthy replicas batch at once, or None where a pool does not say."""
@@ -540,9 +554,7 @@ class Router:
             charge = self._charge(replica, routed.prompt_tokens_estimate)
             started = loop.time()
             try:
-                async with self.session.post(
-                    replica.url + path, data=payload, headers=self._upstream_headers(replica)
-                ) as response:
+                async with self._post(replica, replica.url + path, payload) as response:
                     answer = await response.read()
                     if response.status in RETRYABLE_STATUSES:
                         self.metrics.upstream_errors.labels(*labels, "status").inc()
@@ -598,11 +610,7 @@ class Router:
             started = loop.time()
             client: web.StreamResponse | None = None
             try:
-                async with self.session.post(
-                    replica.url + request.path,
-                    data=payload,
-                    headers=self._upstream_headers(replica),
-                ) as upstream:
+                async with self._post(replica, replica.url + request.path, payload) as upstream:
                     if upstream.status in RETRYABLE_STATUSES:
                         self.metrics.upstream_errors.labels(*labels, "status").inc()
                         continue
