@@ -225,23 +225,23 @@ def test_a_load_step_takes_no_more_gpus_than_the_namespace_quota_leaves() -> Non
     assert "QuotaExhausted" not in [r for r, _, _ in again.events]
 
 
-def test_a_lower_priority_service_gives_back_gpus_a_higher_one_waits_for() -> None:
+def test_a_lower_priority_service_does_not_grow_into_gpus_a_higher_one_waits_for() -> None:
     md = model_deployment()  # two 1-GPU replicas, both created
     answers = busy(60.0, attainment=0.7, ttft_p95_s=1.2)
     waiting = GpuClaim("search", 100_000, True, held=1, wanted=2, at_s=0.0)
-    # No GPU is left, and the interactive service waits for one this one holds.
+    # The one free GPU is held for the interactive service, which waits for it.
     quota = GpuQuota(
-        left=-1, pods={"llama": {Role.AGGREGATED: 2}}, priority=1000, yields_to=(waiting,)
+        left=0, pods={"llama": {Role.AGGREGATED: 2}}, priority=1000, yields_to=(waiting,)
     )
     result = tick(
         inference_service(), {"llama": md}, Scripted(answers),
         settings=SETTINGS, now=NOW, gpu_quota=quota,
     )  # fmt: skip
     [decided] = result.deployments
-    assert decided.decision.replicas == {Role.AGGREGATED: 1}
+    assert decided.decision.replicas == {Role.AGGREGATED: 2}
     assert decided.decision.reason.value == "QuotaExhausted"
     assert (
-        "the namespace's GPU quota leaves it 1 GPUs, after search (priority 100000, SLO missed, "
+        "the namespace's GPU quota leaves it 2 GPUs, after search (priority 100000, SLO missed, "
         "waits for 1)"
     ) in decided.decision.message
     # What it claims for the next tick of the others: what it holds, and what it would hold.
@@ -258,6 +258,12 @@ def test_a_lower_priority_service_gives_back_gpus_a_higher_one_waits_for() -> No
     ).deployments[0]
     assert claim.wanted == unquoted.decision.replicas[Role.AGGREGATED] > 2
     assert unquoted.decision.unquoted is None
+    assert (
+        tick(
+            inference_service(), {"llama": md}, Scripted(answers), settings=SETTINGS, now=NOW
+        ).gpu_claim
+        is None
+    )
 
 
 def test_each_tenant_is_charged_its_share_of_the_gpus_by_tokens_served() -> None:

@@ -3,18 +3,18 @@ the index entries, as the API server stores the objects."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
 
 from inferfleet.api.model_deployment import ModelDeployment, Role
-from inferfleet.autoscale.quota import GpuClaim
+from inferfleet.autoscale.quota import GpuClaim, Priorities
 from inferfleet.reconcile.controller import (
     Controller,
     Indices,
     child_entries,
     gpu_quota_entry,
-    priority_class_entry,
 )
 from inferfleet.render import InstallSettings
 
@@ -70,32 +70,6 @@ def test_the_tightest_quota_of_a_namespace_and_the_pods_of_a_deployment() -> Non
     assert indices.pods_created("team-a", "u1") == {Role.AGGREGATED: 3}
 
 
-def test_a_priority_class_gives_its_value_and_the_global_default() -> None:
-    interactive = {"value": 100000, "globalDefault": False}
-    default = {"value": 1000, "globalDefault": True}
-    assert priority_class_entry("interactive", interactive) == {("value", "interactive"): 100000}
-    assert priority_class_entry("standard", default) == {
-        ("value", "standard"): 1000,
-        ("default",): 1000,
-    }
-    assert priority_class_entry("broken", {"value": "high"}) == {}
-    indices = Indices(
-        {
-            "priority_classes": {
-                ("value", "interactive"): [100000],
-                ("value", "standard"): [1000],
-                ("default",): [1000],
-            }
-        }
-    )
-    assert indices.priority("interactive") == 100000
-    # No class named: the global default's value, as the API server gives such pods.
-    assert indices.priority(None) == 1000
-    # A class the operator has not seen yet (or none at all): 0, as for pods without one.
-    assert indices.priority("unknown") == 0
-    assert Indices({}).priority(None) == 0
-
-
 def _deployment(name: str, priority_class: str | None) -> ModelDeployment:
     spec: dict[str, Any] = {
         "model": {"name": "llama-3.1-8b", "source": "hf://meta-llama/Llama-3.1-8B-Instruct"},
@@ -111,11 +85,9 @@ def _deployment(name: str, priority_class: str | None) -> ModelDeployment:
 
 
 def test_a_tick_sees_the_quota_less_what_live_claims_of_higher_priority_wait_for() -> None:
-    indices = {
-        "gpu_quotas": {("gpus", "team-a"): [1]},
-        "priority_classes": {("value", "interactive"): [100000], ("value", "batch"): [1000]},
-    }
+    indices = {"gpu_quotas": {("gpus", "team-a"): [4]}}
     controller = Controller(indices, install=InstallSettings(), autoscaler=None)
+    controller._priorities = (time.monotonic(), Priorities({"interactive": 100000, "batch": 1000}))
     interval = controller.autoscaler.interval_s
     now = 1000.0
     waiting = GpuClaim("chat", 100000, True, held=1, wanted=4, at_s=now - interval)
@@ -123,14 +95,36 @@ def test_a_tick_sees_the_quota_less_what_live_claims_of_higher_priority_wait_for
     controller._gpu_claims["team-a"] = {"chat": waiting, "gone": stale}
     quota = controller._gpu_quota("team-a", "etl", {"etl": _deployment("etl", "batch")}, now)
     assert quota is not None
-    # One GPU is free and the interactive service waits for three: the batch one gives two back.
-    assert (quota.left, quota.priority, quota.yields_to) == (-2, 1000, (waiting,))
+    # Four GPUs are free and the interactive service waits for three: the batch one may add 1.
+    assert (quota.left, quota.priority, quota.yields_to) == (1, 1000, (waiting,))
     # A claim three ticks old is dropped (a service deleted or no longer autoscaled).
     assert set(controller._gpu_claims["team-a"]) == {"chat"}
-    # The interactive service itself takes the free GPU; a namespace without a quota has none.
+    # The interactive service itself may take all four.
     chat = controller._gpu_quota(
         "team-a", "chat", {"chat": _deployment("chat", "interactive")}, now
     )
     assert chat is not None
-    assert (chat.left, chat.priority) == (1, 100000)
+    assert (chat.left, chat.priority, chat.yields_to) == (4, 100000, ())
+    # A namespace without a quota has none, and keeps no claims.
+    controller._gpu_claims["team-b"] = {"web": waiting}
     assert controller._gpu_quota("team-b", "web", {"web": _deployment("web", None)}, now) is None
+    assert "team-b" not in controller._gpu_claims
+
+
+def test_priority_classes_that_cannot_be_read_leave_every_service_at_priority_zero(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An install without the grant (manifests of an older version): the quota is served
+    unordered, and nothing else stops."""
+
+    class Refusing:
+        def list(self, *_: Any) -> list[dict[str, Any]]:
+            raise PermissionError("priorityclasses is forbidden")
+
+    monkeypatch.setattr("inferfleet.reconcile.controller.kube", Refusing)
+    controller = Controller(
+        {"gpu_quotas": {("gpus", "team-a"): [2]}}, install=InstallSettings(), autoscaler=None
+    )
+    quota = controller._gpu_quota("team-a", "etl", {"etl": _deployment("etl", "batch")}, 0.0)
+    assert quota is not None
+    assert (quota.left, quota.priority) == (2, 0)

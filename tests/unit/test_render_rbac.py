@@ -84,7 +84,7 @@ EXPECTED: Grants = {
 }
 CLUSTER_ONLY: Grants = {
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
-    ("scheduling.k8s.io", "priorityclasses"): {"get", "list", "watch"},
+    ("scheduling.k8s.io", "priorityclasses"): {"list"},
     ("", "namespaces"): {"list", "watch"},
 }
 
@@ -104,7 +104,7 @@ def test_single_namespace_install_keeps_namespaced_grants_in_a_role() -> None:
     assert cluster_role["metadata"]["name"] == CLUSTER_READER_NAME
     assert grants(cluster_role["rules"]) == {
         ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
-        ("scheduling.k8s.io", "priorityclasses"): {"get", "list", "watch"},
+        ("scheduling.k8s.io", "priorityclasses"): {"list"},
     }
 
 

@@ -45,7 +45,7 @@ from inferfleet.api.inference_service import InferenceService
 from inferfleet.api.model_deployment import ModelDeployment, Role
 from inferfleet.autoscale.controller import AutoscalerSettings, PrometheusSource, tick
 from inferfleet.autoscale.ownership import Claim, claims_of
-from inferfleet.autoscale.quota import GpuClaim, GpuQuota, quota_share
+from inferfleet.autoscale.quota import PRIORITIES_TTL_S, GpuClaim, GpuQuota, Priorities, quota_share
 from inferfleet.kube import AlreadyExistsError, Kube, StaleObjectError, quantity
 from inferfleet.reconcile.desired import (
     APPLIED_HASH_ANNOTATION,
@@ -197,18 +197,6 @@ def gpu_quota_entry(namespace: str, quota: Mapping[str, Any]) -> dict[Any, Any]:
     return {("gpus", namespace): max(0, left)}
 
 
-def priority_class_entry(name: str, body: Mapping[str, Any]) -> dict[Any, Any]:
-    """An index entry for a PriorityClass: its value by name, and as the default of pods that
-    name none when it is the global default."""
-    value = body.get("value")
-    if not isinstance(value, int) or isinstance(value, bool):
-        return {}
-    entry: dict[Any, Any] = {("value", name): value}
-    if body.get("globalDefault") is True:
-        entry[("default",)] = value
-    return entry
-
-
 class Indices:
     """Reads of kopf's indices (each key maps to the values of the objects that gave it)."""
 
@@ -253,12 +241,6 @@ class Indices:
     def gpu_quota_left(self, namespace: str) -> int | None:
         """The GPUs the namespace's quotas leave (the tightest); None: no quota on GPUs."""
         return min(self._values("gpu_quotas", ("gpus", namespace)), default=None)
-
-    def priority(self, class_name: str | None) -> int:
-        """The priority of pods of PriorityClass `class_name` (None: the global default's, else
-        0, as the API server admits them); 0 for a class it does not know."""
-        key = ("value", class_name) if class_name else ("default",)
-        return max(self._values("priority_classes", key), default=0)
 
     def pods_created(self, namespace: str, uid: str) -> dict[Role, int]:
         """Per role, the replicas of a ModelDeployment that exist (pods, or groups of pods over
@@ -349,6 +331,9 @@ class Controller:
         # (`autoscale.quota`): held on the leader only, rebuilt by one round of ticks.
         self._gpu_claims: dict[str, dict[str, GpuClaim]] = {}
         self._gpu_claims_lock = threading.Lock()
+        # The PriorityClasses as last read, and when (monotonic): read only where a namespace
+        # has a GPU quota, so an install without the grant works but for the arbitration.
+        self._priorities: tuple[float, Priorities] | None = None
         # Per ModelDeployment, the ConfigMap key it reads its architecture from and that
         # ConfigMap's data as its reconcile last fetched it (None: not found).
         self._model_configs: dict[tuple[str, str], tuple[ConfigMapKey, dict[str, Any] | None]] = {}
@@ -736,36 +721,49 @@ class Controller:
         self, namespace: str, name: str, deployments: Mapping[str, ModelDeployment], now_s: float
     ) -> GpuQuota | None:
         """What the namespace's GPU quota leaves service `name` this tick: the GPUs no pod
-        holds, less those held for the other services' live claims ahead of it (None: no quota
+        holds, less those the other services' live claims ahead of it wait for (None: no quota
         on GPUs)."""
         left = self.indices.gpu_quota_left(namespace)
-        if left is None:
-            return None
         # A claim lives three ticks: a service deleted or no longer autoscaled stops holding.
         expired = now_s - 3 * self.autoscaler.interval_s
         with self._gpu_claims_lock:
             live = {
                 service: claim
-                for service, claim in self._gpu_claims.get(namespace, {}).items()
+                for service, claim in self._gpu_claims.pop(namespace, {}).items()
                 if claim.at_s >= expired
             }
-            self._gpu_claims[namespace] = live
+            if left is not None:
+                self._gpu_claims[namespace] = live
+            claims = list(live.values())
+        if left is None:
+            return None
         own = live.get(name)
+        priorities = self._read_priorities()
         priority = max(
-            (
-                self.indices.priority(
-                    md.spec.scheduling.priority_class_name if md.spec.scheduling else None
-                )
-                for md in deployments.values()
-            ),
-            default=self.indices.priority(None),
+            (priorities.of_deployment(md) for md in deployments.values()),
+            default=priorities.default,
         )
-        share = quota_share(name, priority, own is not None and own.slo_missed, left, live.values())
+        share = quota_share(name, priority, own is not None and own.slo_missed, left, claims)
         pods = {
             d: self.indices.pods_created(namespace, str(md.metadata.get("uid")))
             for d, md in deployments.items()
         }
         return GpuQuota(share.left, pods, priority, share.yields_to)
+
+    def _read_priorities(self) -> Priorities:
+        """The PriorityClasses, read again when `PRIORITIES_TTL_S` old; what was read before
+        (none at first: every service of priority 0) when they cannot be read (logged)."""
+        now = time.monotonic()
+        cached = self._priorities
+        if cached is not None and now - cached[0] < PRIORITIES_TTL_S:
+            return cached[1]
+        try:
+            read = Priorities.of(kube().list("scheduling.k8s.io/v1", "PriorityClass"))
+        except Exception as error:  # not granted, or the API server away: tried again later
+            logger.warning("cannot read PriorityClasses (%s): GPU quota served unordered", error)
+            read = cached[1] if cached is not None else Priorities()
+        self._priorities = (now, read)
+        return read
 
 
 Model = TypeVar("Model", InferenceService, ModelDeployment)

@@ -31,7 +31,6 @@ from inferfleet.reconcile.controller import (
     child_entries,
     child_index,
     gpu_quota_entry,
-    priority_class_entry,
     unschedulable_entry,
 )
 from inferfleet.render import InstallSettings
@@ -146,11 +145,6 @@ async def unschedulable_pods(namespace: str | None, body: kopf.Body, **_: Any) -
 @kopf.index("", "v1", "resourcequotas")
 async def gpu_quotas(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any]:
     return gpu_quota_entry(namespace, dict(body)) if namespace else {}
-
-
-@kopf.index("scheduling.k8s.io", "v1", "priorityclasses")
-async def priority_classes(name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
-    return priority_class_entry(name, dict(body))
 
 
 def _controller(memo: kopf.Memo, indices: dict[str, Any]) -> Controller:

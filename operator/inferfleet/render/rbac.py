@@ -166,9 +166,9 @@ CRD_RULE: Final = Rule(
 PRIORITY_CLASS_RULE: Final = Rule(
     ("scheduling.k8s.io",),
     ("priorityclasses",),
-    ("get", "list", "watch"),
-    "the priority of each service's engine pods: a namespace's scarce GPU quota goes to the "
-    "higher one first",
+    ("list",),
+    "the priority of each service's engine pods, read once a minute where a namespace has a "
+    "GPU quota: the quota's free GPUs go to the higher one first",
 )
 CLUSTER_READ_RULES: Final = (CRD_RULE, PRIORITY_CLASS_RULE)
 """What the operator reads cluster-wide whatever namespaces it watches."""
