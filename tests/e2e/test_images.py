@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -303,7 +304,8 @@ def test_engines_with_an_api_key_answer_their_router_and_no_one_else(fleet: Flee
     """A ModelDeployment with `engine.apiKeySecret`: its engine (from its image) takes the key
     from the Secret by its environment, as the kubelet passes it; the router reads it from the
     Secret mounted as the renderer mounts it and presents it. A call straight to the engine,
-    past the router, is refused."""
+    past the router, is refused. The key rotates with no router restarted and no call through
+    a router refused, the engine restarted to take the new one."""
     namespace = "images-engine-key"
     fleet.kubectl.run("create", "namespace", namespace)
     fleet.kubectl.run(
@@ -344,3 +346,66 @@ def test_engines_with_an_api_key_answer_their_router_and_no_one_else(fleet: Flee
     assert _complete(engine_ip, "a-guess") == 401
     assert _complete(engine_ip, "only-routers-know-this") == 200  # the key is the engine's
     assert httpx.get(f"http://{engine_ip}:{PORT}/health", timeout=10.0).status_code == 200
+    _rotate_engine_key(fleet, namespace, [p["status"]["podIP"] for p in routers])
+
+
+def _rotate_engine_key(fleet: Fleet, namespace: str, router_ips: list[str]) -> None:
+    old_engine = fleet.pod(namespace, ENGINES)["metadata"]["name"]
+    fleet.kubectl.run(
+        "patch", "secret", "llama-engine-key", "-n", namespace, "--type=merge",
+        "-p", json.dumps({"stringData": {"api-key": "rotated"}}),
+    )  # fmt: skip
+    mounted = [
+        path
+        for path in (fleet.cluster.state_dir / "pods").glob(f"{namespace}_*/volumes/*/api-key")
+        if "engine-key" in path.parent.name
+    ]
+    assert mounted, "no router mounts the engine key"
+    answers: list[int] = []
+
+    def routers_read_the_new_key() -> bool:
+        answers.extend(_complete(ip, None) for ip in router_ips)
+        return all(path.read_text() == "rotated" for path in mounted)
+
+    # The agent writes the Secret again as a kubelet does; the routers read it within 10 s.
+    assert wait_until(routers_read_the_new_key, 60, 1.0), fleet.diagnostics()
+    for _ in range(12):  # past the routers' reload
+        answers.extend(_complete(ip, None) for ip in router_ips)
+        time.sleep(1.0)
+    # The engine still takes only the old key; the routers present it when the new is refused.
+    assert set(answers) == {200}, answers
+    engine_ip = fleet.pod(namespace, ENGINES)["status"]["podIP"]
+    assert _complete(engine_ip, "rotated") == 401
+    fleet.kubectl.run(
+        "rollout", "restart", "deployment/llama-3-1-8b-aggregated", "-n", namespace
+    )  # fmt: skip
+
+    def restarted() -> bool:
+        answers.extend(_complete(ip, None) for ip in router_ips)
+        try:
+            engine = fleet.pod(namespace, ENGINES)
+        except AssertionError:  # two, while the old one terminates
+            return False
+        return engine["metadata"]["name"] != old_engine and bool(engine["status"].get("podIP"))
+
+    assert wait_until(restarted, 240, 1.0), fleet.diagnostics()
+    engine_ip = fleet.pod(namespace, ENGINES)["status"]["podIP"]
+
+    def takes_the_new_key() -> bool:
+        try:
+            return _complete(engine_ip, "rotated") == 200
+        except httpx.HTTPError:  # not listening yet
+            return False
+
+    assert wait_until(takes_the_new_key, 120, 1.0), fleet.diagnostics()
+    assert _complete(engine_ip, "only-routers-know-this") == 401
+
+    def routers_serve() -> bool:
+        statuses = [_complete(ip, None) for ip in router_ips]
+        answers.extend(statuses)
+        return set(statuses) == {200}
+
+    # Once the routers have found the new engine (its EndpointSlice updated).
+    assert wait_until(routers_serve, 60, 1.0), fleet.diagnostics()
+    # Through the rollout, no call through a router was refused for its key.
+    assert 401 not in answers, answers

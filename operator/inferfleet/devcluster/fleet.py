@@ -37,8 +37,8 @@ The OCI runtime mode (`--images STORE`): instead of the venv's `inferfleet`, eac
 whose first container's image is in the store runs from that image through crun (`oci`): the
 kubelet's command/args rules over the image's entrypoint and cmd, the image's env under the
 container's, the pod's user, volumes (emptyDir; the projected ServiceAccount token, CA
-and namespace that in-cluster clients read; Secrets, written at each start, not updated in
-place as a kubelet updates them; with KUBERNETES_SERVICE_HOST/PORT naming this API
+and namespace that in-cluster clients read; Secrets, written at each start and again while
+the pod runs, as a kubelet updates them; with KUBERNETES_SERVICE_HOST/PORT naming this API
 server), in namespaces of its own but the host's network (routers and sim engines still get
 `--host <podIP>`). Any command runs so, the operator's `inferfleet run` too; a pod whose
 image is not in the store is left alone (said once). Restarts, probes, readiness, grace and
@@ -90,6 +90,9 @@ log = logging.getLogger(__name__)
 SUBCOMMANDS: Final = ("sim-engine", "router")
 TOKEN_LIFETIME_S: Final = 24 * 3600
 PROBE_INTERVAL_S: Final = 1.0
+SECRET_SYNC_S: Final = 5.0
+"""How often a running OCI pod's Secret volumes are written again from the API server (a
+kubelet's sync takes up to about a minute; shorter here, so that tests wait less)."""
 DEFAULT_GRACE_S: Final = 30.0
 # On the agent's own shutdown, pods get at most this long: `dev-cluster down` waits 10 s.
 SHUTDOWN_GRACE_S: Final = 7.0
@@ -515,15 +518,33 @@ class PodSupervisor:
             target.chmod(oci.PROJECTED_FILE_MODE)
 
     def _write_secret(self, directory: Path, item: oci.SecretKeys) -> None:
+        """Each key of the Secret as a file, each replaced whole (a reader never sees one
+        half written)."""
         found = self.context.kube.get("v1", "Secret", item.secret, self.pod.namespace)
         if found is None:
             raise LookupError(f"secret {item.secret} not found (yet)")
         for key, value in (found.get("data") or {}).items():
-            target = directory / key
-            target.write_bytes(base64.b64decode(value))
+            written = directory / f".{key}.new"
+            written.write_bytes(base64.b64decode(value))
             if item.group is not None:
-                os.chown(target, -1, item.group)
-            target.chmod(item.mode)
+                os.chown(written, -1, item.group)
+            written.chmod(item.mode)
+            os.replace(written, directory / key)
+
+    def _sync_secrets(self) -> None:
+        """Write a running OCI pod's Secret volumes again, as a kubelet does when the Secrets
+        change; one that cannot be read now keeps its files (logged)."""
+        launch = self.pod.launch
+        if launch is None:
+            return
+        for volume in launch.volumes:
+            for item in volume.files:
+                if not isinstance(item, oci.SecretKeys):
+                    continue
+                try:
+                    self._write_secret(self._directory / "volumes" / volume.name, item)
+                except Exception as error:  # gone or unreachable for now: the next sync tries
+                    log.warning("%s: secret %s not updated: %s", self.pod.key, item.secret, error)
 
     def _delete_container(self) -> None:
         subprocess.run(
@@ -554,6 +575,7 @@ class PodSupervisor:
             what += f" from {self.pod.image.reference} in crun"
         log.info("%s: started %s (pid %d)", self.pod.key, what, process.pid)
         ready: bool | None = None
+        secrets_synced = time.monotonic()
         try:
             while process.poll() is None:
                 observed = self._probe()
@@ -561,6 +583,9 @@ class PodSupervisor:
                     ready = observed
                     reason = "ProbeSucceeded" if observed else "ProbeFailed"
                     self.report_ready(self.pod, observed, reason, self.restarts)
+                if time.monotonic() - secrets_synced >= SECRET_SYNC_S:
+                    self._sync_secrets()
+                    secrets_synced = time.monotonic()
                 if self._stopping.wait(PROBE_INTERVAL_S):
                     processes.stop([process.pid], grace_s=self.grace_s)
                     log.info("%s: stopped (pid %d)", self.pod.key, process.pid)
