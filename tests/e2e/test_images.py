@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from inferfleet.devcluster.binaries import ensure_binaries
 from inferfleet.devcluster.cluster import OPERATOR_IMAGE, DevCluster, Runtime, running
@@ -27,6 +28,7 @@ from inferfleet.devcluster.images import ensure_images
 from inferfleet.devcluster.nodes import NodePool
 from inferfleet.devcluster.processes import wait_until
 from inferfleet.render.rbac import DEFAULT_NAMESPACE as OPERATOR_NAMESPACE
+from inferfleet.router.config import ADMIN_PORT
 from tests.e2e.conftest import Kubectl
 from tests.e2e.test_local_fleet import stream_completion
 
@@ -349,6 +351,26 @@ def test_engines_with_an_api_key_answer_their_router_and_no_one_else(fleet: Flee
     _rotate_engine_key(fleet, namespace, [p["status"]["podIP"] for p in routers])
 
 
+def _status(ip: str) -> int:
+    """A call through a router while engines roll out: its status, 0 where it broke."""
+    try:
+        return _complete(ip, None)
+    except httpx.HTTPError:
+        return 0
+
+
+def _refused_keys(router_ip: str) -> float:
+    """The calls whose engine key an engine refused, as the router counts them."""
+    text = httpx.get(f"http://{router_ip}:{ADMIN_PORT}/metrics", timeout=10.0).text
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "inferfleet_router_upstream_errors_total"
+        and sample.labels.get("kind") == "key"
+    )
+
+
 def _rotate_engine_key(fleet: Fleet, namespace: str, router_ips: list[str]) -> None:
     old_engine = fleet.pod(namespace, ENGINES)["metadata"]["name"]
     fleet.kubectl.run(
@@ -374,6 +396,7 @@ def _rotate_engine_key(fleet: Fleet, namespace: str, router_ips: list[str]) -> N
         time.sleep(1.0)
     # The engine still takes only the old key; the routers present it when the new is refused.
     assert set(answers) == {200}, answers
+    assert all(_refused_keys(ip) > 0 for ip in router_ips)
     engine_ip = fleet.pod(namespace, ENGINES)["status"]["podIP"]
     assert _complete(engine_ip, "rotated") == 401
     fleet.kubectl.run(
@@ -381,7 +404,7 @@ def _rotate_engine_key(fleet: Fleet, namespace: str, router_ips: list[str]) -> N
     )  # fmt: skip
 
     def restarted() -> bool:
-        answers.extend(_complete(ip, None) for ip in router_ips)
+        answers.extend(_status(ip) for ip in router_ips)
         try:
             engine = fleet.pod(namespace, ENGINES)
         except AssertionError:  # two, while the old one terminates
@@ -401,7 +424,7 @@ def _rotate_engine_key(fleet: Fleet, namespace: str, router_ips: list[str]) -> N
     assert _complete(engine_ip, "only-routers-know-this") == 401
 
     def routers_serve() -> bool:
-        statuses = [_complete(ip, None) for ip in router_ips]
+        statuses = [_status(ip) for ip in router_ips]
         answers.extend(statuses)
         return set(statuses) == {200}
 

@@ -387,6 +387,8 @@ class PodSupervisor:
         self.restarts = 0
         self.grace_s = pod.grace_s
         self._stopping = threading.Event()
+        self._secret_problems: dict[str, str] = {}
+        """Per Secret, why its last sync failed ("" when it did not): each said once."""
         self.thread = threading.Thread(target=self._run, name=f"pod-{pod.key}", daemon=True)
 
     def start(self) -> None:
@@ -524,12 +526,19 @@ class PodSupervisor:
         if found is None:
             raise LookupError(f"secret {item.secret} not found (yet)")
         for key, value in (found.get("data") or {}).items():
+            content, target = base64.b64decode(value), directory / key
+            if target.is_file() and target.read_bytes() == content:
+                continue
             written = directory / f".{key}.new"
-            written.write_bytes(base64.b64decode(value))
-            if item.group is not None:
-                os.chown(written, -1, item.group)
-            written.chmod(item.mode)
-            os.replace(written, directory / key)
+            written.unlink(missing_ok=True)
+            # Readable by the owner alone until it has the Secret's mode and group.
+            descriptor = os.open(written, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+            with os.fdopen(descriptor, "wb") as file:
+                if item.group is not None:
+                    os.fchown(file.fileno(), -1, item.group)
+                os.fchmod(file.fileno(), item.mode)
+                file.write(content)
+            os.replace(written, target)
 
     def _sync_secrets(self) -> None:
         """Write a running OCI pod's Secret volumes again, as a kubelet does when the Secrets
@@ -544,7 +553,15 @@ class PodSupervisor:
                 try:
                     self._write_secret(self._directory / "volumes" / volume.name, item)
                 except Exception as error:  # gone or unreachable for now: the next sync tries
-                    log.warning("%s: secret %s not updated: %s", self.pod.key, item.secret, error)
+                    problem = str(error)
+                else:
+                    problem = ""
+                if problem != self._secret_problems.get(item.secret, ""):
+                    self._secret_problems[item.secret] = problem
+                    if problem:
+                        log.warning(
+                            "%s: secret %s not updated: %s", self.pod.key, item.secret, problem
+                        )
 
     def _delete_container(self) -> None:
         subprocess.run(

@@ -30,12 +30,17 @@ def read_keys(directory: str) -> list[str]:
 def _read_engine_key(backend: Backend) -> str:
     try:
         key = Path(str(backend.key_file)).read_text().strip()
-    except OSError as error:
+    except (OSError, ValueError) as error:  # ValueError: not UTF-8
         raise RouterConfigError(
             f"backend {backend.deployment}: cannot read its engine key: {error}"
         ) from error
     if not key:
         raise RouterConfigError(f"backend {backend.deployment}: its engine key is empty")
+    if not key.isprintable() or any(c.isspace() for c in key):
+        # A header value cannot carry it: every call would fail.
+        raise RouterConfigError(
+            f"backend {backend.deployment}: its engine key holds spaces or control characters"
+        )
     return key
 
 
@@ -47,10 +52,10 @@ def engine_keys(backends: Sequence[Backend]) -> dict[str, str]:
 class EngineKeys:
     """Per deployment, the keys to present to its engines, the newest first: the key file's
     content, and the one it held before its last change. A rotation (the Secret's key
-    replaced) takes no restart of the router and refuses no request: engines started since
-    take the new key, those started before still take the previous one until they are
-    restarted (`kubectl rollout restart`), and a call the first key gets refused (401) is
-    made again with the second."""
+    replaced) takes no restart of the router: engines started since take the new key, those
+    started before still take the previous one until they are restarted (`kubectl rollout
+    restart`), and a call the first key gets refused (401) is made again with the second. A
+    router started after the change knows only the new key."""
 
     def __init__(self, backends: Sequence[Backend]) -> None:
         self._backends = [b for b in backends if b.key_file is not None]
@@ -78,6 +83,11 @@ class EngineKeys:
             held = self._keys.get(backend.deployment, ())
             if not held or held[0] != key:
                 self._keys[backend.deployment] = (key, *held[:1])
+                log.info(
+                    "backend %s: its engine key changed; the key before is presented to engines "
+                    "that refuse the new one (upstream errors of kind key count them)",
+                    backend.deployment,
+                )
 
 
 async def reload_engine_keys(keys: EngineKeys, every_s: float) -> None:

@@ -136,7 +136,9 @@ class RouterMetrics:
         )
         self.upstream_errors = Counter(
             "inferfleet_router_upstream_errors",
-            "Failed calls to replicas, by role and kind (connect, status, stream, handoff).",
+            "Failed calls to replicas, by role and kind (connect, status, stream, handoff; key: "
+            "the engine refused the key presented, as engines not restarted since a key "
+            "rotation refuse the new one).",
             (*labels, "role", "kind"),
             registry=self.registry,
         )

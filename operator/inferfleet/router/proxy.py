@@ -254,20 +254,23 @@ class Router:
 
     @contextlib.asynccontextmanager
     async def _post(
-        self, replica: Replica, url: str, payload: bytes
+        self, replica: Replica, url: str, payload: bytes, labels: tuple[str, str, str]
     ) -> AsyncIterator[aiohttp.ClientResponse]:
         """POST a request to an engine: JSON, with its deployment's engine key where it has
         one (the client's own Authorization, a tenant's key, never goes upstream); refused as
-        unauthorised, again with the key before a rotation (`EngineKeys`)."""
+        unauthorised, again with the key before a rotation (`EngineKeys`). Each refusal counts
+        as an upstream error of kind `key`."""
         keys = self._engine_keys.keys(replica.deployment) or (None,)
         for attempt, key in enumerate(keys, start=1):
             headers = {"Content-Type": "application/json"}
             if key is not None:
                 headers["Authorization"] = f"Bearer {key}"
             async with self.session.post(url, data=payload, headers=headers) as response:
-                if response.status == HTTPStatus.UNAUTHORIZED and attempt < len(keys):
-                    await response.read()
-                    continue
+                if response.status == HTTPStatus.UNAUTHORIZED:
+                    self.metrics.upstream_errors.labels(*labels, "key").inc()
+                    if attempt < len(keys):
+                        await response.read()
+                        continue
                 yield response
                 return
 
@@ -554,8 +557,10 @@ class Router:
             charge = self._charge(replica, routed.prompt_tokens_estimate)
             started = loop.time()
             try:
-                async with self._post(replica, replica.url + path, payload) as response:
+                async with self._post(replica, replica.url + path, payload, labels) as response:
                     answer = await response.read()
+                    if response.status == HTTPStatus.UNAUTHORIZED:
+                        continue  # never the client's fault: another replica may take the key
                     if response.status in RETRYABLE_STATUSES:
                         self.metrics.upstream_errors.labels(*labels, "status").inc()
                         continue
@@ -610,7 +615,11 @@ class Router:
             started = loop.time()
             client: web.StreamResponse | None = None
             try:
-                async with self._post(replica, replica.url + request.path, payload) as upstream:
+                async with self._post(
+                    replica, replica.url + request.path, payload, labels
+                ) as upstream:
+                    if upstream.status == HTTPStatus.UNAUTHORIZED:
+                        continue  # never the client's fault: another replica may take the key
                     if upstream.status in RETRYABLE_STATUSES:
                         self.metrics.upstream_errors.labels(*labels, "status").inc()
                         continue
