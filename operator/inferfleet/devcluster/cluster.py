@@ -153,7 +153,7 @@ class Ports:
 
     @classmethod
     def pick(cls) -> Ports:
-        return cls(*(processes.free_port() for _ in range(6)))
+        return cls(*processes.free_ports(6))
 
 
 @dataclass
