@@ -165,6 +165,15 @@ def test_the_clairvoyant_schedule_meets_the_overall_target_with_less_than_the_or
     assert unforeseen is not None
     assert misses(unforeseen) > misses(clairvoyant.run)
     assert unforeseen.gpu_seconds() <= clairvoyant.run.gpu_seconds()
+    # It replays the fleets the clairvoyant run served, not the searched schedule: with a cold
+    # start longer than a window, the replicas asked for ahead of the step serve the first
+    # window, whose own entry is one replica; replayed late, it runs with what it served.
+    slow = replace(config, cold_start_s=120.0)
+    assert clairvoyant.needs[0][AGG] == 1 < clairvoyant.needs[2][AGG]
+    ahead = replace(clairvoyant, run=simulated_schedule(requests, slow, clairvoyant.needs, 60.0))
+    late = without_foresight(requests, slow, ahead, 60.0).unforeseen
+    assert late is not None
+    assert late.accepting(AGG, 30.0) == ahead.served(60.0)[0][AGG] == clairvoyant.needs[2][AGG]
     # Nothing that serves every request uses less than the fluid bound.
     bound = fluid_bound(requests, service, horizon, 60.0)
     assert 0 < bound.gpu_hours < clairvoyant.run.gpu_seconds() / 3600

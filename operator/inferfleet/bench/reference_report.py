@@ -78,6 +78,6 @@ def _unforeseen_sentence(clairvoyant: Clairvoyant) -> str:
         return ""
     return (
         f" Without foresight (each window's fleet asked for as the window starts, so it serves "
-        f"a cold start late) the same schedule attains {attainment(run):.4f} with "
+        f"a cold start late) the same fleets attain {attainment(run):.4f} with "
         f"{run.gpu_seconds() / 3600:.2f} GPU-h."
     )

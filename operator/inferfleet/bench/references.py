@@ -493,7 +493,7 @@ class Clairvoyant:
     """The schedule the search lowered: the per-window oracle's, or the static-best fleet held
     in every window when that needed fewer GPU-hours."""
     unforeseen: FleetRun | None = None
-    """The same schedule without foresight: each window's fleet asked for as the window starts,
+    """The same fleets without foresight: each window's fleet asked for as the window starts,
     so it serves a cold start late. What a policy that knew each window's load the moment it
     came, and no sooner, would get from these fleets: where it misses the target, no policy
     that reacts to the load meets it with them, and the headroom to meet it is held ahead."""
@@ -552,8 +552,12 @@ def without_foresight(
     clairvoyant: Clairvoyant,
     window_s: float = DEFAULT_ORACLE_WINDOW_S,
 ) -> Clairvoyant:
-    """`clairvoyant` with its schedule also replayed without foresight (`unforeseen`)."""
-    run = simulated_schedule(requests, config, clairvoyant.needs, window_s, foresight=False)
+    """`clairvoyant` with its fleets also replayed without foresight (`unforeseen`): each
+    window's fleet as the clairvoyant run served it, asked for as the window starts. Not its
+    schedule: the search lowers a window that replicas ordered ahead for the next ones already
+    cover, and that window's entry, replayed late, would starve it of what it ran with."""
+    served = clairvoyant.served(window_s)
+    run = simulated_schedule(requests, config, served, window_s, foresight=False)
     return replace(clairvoyant, unforeseen=run)
 
 
