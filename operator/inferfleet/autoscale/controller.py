@@ -435,10 +435,7 @@ def _gpu_claim(
     (None: no quota on GPUs)."""
     if quota is None:
         return None
-    wanted = 0
-    for _, spec, decision in decided:
-        replicas = decision.unquoted or decision.replicas
-        wanted += sum(replicas.get(p.role, 0) * p.gpus_per_replica for p in spec.roles)
+    wanted = sum(spec.gpus(decision.unquoted or decision.replicas) for _, spec, decision in decided)
     return GpuClaim(
         service=service,
         priority=quota.priority,

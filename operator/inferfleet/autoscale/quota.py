@@ -105,8 +105,7 @@ class GpuQuota:
         return replace(spec, gpu_quota=self.left + held, quota_yields_to=self.yielded())
 
     def held(self, deployment: str, spec: PolicySpec) -> int:
-        pods = self.pods.get(deployment, {})
-        return sum(pods.get(p.role, 0) * p.gpus_per_replica for p in spec.roles)
+        return spec.gpus(self.pods.get(deployment, {}))
 
     def yielded(self) -> str:
         """In words, the claims served first ("" when none)."""

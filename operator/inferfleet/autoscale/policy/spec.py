@@ -3,6 +3,7 @@ the ModelDeployment (`policy_spec`); and the reasons it gives."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -202,6 +203,10 @@ class PolicySpec:
     @property
     def disaggregated(self) -> bool:
         return any(r.role == Role.PREFILL for r in self.roles)
+
+    def gpus(self, replicas: Mapping[Role, int]) -> int:
+        """The GPUs `replicas` of this service's roles hold (roles it does not have: none)."""
+        return sum(replicas.get(p.role, 0) * p.gpus_per_replica for p in self.roles)
 
     def role(self, role: Role) -> RolePolicy:
         for policy in self.roles:
