@@ -93,6 +93,9 @@ PROBE_INTERVAL_S: Final = 1.0
 SECRET_SYNC_S: Final = 5.0
 """How often a running OCI pod's Secret volumes are written again from the API server (a
 kubelet's sync takes up to about a minute; shorter here, so that tests wait less)."""
+SECRET_READ_TIMEOUT_S: Final = 5.0
+"""The longest a Secret's read may take: an API server that does not answer (stopped, or
+overloaded) delays the pod's sync and its probes by at most this long."""
 DEFAULT_GRACE_S: Final = 30.0
 # On the agent's own shutdown, pods get at most this long: `dev-cluster down` waits 10 s.
 SHUTDOWN_GRACE_S: Final = 7.0
@@ -522,7 +525,9 @@ class PodSupervisor:
     def _write_secret(self, directory: Path, item: oci.SecretKeys) -> None:
         """Each key of the Secret as a file, each replaced whole (a reader never sees one
         half written)."""
-        found = self.context.kube.get("v1", "Secret", item.secret, self.pod.namespace)
+        found = self.context.kube.get(
+            "v1", "Secret", item.secret, self.pod.namespace, timeout_s=SECRET_READ_TIMEOUT_S
+        )
         if found is None:
             raise LookupError(f"secret {item.secret} not found (yet)")
         for key, value in (found.get("data") or {}).items():

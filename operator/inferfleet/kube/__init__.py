@@ -158,11 +158,19 @@ class Kube:
             yield str(event["type"]), dict(event["raw_object"])
 
     def get(
-        self, api_version: str, kind: str, name: str, namespace: str | None = None
+        self,
+        api_version: str,
+        kind: str,
+        name: str,
+        namespace: str | None = None,
+        *,
+        timeout_s: float | None = None,
     ) -> dict[str, Any] | None:
+        """One object, None when there is none; `timeout_s` bounds the request (None: the
+        client's default, no bound)."""
         try:
             found = self.resource(api_version, kind).get(
-                name=name, namespace=namespace, serialize=False
+                name=name, namespace=namespace, serialize=False, _request_timeout=timeout_s
             )
         except ApiException as error:
             if error.status == 404:
