@@ -20,6 +20,7 @@ from inferfleet.autoscale.controller import (
     current_replicas,
     tick,
 )
+from inferfleet.autoscale.policy import policy_spec
 from inferfleet.autoscale.queries import (
     STALENESS,
     DeploymentUsage,
@@ -223,6 +224,37 @@ def test_a_load_step_takes_no_more_gpus_than_the_namespace_quota_leaves() -> Non
         settings=SETTINGS, now=NOW + timedelta(seconds=15), gpu_quota=quota,
     )  # fmt: skip
     assert "QuotaExhausted" not in [r for r, _, _ in again.events]
+
+
+def test_a_deployment_decided_in_a_tick_takes_the_free_gpus_the_next_one_would_see() -> None:
+    # Two deployments of one service share what the quota leaves it, one after the other.
+    spec = policy_spec(inference_service().spec, model_deployment().spec, GpuCatalog.builtin())
+    quota = GpuQuota(left=3, pods={"a": {Role.AGGREGATED: 2}, "b": {Role.AGGREGATED: 1}})
+    after_a = quota.after("a", spec, {Role.AGGREGATED: 4})
+    assert after_a.left == 1
+    assert after_a.limit("b", spec).gpu_quota == 2  # its one pod and the one GPU left
+    assert after_a.after("b", spec, {Role.AGGREGATED: 3}).left == 0
+    # A scale-down frees nothing until its pods are gone.
+    assert quota.after("a", spec, {Role.AGGREGATED: 1}).left == 3
+
+
+def test_two_deployments_of_a_service_take_no_more_in_one_tick_than_the_quota_leaves() -> None:
+    mds = {
+        name: ModelDeployment.model_validate(
+            {"metadata": {"name": name, "namespace": "serving"}, "spec": SPEC_MD}
+        )
+        for name in ("a", "b")
+    }  # two 1-GPU replicas each, created
+    body = inference_service().to_wire()
+    body["spec"]["deployments"] = [{"name": "a"}, {"name": "b"}]
+    service = InferenceService.model_validate(body)
+    answers = busy(60.0, attainment=0.7, ttft_p95_s=1.2)
+    free = tick(service, mds, Scripted(answers), settings=SETTINGS, now=NOW)
+    assert all(d.decision.replicas[Role.AGGREGATED] >= 3 for d in free.deployments)
+    # One GPU is free: the first deployment decided takes it, the second sees none.
+    quota = GpuQuota(left=1, pods={name: {Role.AGGREGATED: 2} for name in mds})
+    result = tick(service, mds, Scripted(answers), settings=SETTINGS, now=NOW, gpu_quota=quota)
+    assert sum(d.decision.replicas[Role.AGGREGATED] for d in result.deployments) == 2 + 2 + 1
 
 
 def test_a_lower_priority_service_does_not_grow_into_gpus_a_higher_one_waits_for() -> None:

@@ -388,6 +388,8 @@ def tick(
         )  # fmt: skip
         state[deployment] = decision.history.to_wire()
         quoted.append((deployment, spec, decision))
+        if gpu_quota is not None:
+            gpu_quota = gpu_quota.after(deployment, spec, decision.replicas)
         changed = any(decision.replicas.get(r) != current.get(r) for r in spec.role_names)
         decisions.append(DeploymentDecision(deployment, decision, changed))
         role_records.extend(_role_records(deployment, spec, current, decision))

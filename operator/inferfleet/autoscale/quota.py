@@ -104,6 +104,13 @@ class GpuQuota:
         held = self.held(deployment, spec)
         return replace(spec, gpu_quota=self.left + held, quota_yields_to=self.yielded())
 
+    def after(self, deployment: str, spec: PolicySpec, replicas: Mapping[Role, int]) -> GpuQuota:
+        """What is left for the next deployment of the same tick once `deployment` is decided
+        to hold `replicas`: the GPUs it takes beyond those its pods hold are no longer free
+        (those it gives back are, only once its pods are gone)."""
+        taken = max(0, spec.gpus(replicas) - self.held(deployment, spec))
+        return replace(self, left=max(0, self.left - taken))
+
     def held(self, deployment: str, spec: PolicySpec) -> int:
         return spec.gpus(self.pods.get(deployment, {}))
 
