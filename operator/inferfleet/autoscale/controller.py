@@ -411,19 +411,25 @@ def tick(
     status = _tick_status(
         conditions, state, decisions, reading=reading, usage=usage, now=now, events=events
     )
-    first = reading.first_snapshot
-    record = TickRecord(
-        namespace=namespace,
-        service=name,
-        at_s=now_s,
-        metrics_available=reading.problem is None,
-        newest_sample_age_s=None if first is None else first.newest_sample_age_s,
-        slo_attainment_target=service.spec.slo.attainment_target,
-        roles=tuple(role_records),
-    )
+    record = _tick_record(service, reading, role_records, at_s=now_s)
     if settings.metrics is not None:
         settings.metrics.record(record)
     return TickResult(status, decisions, events, record, _gpu_claim(name, gpu_quota, quoted, now_s))
+
+
+def _tick_record(
+    service: InferenceService, reading: _Reading, roles: Sequence[RoleRecord], *, at_s: float
+) -> TickRecord:
+    first = reading.first_snapshot
+    return TickRecord(
+        namespace=str(service.metadata.get("namespace")),
+        service=str(service.metadata.get("name")),
+        at_s=at_s,
+        metrics_available=reading.problem is None,
+        newest_sample_age_s=None if first is None else first.newest_sample_age_s,
+        slo_attainment_target=service.spec.slo.attainment_target,
+        roles=tuple(roles),
+    )
 
 
 def _gpu_claim(
