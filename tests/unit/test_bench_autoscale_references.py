@@ -18,12 +18,16 @@ from inferfleet.bench.autoscale import (
     scenario_requests,
     service_of,
 )
+from inferfleet.bench.reference_report import references_line
 from inferfleet.bench.references import (
+    LATE_HEADROOM_MAX,
+    LATE_HEADROOM_PRECISION,
     Oracle,
     allowed_misses,
     attainment,
     clairvoyant_schedule,
     fluid_bound,
+    late_headroom,
     misses,
     per_window_oracle,
     schedule_gpu_seconds,
@@ -165,6 +169,42 @@ def test_the_clairvoyant_schedule_meets_the_overall_target_with_less_than_the_or
     assert unforeseen is not None
     assert misses(unforeseen) > misses(clairvoyant.run)
     assert unforeseen.gpu_seconds() <= clairvoyant.run.gpu_seconds()
+    # The headroom on those fleets that meets the target late: found within the precision of
+    # a factor that missed, its run the fleets scaled by it (counts rounded to the nearest).
+    headroom = without_foresight(
+        requests, config, clairvoyant, 60.0, target=target, max_simulations=6
+    ).late_headroom
+    assert headroom is not None
+    assert headroom.factor is not None
+    assert headroom.run is not None
+    assert headroom.tried[0] == (1.0, attainment(unforeseen))
+    assert attainment(headroom.run) >= target
+    missed = max(factor for factor, value in headroom.tried if value < target)
+    assert headroom.factor - LATE_HEADROOM_PRECISION <= missed < headroom.factor
+    bound = fluid_bound(requests, service, horizon, 60.0)
+    served = clairvoyant.served(60.0)
+    peak = max(range(len(served)), key=lambda w: served[w][AGG])
+    late_s = peak * 60.0 + config.cold_start_s + 10.0
+    assert headroom.run.accepting(AGG, late_s) == math.floor(
+        headroom.factor * served[peak][AGG] + 0.5
+    )
+    assert headroom.run.gpu_seconds() > unforeseen.gpu_seconds()
+    assert 0 < headroom.simulations <= 6
+    line = references_line(
+        bound, replace(clairvoyant, unforeseen=unforeseen, late_headroom=headroom)
+    )
+    assert f"meet the target with {headroom.factor:.2f}x their replicas" in line
+    # A target no headroom meets: the search stops at its largest factor and says so.
+    never = late_headroom(
+        requests, config, served, 60.0, target=1.01, unforeseen=unforeseen, max_simulations=6
+    )
+    assert never.factor is None
+    assert never.run is None
+    assert max(factor for factor, _ in never.tried) == LATE_HEADROOM_MAX
+    line = references_line(bound, replace(clairvoyant, unforeseen=unforeseen, late_headroom=never))
+    assert (
+        f"No headroom up to {LATE_HEADROOM_MAX:.2f}x their replicas meets the target late" in line
+    )
     # It replays the fleets the clairvoyant run served, not the searched schedule: with a cold
     # start longer than a window, the replicas asked for ahead of the step serve the first
     # window, whose own entry is one replica; replayed late, it runs with what it served.
@@ -175,7 +215,6 @@ def test_the_clairvoyant_schedule_meets_the_overall_target_with_less_than_the_or
     assert late is not None
     assert late.accepting(AGG, 30.0) == ahead.served(60.0)[0][AGG] == clairvoyant.needs[2][AGG]
     # Nothing that serves every request uses less than the fluid bound.
-    bound = fluid_bound(requests, service, horizon, 60.0)
     assert 0 < bound.gpu_hours < clairvoyant.run.gpu_seconds() / 3600
 
     # Static-best: the fewest replicas held all the time that meet the target; one fewer was

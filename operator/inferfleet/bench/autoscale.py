@@ -531,6 +531,7 @@ def run_scenario(
         base,
         clairvoyant_schedule(requests, service, base, oracle, window_s, static=best),
         window_s,
+        target=service.slo.attainment_target,
     )
     cpu["clairvoyant"] = clock() - started
     mix = (

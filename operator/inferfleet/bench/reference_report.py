@@ -8,7 +8,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from inferfleet.api.model_deployment import Role
-from inferfleet.bench.references import Clairvoyant, FluidBound, StaticBest, attainment
+from inferfleet.bench.references import (
+    Clairvoyant,
+    FluidBound,
+    LateHeadroom,
+    StaticBest,
+    attainment,
+)
 
 
 def references_json(
@@ -35,6 +41,7 @@ def references_json(
             else {
                 "gpuHours": clairvoyant.unforeseen.gpu_seconds() / 3600,
                 "attainment": attainment(clairvoyant.unforeseen),
+                "headroom": _late_headroom_json(clairvoyant.late_headroom),
             },
         },
         "perWindowOracle": {
@@ -53,6 +60,19 @@ def references_json(
                 for fleet, value in best.tried
             ],
         },
+    }
+
+
+def _late_headroom_json(headroom: LateHeadroom | None) -> dict[str, Any] | None:
+    if headroom is None:
+        return None
+    run = headroom.run
+    return {
+        "factor": headroom.factor,
+        "gpuHours": None if run is None else run.gpu_seconds() / 3600,
+        "attainment": None if run is None else attainment(run),
+        "simulations": headroom.simulations,
+        "tried": [{"factor": factor, "attainment": value} for factor, value in headroom.tried],
     }
 
 
@@ -79,5 +99,24 @@ def _unforeseen_sentence(clairvoyant: Clairvoyant) -> str:
     return (
         f" Without foresight (each window's fleet asked for as the window starts, so it serves "
         f"a cold start late) the same fleets attain {attainment(run):.4f} with "
-        f"{run.gpu_seconds() / 3600:.2f} GPU-h."
+        f"{run.gpu_seconds() / 3600:.2f} GPU-h.{_late_headroom_sentence(clairvoyant)}"
+    )
+
+
+def _late_headroom_sentence(clairvoyant: Clairvoyant) -> str:
+    headroom = clairvoyant.late_headroom
+    if headroom is None:
+        return ""
+    if headroom.simulations == 0 and headroom.factor is not None:
+        return " Late, they meet the target as they are."
+    if headroom.factor is None or headroom.run is None:
+        highest = max(factor for factor, _ in headroom.tried)
+        return (
+            f" No headroom up to {highest:.2f}x their replicas meets the target late "
+            f"({headroom.simulations} simulations)."
+        )
+    return (
+        f" Late, they meet the target with {headroom.factor:.2f}x their replicas (the least "
+        f"headroom a bisection of {headroom.simulations} simulations found): "
+        f"{attainment(headroom.run):.4f} with {headroom.run.gpu_seconds() / 3600:.2f} GPU-h."
     )

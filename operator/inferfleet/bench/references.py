@@ -42,6 +42,12 @@ SEARCH_COST_FACTOR = 2
 """The clairvoyant search runs at most this many times the oracle's simulations (at least
 `MIN_SEARCH_SIMULATIONS`)."""
 MIN_SEARCH_SIMULATIONS = 6
+LATE_HEADROOM_SIMULATIONS = 8
+"""Simulations `late_headroom` may run: a factor up to 2.25 found within
+`LATE_HEADROOM_PRECISION` (two to bracket it, six to halve the bracket)."""
+LATE_HEADROOM_PRECISION = 0.02
+LATE_HEADROOM_MAX = 3.0
+"""The most headroom `late_headroom` tries: past it, the reference says none was found."""
 LOWER_STEP_SHARE = 8
 """A search pass lowers a window by one replica in this many (at least one)."""
 
@@ -477,6 +483,20 @@ class SearchPass:
 
 
 @dataclass(frozen=True)
+class LateHeadroom:
+    """The clairvoyant run's fleets without foresight, every window's scaled by the least
+    `factor` (found by bisection) that meets the attainment target: what a policy that knew
+    every window's fleet the moment the window came, and no sooner, holds to meet it with a
+    uniform headroom. None of `factor` when no factor tried met it."""
+
+    factor: float | None
+    run: FleetRun | None
+    simulations: int
+    tried: list[tuple[float, float]]
+    """Every factor simulated and its attainment, in order."""
+
+
+@dataclass(frozen=True)
 class Clairvoyant:
     needs: list[dict[Role, int]]
     """The searched schedule (replayed by `ClairvoyantScaler`)."""
@@ -492,6 +512,8 @@ class Clairvoyant:
     started_from: str = "the per-window oracle"
     """The schedule the search lowered: the per-window oracle's, or the static-best fleet held
     in every window when that needed fewer GPU-hours."""
+    late_headroom: LateHeadroom | None = None
+    """The least headroom on the same fleets that meets the target without foresight."""
     unforeseen: FleetRun | None = None
     """The same fleets without foresight: each window's fleet asked for as the window starts,
     so it serves a cold start late. What a policy that knew each window's load the moment it
@@ -551,14 +573,74 @@ def without_foresight(
     config: FleetConfig,
     clairvoyant: Clairvoyant,
     window_s: float = DEFAULT_ORACLE_WINDOW_S,
+    *,
+    target: float | None = None,
+    max_simulations: int = LATE_HEADROOM_SIMULATIONS,
 ) -> Clairvoyant:
     """`clairvoyant` with its fleets also replayed without foresight (`unforeseen`): each
     window's fleet as the clairvoyant run served it, asked for as the window starts. Not its
     schedule: the search lowers a window that replicas ordered ahead for the next ones already
-    cover, and that window's entry, replayed late, would starve it of what it ran with."""
+    cover, and that window's entry, replayed late, would starve it of what it ran with.
+
+    With an attainment `target`, also the least headroom on those fleets that meets it late
+    (`late_headroom`), in at most `max_simulations` more simulations."""
     served = clairvoyant.served(window_s)
     run = simulated_schedule(requests, config, served, window_s, foresight=False)
-    return replace(clairvoyant, unforeseen=run)
+    headroom = None
+    if target is not None:
+        headroom = late_headroom(
+            requests, config, served, window_s,
+            target=target, unforeseen=run, max_simulations=max_simulations,
+        )  # fmt: skip
+    return replace(clairvoyant, unforeseen=run, late_headroom=headroom)
+
+
+def late_headroom(
+    requests: Sequence[TraceRequest],
+    config: FleetConfig,
+    fleets: Sequence[Mapping[Role, int]],
+    window_s: float,
+    *,
+    target: float,
+    unforeseen: FleetRun,
+    max_simulations: int = LATE_HEADROOM_SIMULATIONS,
+) -> LateHeadroom:
+    """The factor on every window's fleet that meets `target` replayed without foresight
+    (`unforeseen`: the factor 1), by bisection: upward by half (up to `LATE_HEADROOM_MAX`)
+    until one meets it, then down within `LATE_HEADROOM_PRECISION` of one that missed. Counts
+    are rounded to the nearest, so that the factor says the headroom held (rounded up, any
+    factor above 1 would add a replica to every count). More replicas serve more requests in
+    time, though not strictly (they reorder the queues): the factor is the least the
+    bisection finds, and a slightly smaller one may also meet the target."""
+    tried = [(1.0, attainment(unforeseen))]
+    if tried[0][1] >= target:
+        return LateHeadroom(1.0, unforeseen, 0, tried)
+
+    def replay(factor: float) -> FleetRun:
+        scaled = [
+            {role: math.floor(factor * count + 0.5) for role, count in fleet.items()}
+            for fleet in fleets
+        ]
+        run = simulated_schedule(requests, config, scaled, window_s, foresight=False)
+        tried.append((factor, attainment(run)))
+        return run
+
+    low, high, met = 1.0, 1.0, None
+    while met is None and len(tried) <= max_simulations and high < LATE_HEADROOM_MAX:
+        low, high = high, min(LATE_HEADROOM_MAX, high * 1.5)
+        run = replay(high)
+        if tried[-1][1] >= target:
+            met = run
+    while (
+        met is not None and high - low > LATE_HEADROOM_PRECISION and len(tried) <= max_simulations
+    ):
+        middle = (low + high) / 2
+        run = replay(middle)
+        if tried[-1][1] >= target:
+            high, met = middle, run
+        else:
+            low = middle
+    return LateHeadroom(high if met is not None else None, met, len(tried) - 1, tried)
 
 
 def _search(
