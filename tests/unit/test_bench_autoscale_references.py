@@ -18,23 +18,25 @@ from inferfleet.bench.autoscale import (
     scenario_requests,
     service_of,
 )
-from inferfleet.bench.reference_report import references_line
-from inferfleet.bench.references import (
+from inferfleet.bench.clairvoyant import (
     LATE_HEADROOM_MAX,
     LATE_HEADROOM_PRECISION,
+    clairvoyant_schedule,
+    late_headroom,
+    schedule_gpu_seconds,
+    without_foresight,
+)
+from inferfleet.bench.reference_report import references_line
+from inferfleet.bench.references import (
     Oracle,
     allowed_misses,
     attainment,
-    clairvoyant_schedule,
     fluid_bound,
-    late_headroom,
     misses,
     per_window_oracle,
-    schedule_gpu_seconds,
     simulated_schedule,
     static_best,
     static_counts,
-    without_foresight,
 )
 from inferfleet.planning.memory import kv_bytes_per_token, plan_memory, weight_bytes_per_gpu
 from inferfleet.planning.performance import DEFAULT_EFFICIENCY

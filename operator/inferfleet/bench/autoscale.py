@@ -4,8 +4,8 @@ A scenario (YAML) names a service (a ModelDeployment and an InferenceService), a
 in ../shared/traces replayed at a rate multiplier, or a synthetic pattern), a seed and the
 fleet's cold start. Every policy replays the same load open-loop through the same simulated
 fleet (`inferfleet.sim.fleet`) and is scored on SLO attainment, goodput, goodput per GPU-hour,
-GPU-hours (and their ratio to the two references of `bench.references`: the clairvoyant
-schedule and the fluid lower bound), p95 TTFT and TPOT, reaction time to load steps and
+GPU-hours (and their ratio to the two references: the clairvoyant schedule of
+`bench.clairvoyant` and the fluid lower bound of `bench.references`), p95 TTFT and TPOT, reaction time to load steps and
 direction changes per hour.
 
 Pure apart from `load_scenario`, `write_results` and `plot_scenario`.
@@ -37,21 +37,19 @@ from inferfleet.autoscale.baselines import (
 from inferfleet.autoscale.policy import Decision, PolicyHistory, PolicySpec, decide, policy_spec
 from inferfleet.autoscale.snapshot import MetricsSnapshot
 from inferfleet.bench import traces
+from inferfleet.bench.clairvoyant import Clairvoyant, clairvoyant_schedule, without_foresight
 from inferfleet.bench.reference_report import per_window, references_json, references_line
 from inferfleet.bench.references import (
     DEFAULT_ORACLE_WINDOW_S,
-    Clairvoyant,
     FluidBound,
     Oracle,
     Service,
     StaticBest,
-    clairvoyant_schedule,
     fluid_bound,
     per_window_oracle,
     static_best,
     static_counts,
     window_scores,
-    without_foresight,
 )
 from inferfleet.bench.report import percentile
 from inferfleet.planning.replica import ReplicaConfig

@@ -8,13 +8,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from inferfleet.api.model_deployment import Role
-from inferfleet.bench.references import (
-    Clairvoyant,
-    FluidBound,
-    LateHeadroom,
-    StaticBest,
-    attainment,
-)
+from inferfleet.bench.clairvoyant import Clairvoyant, LateHeadroom
+from inferfleet.bench.references import FluidBound, StaticBest, attainment
 
 
 def references_json(
