@@ -5,8 +5,8 @@ in ../shared/traces replayed at a rate multiplier, or a synthetic pattern), a se
 fleet's cold start. Every policy replays the same load open-loop through the same simulated
 fleet (`inferfleet.sim.fleet`) and is scored on SLO attainment, goodput, goodput per GPU-hour,
 GPU-hours (and their ratio to the two references: the clairvoyant schedule of
-`bench.clairvoyant` and the fluid lower bound of `bench.references`), p95 TTFT and TPOT, reaction time to load steps and
-direction changes per hour.
+`bench.clairvoyant` and the fluid lower bound of `bench.references`), p95 TTFT and TPOT,
+reaction time to load steps and direction changes per hour.
 
 Pure apart from `load_scenario`, `write_results` and `plot_scenario`.
 """
