@@ -284,12 +284,14 @@ class Router:
             for key, n in sequences.items()
         )
 
-    def _mark_down(self, replica: Replica) -> None:
+    def _mark_down(self, replica: Replica, error: BaseException) -> None:
         if replica.healthy:
             log.warning(
-                "replica %s (%s) failed a call; out until it checks healthy",
+                "replica %s (%s) failed a call (%s: %s); out until it checks healthy",
                 replica.url,
                 replica.role,
+                type(error).__name__,
+                error,
             )
         replica.healthy = False
         self._publish_replicas()
@@ -576,9 +578,9 @@ class Router:
                 except (ValueError, HandoffError) as error:
                     self.metrics.upstream_errors.labels(*labels, "handoff").inc()
                     raise _UpstreamFailedError(f"prefill -> decode hand-off: {error}") from error
-            except _CALL_ERRORS:
+            except _CALL_ERRORS as error:
                 self.metrics.upstream_errors.labels(*labels, "connect").inc()
-                self._mark_down(replica)
+                self._mark_down(replica, error)
             finally:
                 charge.close()
         raise _NoReplicaError(Role.PREFILL, len(tried))
@@ -674,7 +676,7 @@ class Router:
                 self.metrics.upstream_errors.labels(
                     *labels, "connect" if client is None else "stream"
                 ).inc()
-                self._mark_down(replica)
+                self._mark_down(replica, error)
                 if client is None:
                     continue
                 timing.streamed = True
