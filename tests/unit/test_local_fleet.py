@@ -3,6 +3,7 @@ pods, what the operator renders for pod discovery, and Prometheus' pod discovery
 
 from __future__ import annotations
 
+import base64
 import copy
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -14,6 +15,8 @@ import yaml
 
 from inferfleet.devcluster.cluster import State
 from inferfleet.devcluster.fleet import (
+    AgentContext,
+    FleetAgent,
     Kind,
     Probe,
     listen_on,
@@ -785,3 +788,34 @@ def test_a_container_that_exits_for_good_ends_its_pod_by_its_exit_status(
         "reason": reason,
         "finishedAt": "2026-11-23T12:00:00Z",
     }
+
+
+class _Secrets:
+    """An API client holding one Secret, whose value the test changes."""
+
+    def __init__(self, value: str) -> None:
+        self.value = value
+        self.reads = 0
+
+    def get(self, api_version: str, kind: str, name: str, namespace: str) -> dict[str, Any]:
+        self.reads += 1
+        return {"data": {"api-key": base64.b64encode(self.value.encode()).decode()}}
+
+
+def test_a_container_s_environment_keeps_the_secret_it_started_with(tmp_path: Path) -> None:
+    # As a kubelet: the value is read when the pod's container starts; a later change of the
+    # Secret reaches the running pod through its volumes, never by starting it again.
+    secrets = _Secrets("first")
+    agent = FleetAgent(
+        AgentContext(
+            kube=secrets,  # type: ignore[arg-type]
+            state_dir=tmp_path, api_server="https://127.0.0.1:6443",
+            ca_file=tmp_path / "ca.crt", executable="inferfleet",
+        )
+    )  # fmt: skip
+    assert agent._secret("serving", "uid-1", "engine-key", "api-key") == "first"
+    secrets.value = "rotated"
+    assert agent._secret("serving", "uid-1", "engine-key", "api-key") == "first"
+    assert secrets.reads == 1
+    # A new pod (a rollout) reads the Secret as it is now.
+    assert agent._secret("serving", "uid-2", "engine-key", "api-key") == "rotated"

@@ -650,27 +650,38 @@ class FleetAgent:
         self._lock = threading.Lock()
         # Pods left alone, each said once: (uid, why).
         self._reported: set[tuple[str, str]] = set()
+        # Secret values of containers' environments, by (pod uid, Secret, key): read once.
+        self._env_secrets: dict[tuple[str, str, str], str] = {}
 
     def _process(self, pod: Mapping[str, Any]) -> PodProcess | None:
         images = self.context.images
         if images is None:
             return pod_process(pod, self.context.executable)
-        namespace = str((pod.get("metadata") or {}).get("namespace", ""))
+        metadata = pod.get("metadata") or {}
+        namespace, uid = str(metadata.get("namespace", "")), str(metadata.get("uid", ""))
         process = oci_pod_process(
-            pod, images.find, self.context.api_address, functools.partial(self._secret, namespace)
-        )
+            pod, images.find, self.context.api_address,
+            functools.partial(self._secret, namespace, uid),
+        )  # fmt: skip
         if process is None and pod_is_running(pod):
             containers = (pod.get("spec") or {}).get("containers") or [{}]
             self._report_once(pod, f"image {containers[0].get('image')!r} is not in {images}")
         return process
 
-    def _secret(self, namespace: str, name: str, key: str) -> str:
-        """A Secret's value, as a kubelet reads it for a container's environment."""
+    def _secret(self, namespace: str, uid: str, name: str, key: str) -> str:
+        """A Secret's value for a container's environment, read once for the pod, as a kubelet
+        reads it when it starts the container: a Secret changed later reaches a running
+        container through its volumes only, and the pod's process is not started again."""
+        remembered = self._env_secrets.get((uid, name, key))
+        if remembered is not None:
+            return remembered
         found = self.context.kube.get("v1", "Secret", name, namespace)
         value = ((found or {}).get("data") or {}).get(key)
         if value is None:
             raise oci.ImageError(f"secret {name} has no key {key} (yet)")
-        return base64.b64decode(value).decode()
+        decoded = base64.b64decode(value).decode()
+        self._env_secrets[(uid, name, key)] = decoded
+        return decoded
 
     def _report_once(self, pod: Mapping[str, Any], why: str) -> None:
         metadata = pod.get("metadata") or {}
@@ -698,6 +709,8 @@ class FleetAgent:
             if self.stopped.is_set():
                 return
             wanted = self.desired()
+            for remembered in [k for k in self._env_secrets if k[0] not in self._pods]:
+                del self._env_secrets[remembered]
             for uid, supervisor in list(self.supervisors.items()):
                 if wanted.get(uid) != supervisor.pod:
                     supervisor.stop()
