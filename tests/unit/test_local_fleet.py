@@ -797,7 +797,9 @@ class _Secrets:
         self.value = value
         self.reads = 0
 
-    def get(self, api_version: str, kind: str, name: str, namespace: str) -> dict[str, Any]:
+    def get(
+        self, api_version: str, kind: str, name: str, namespace: str, timeout_s: float
+    ) -> dict[str, Any]:
         self.reads += 1
         return {"data": {"api-key": base64.b64encode(self.value.encode()).decode()}}
 

@@ -116,6 +116,15 @@ class Probe:
     port: int
 
 
+def read_secret(kube: Kube, namespace: str, name: str) -> dict[str, bytes] | None:
+    """A Secret's keys and their decoded values (None: no such Secret), read within
+    `SECRET_READ_TIMEOUT_S`, for a container's environment and its volumes alike."""
+    found = kube.get("v1", "Secret", name, namespace, timeout_s=SECRET_READ_TIMEOUT_S)
+    if found is None:
+        return None
+    return {key: base64.b64decode(value) for key, value in (found.get("data") or {}).items()}
+
+
 @dataclass(frozen=True)
 class PodProcess:
     """What runs for one pod: derived from the pod alone, so that any change of it (a new
@@ -525,13 +534,11 @@ class PodSupervisor:
     def _write_secret(self, directory: Path, item: oci.SecretKeys) -> None:
         """Each key of the Secret as a file, each replaced whole (a reader never sees one
         half written)."""
-        found = self.context.kube.get(
-            "v1", "Secret", item.secret, self.pod.namespace, timeout_s=SECRET_READ_TIMEOUT_S
-        )
-        if found is None:
+        data = read_secret(self.context.kube, self.pod.namespace, item.secret)
+        if data is None:
             raise LookupError(f"secret {item.secret} not found (yet)")
-        for key, value in (found.get("data") or {}).items():
-            content, target = base64.b64decode(value), directory / key
+        for key, content in data.items():
+            target = directory / key
             if target.is_file() and target.read_bytes() == content:
                 continue
             written = directory / f".{key}.new"
@@ -675,11 +682,10 @@ class FleetAgent:
         remembered = self._env_secrets.get((uid, name, key))
         if remembered is not None:
             return remembered
-        found = self.context.kube.get("v1", "Secret", name, namespace)
-        value = ((found or {}).get("data") or {}).get(key)
+        value = (read_secret(self.context.kube, namespace, name) or {}).get(key)
         if value is None:
             raise oci.ImageError(f"secret {name} has no key {key} (yet)")
-        decoded = base64.b64decode(value).decode()
+        decoded = value.decode()
         self._env_secrets[(uid, name, key)] = decoded
         return decoded
 
