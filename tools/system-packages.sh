@@ -6,9 +6,13 @@
 #   crun, umoci             the dev cluster's OCI runtime mode: images unpacked, then run
 #   mmdebstrap, buildah,    tools/images/build.sh: a Debian root filesystem, the images built
 #   skopeo                  from runtime_images/ and copied between layouts and registries
+#   openssh-server,         a multi-node TensorRT-LLM group's launch: the leader's ssh into a
+#   openssh-client,         worker's daemon, and Open MPI's mpirun over the group, run on
+#   openmpi-bin             loopback by tests/unit/test_multinode_launch.py
 set -euo pipefail
 
-packages=(lua5.1 lua-cjson crun umoci mmdebstrap buildah skopeo)
+packages=(lua5.1 lua-cjson crun umoci mmdebstrap buildah skopeo openssh-server openssh-client
+    openmpi-bin)
 
 missing=()
 for package in "${packages[@]}"; do

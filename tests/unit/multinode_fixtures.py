@@ -17,8 +17,8 @@ GPUS = GpuCatalog.builtin()
 
 
 def llama_405b_bf16(engine: str = "vllm") -> ModelDeploymentSpec:
-    """Tensor 8 on each of two H100 nodes. (The API serves it with vllm only: another engine
-    is set past validation, as an object stored before that rule would be.)"""
+    """Tensor 8 on each of two H100 nodes. (The API serves it with vllm and tensorrt-llm only:
+    another engine is set past validation, as an object stored before that rule would be.)"""
     spec = ModelDeploymentSpec.model_validate(
         {
             "model": {"name": "llama-3.1-405b", "source": "hf://meta-llama/Llama-3.1-405B"},

@@ -491,6 +491,30 @@ def test_a_replica_over_two_nodes_is_a_leader_worker_set_ready_from_its_groups()
     ]
 
 
+def test_a_tensorrt_llm_group_s_keys_are_generated_once_never_applied_or_pruned() -> None:
+    """The keys Secret is rendered without data: handed to the controller to create with keys
+    (`generate`), never in `apply` (applied again it would lose them) and, never read back, it
+    is not a child to prune (its owner's deletion takes it)."""
+    body = _example("ModelDeployment", "llama-3.1-405b-bf16-two-nodes-trtllm.yaml")
+    outcome = _md_outcome(body)
+    (secret,) = outcome.generate
+    assert secret["kind"] == "Secret"
+    uid = body["metadata"]["uid"]
+    assert secret["metadata"]["name"] == f"llama-3-1-405b-trtllm-mpi-ssh-{uid[:8]}"
+    assert "Secret" not in {o["kind"] for o in outcome.apply}
+    settled = _md_outcome(body, children=_settled(body, outcome))
+    assert (settled.apply, settled.delete) == ((), ())
+    assert settled.generate == outcome.generate
+    vllm = _md_outcome(_example("ModelDeployment", MULTI_NODE))
+    assert vllm.generate == ()
+    # Deleted and created again under its name: new keys, not the Secret of the one before
+    # (on its way out through the garbage collector, and never read by the operator).
+    recreated = _example("ModelDeployment", "llama-3.1-405b-bf16-two-nodes-trtllm.yaml")
+    recreated["metadata"]["uid"] = "ffffffff-0000-4000-8000-000000000000"
+    (again,) = _md_outcome(recreated).generate
+    assert again["metadata"]["name"] != secret["metadata"]["name"]
+
+
 def test_a_leader_worker_set_of_a_release_without_observed_generation_counts() -> None:
     """LWS reports `status.observedGeneration` since v0.9.0: an earlier release's counts are
     taken as they are."""

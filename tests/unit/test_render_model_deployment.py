@@ -79,6 +79,11 @@ def template_hash(deployment: dict[str, Any]) -> str:
         ),
         ("llama-3.1-8b-lora-vllm", "llama-3.1-8b-lora-vllm.yaml", None),
         ("llama-3.1-405b-bf16-two-nodes-vllm", "llama-3.1-405b-bf16-two-nodes-vllm.yaml", None),
+        (
+            "llama-3.1-405b-bf16-two-nodes-trtllm",
+            "llama-3.1-405b-bf16-two-nodes-trtllm.yaml",
+            None,
+        ),
     ],
 )
 def test_examples_render_as_golden(name: str, file: str, engine: str | None) -> None:

@@ -3,6 +3,7 @@ by the schema LeaderWorkerSet publishes (v0.10.0), with vLLM's multi-node launch
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -12,11 +13,19 @@ from inferfleet.api.model_deployment import ModelDeploymentSpec, ParallelismSpec
 from inferfleet.api.scheduling import SchedulingSpec
 from inferfleet.devcluster.thirdparty import LEADER_WORKER_SET, file_sha256, published_crd
 from inferfleet.engines import UnsupportedSpecError, build_engine_container
-from inferfleet.engines.multinode import DISTRIBUTED_PORT, group_members
+from inferfleet.engines.multinode import (
+    DISTRIBUTED_PORT,
+    SSH_CAPABILITIES,
+    SSH_KEYS_DIR,
+    SSH_KEYS_VOLUME,
+    group_members,
+)
 from inferfleet.render import render_model_deployment
 from inferfleet.render.multinode import (
     ENGINE_WORKER_APP,
     EXCLUSIVE_TOPOLOGY_ANNOTATION,
+    GENERATED_DATA_ANNOTATION,
+    SSH_KEYS,
     group_set_name,
 )
 from inferfleet.render.network import NetworkIsolation
@@ -79,11 +88,64 @@ def test_the_group_name_leaves_room_for_the_names_lws_derives_from_it() -> None:
     assert len(f"{long}-999999-99") <= 63
 
 
-def test_tensorrt_llm_over_several_nodes_is_refused_with_the_reason() -> None:
-    spec = llama_405b_bf16("tensorrt-llm")
+def test_the_sim_engine_over_several_nodes_is_refused_with_the_reason() -> None:
+    spec = llama_405b_bf16("sim")
     engine = build_engine_container(spec, Role.AGGREGATED, model_name="m")
-    with pytest.raises(UnsupportedSpecError, match="tensorrt-llm over several nodes"):
+    with pytest.raises(UnsupportedSpecError, match="sim over several nodes"):
         group_members(spec, engine, 2)
+
+
+def test_a_405b_replica_on_tensorrt_llm_is_one_mpi_world_over_the_group() -> None:
+    """The leader runs mpirun over the group with the engine's command; each worker runs the
+    SSH daemon mpirun starts its ranks through, with the capabilities that daemon needs and
+    nothing to probe; both mount the keys Secret, which is rendered without its data."""
+    objects = render_model_deployment(
+        deployment(llama_405b_bf16("tensorrt-llm")), replicas={Role.AGGREGATED: 2}
+    )
+    (lws,) = [o for o in objects if o["kind"] == "LeaderWorkerSet"]
+    (secret,) = [o for o in objects if o["kind"] == "Secret"]
+    admission = admit(lws, lws_schema())
+    assert admission.admitted, admission.errors
+    assert secret["metadata"]["name"] == "llama-405b-mpi-ssh-u"
+    assert secret["metadata"]["annotations"][GENERATED_DATA_ANNOTATION] == SSH_KEYS
+    assert not {"data", "stringData"} & set(secret)
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == "u"
+    group = lws["spec"]["leaderWorkerTemplate"]
+    pods = [group["leaderTemplate"]["spec"], group["workerTemplate"]["spec"]]
+    leader, worker = (pod["containers"][0] for pod in pods)
+    assert leader["command"][:2] == ["/bin/sh", "-c"]
+    assert 'mpirun)" --allow-run-as-root' in leader["command"][2]
+    args = leader["args"]
+    assert args[0] == "trtllm-serve"
+    assert args[args.index("--tp_size") + 1] == "8"
+    assert args[args.index("--pp_size") + 1] == "2"
+    assert "readinessProbe" in leader
+    assert worker["command"][:2] == ["/bin/sh", "-c"]
+    assert "sshd -D" in worker["command"][2]
+    assert not {"args", "ports", "readinessProbe", "startupProbe"} & set(worker)
+    assert worker["securityContext"]["capabilities"] == {
+        "drop": ["ALL"], "add": sorted(SSH_CAPABILITIES)
+    }  # fmt: skip
+    assert "add" not in leader["securityContext"]["capabilities"]
+    held = {"leader": ["client", "host.pub"], "worker": ["host", "client.pub"]}
+    for pod, container, role in zip(pods, (leader, worker), held, strict=True):
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == "8"
+        (keys,) = [v for v in pod["volumes"] if v["name"] == SSH_KEYS_VOLUME]
+        assert keys["secret"]["secretName"] == secret["metadata"]["name"]
+        # Only the keys each side uses: a worker holds no client key, the leader no host key.
+        assert [item["key"] for item in keys["secret"]["items"]] == held[role]
+        (mount,) = [m for m in container["volumeMounts"] if m["name"] == SSH_KEYS_VOLUME]
+        assert (mount["mountPath"], mount["readOnly"]) == (SSH_KEYS_DIR, True)
+    assert {e["name"] for e in leader["env"]} == {e["name"] for e in worker["env"]}
+    # The kubelet expands `$(NAME)` and `$$` in a command; the scripts' own `$(...)` are
+    # command substitutions and arithmetic, which it must leave alone.
+    for script in (leader["command"][2], worker["command"][2]):
+        assert not re.search(r"\$\$|\$\([A-Za-z_][A-Za-z0-9_]*\)", script)
+
+
+def test_a_vllm_group_needs_no_keys() -> None:
+    objects = render_model_deployment(deployment(llama_405b_bf16()))
+    assert "Secret" not in [o["kind"] for o in objects]
 
 
 def test_a_replica_over_two_nodes_is_served_by_its_leaders() -> None:

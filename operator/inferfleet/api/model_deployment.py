@@ -490,13 +490,13 @@ class ModelDeploymentSpec(WireModel):
 
 
 def _replica_fits_nodes(s: ModelDeploymentSpec) -> bool:
-    """A replica fits one node, or whole nodes as vLLM runs one over several: each node a
-    whole share of the tensor groups (`tensor` divides the node's GPUs, or spans whole
-    nodes), serving aggregated."""
+    """A replica fits one node, or whole nodes as the engines run one over several: each node
+    a whole share of the tensor groups (`tensor` divides the node's GPUs, or spans whole
+    nodes), serving aggregated, by an engine with a multi-node launch (not the sim engine)."""
     per_node = GpuCatalog.builtin()[s.gpu.type].gpus_per_node
     gpus, tensor = s.parallelism.gpus_per_replica, s.parallelism.tensor
     return gpus <= per_node or (
-        s.engine.name == EngineName.VLLM
+        s.engine.name in (EngineName.VLLM, EngineName.TENSORRT_LLM)
         and s.topology.mode == TopologyMode.AGGREGATED
         and gpus % per_node == 0
         and (per_node % tensor == 0 or tensor % per_node == 0)
@@ -510,7 +510,7 @@ def _replica_fits_nodes_cel() -> str:
         "self.parallelism.tensor",
     )
     return (
-        f"{gpus} <= {per_node} || (self.engine.name == 'vllm' && "
+        f"{gpus} <= {per_node} || (self.engine.name in ['vllm', 'tensorrt-llm'] && "
         f"self.topology.mode == 'aggregated' && {gpus} % {per_node} == 0 && "
         f"({per_node} % {tensor} == 0 || {tensor} % {per_node} == 0))"
     )
@@ -542,7 +542,7 @@ DEPLOYMENT_RULES: tuple[CrossFieldRule[ModelDeploymentSpec], ...] = (
         message="GPUs per replica (parallelism.tensor x parallelism.pipeline) must fit on one "
         "node of the GPU type (8 GPUs), or fill whole nodes with parallelism.tensor dividing "
         "a node's GPUs or spanning whole nodes; a replica over several nodes is served by "
-        "vllm, aggregated (a LeaderWorkerSet per replica)",
+        "vllm or tensorrt-llm, aggregated (a LeaderWorkerSet per replica)",
         holds=_replica_fits_nodes,
         field_path=".parallelism",
     ),

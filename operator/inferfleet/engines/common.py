@@ -112,6 +112,8 @@ class EngineContainer:
     metrics_path: str = "/metrics"
     run_as_user: int | None = NON_ROOT_UID
     """The user the image runs as; None: the image needs root (capabilities are still dropped)."""
+    capabilities: tuple[str, ...] = ()
+    """Capabilities added back after all are dropped (a multi-node group's SSH daemon)."""
     cold_start_seconds: int = DEFAULT_COLD_START_SECONDS
 
 

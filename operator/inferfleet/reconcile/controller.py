@@ -60,6 +60,7 @@ from inferfleet.reconcile.desired import (
     without_status,
 )
 from inferfleet.reconcile.events import Event, event_object
+from inferfleet.reconcile.generated import GeneratedSecrets
 from inferfleet.reconcile.status import RoleProgress
 from inferfleet.reconcile.workqueue import WorkQueue
 from inferfleet.render import InstallSettings
@@ -341,6 +342,7 @@ class Controller:
         self._unserved: tuple[float, frozenset[str]] | None = None
         """When it was last asked, the optional kinds the cluster does not serve."""
         self._unserved_lock = threading.Lock()
+        self._generated = GeneratedSecrets()
         self._tasks: list[asyncio.Task[None]] = []
 
     # The event loop's side: keys in, workers out.
@@ -598,6 +600,8 @@ class Controller:
         """Apply, delete, post, write status; None when an object inferfleet did not create
         holds a name to be created (nothing else done: reconcile again, knowing it)."""
         namespace = key[1]
+        for obj in outcome.generate:
+            self._generated.ensure(obj, kube().create)
         for obj in outcome.apply:
             new = ObjectKey.of(obj)
             try:

@@ -61,7 +61,12 @@ from inferfleet.render import (
     spec_hash,
 )
 from inferfleet.render.common import WORKLOAD_KINDS
-from inferfleet.render.multinode import LWS_API_VERSION, LWS_KIND, LWS_SUPPORTED
+from inferfleet.render.multinode import (
+    GENERATED_DATA_ANNOTATION,
+    LWS_API_VERSION,
+    LWS_KIND,
+    LWS_SUPPORTED,
+)
 
 APPLIED_HASH_ANNOTATION = "inferfleet.io/applied-hash"
 UNSERVED_RECHECK_S = 60.0
@@ -113,6 +118,11 @@ class Outcome:
     the name exists (one inferfleet did not create is never taken over)."""
     requeue_after_s: float | None = None
     """Reconcile again after this long even if nothing changes (a pin that expires)."""
+    generate: tuple[dict[str, Any], ...] = ()
+    """Secrets rendered without their data (`GENERATED_DATA_ANNOTATION`): created once with
+    what the operator generates into them, never applied again and never read back (their
+    names carry their owner's uid, so one that exists is the one created before). The
+    ModelDeployment owns them, so they go with it."""
 
 
 @dataclass(frozen=True)
@@ -387,6 +397,7 @@ def model_deployment_outcome(
         md, capacity, overrides=decided | pinned, uid=uid, space=space, install=install,
         unserved=unserved,
     )  # fmt: skip
+    objects, generate = _split_generated(objects)
     apply = _to_apply(objects, space.children)
     disaggregated = md.spec.topology.mode == TopologyMode.DISAGGREGATED
     serving = Role.DECODE if disaggregated else Role.AGGREGATED
@@ -427,7 +438,19 @@ def model_deployment_outcome(
         status=status_patch(previous, status, owned=MODEL_DEPLOYMENT_STATUS_FIELDS),
         events=tuple(events),
         requeue_after_s=min(rechecks, default=None),
+        generate=generate,
     )
+
+
+def _split_generated(
+    objects: Sequence[dict[str, Any]],
+) -> tuple[list[dict[str, Any]], tuple[dict[str, Any], ...]]:
+    """The objects to apply, and those created once with generated data (`Outcome.generate`)."""
+
+    def generated(obj: Mapping[str, Any]) -> bool:
+        return GENERATED_DATA_ANNOTATION in (obj["metadata"].get("annotations") or {})
+
+    return [o for o in objects if not generated(o)], tuple(o for o in objects if generated(o))
 
 
 def may_span_nodes(body: Mapping[str, Any], gpus: GpuCatalog) -> bool:

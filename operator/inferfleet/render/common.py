@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -140,10 +140,14 @@ def pod_security_context(run_as_user: int | None) -> dict[str, Any]:
     return context
 
 
-def container_security_context() -> dict[str, Any]:
+def container_security_context(added: Sequence[str] = ()) -> dict[str, Any]:
     """No capabilities and no privilege escalation: serving needs neither (GPUs come through
-    the device plugin, not through privileges)."""
-    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    the device plugin, not through privileges). `added`: the few a container's process needs
+    back (an SSH daemon's privilege separation)."""
+    capabilities: dict[str, Any] = {"drop": ["ALL"]}
+    if added:
+        capabilities["add"] = sorted(added)
+    return {"allowPrivilegeEscalation": False, "capabilities": capabilities}
 
 
 def rolling_update() -> dict[str, Any]:
@@ -178,6 +182,7 @@ KIND_ORDER: Final = (
     "RoleBinding",
     "NetworkPolicy",
     "ConfigMap",
+    "Secret",
     "Service",
     "PodDisruptionBudget",
     "Deployment",

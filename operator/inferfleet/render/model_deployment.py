@@ -67,7 +67,7 @@ from inferfleet.engines import (
     build_engine_container,
     roles_of,
 )
-from inferfleet.engines.multinode import group_members
+from inferfleet.engines.multinode import group_members, needs_ssh_keys
 from inferfleet.planning.memory import weight_bytes_per_gpu
 from inferfleet.planning.replica import ReplicaConfig
 from inferfleet.render.common import (
@@ -98,6 +98,8 @@ from inferfleet.render.multinode import (
     ENGINE_WORKER_APP,
     engine_leader_worker_set,
     group_disruption_budget,
+    ssh_keys_secret,
+    ssh_keys_secret_name,
 )
 from inferfleet.render.network import NetworkIsolation, engine_network_policy
 
@@ -376,7 +378,7 @@ def engine_pod_spec(
     config = ReplicaConfig.from_spec(spec, gpus)
     container = dict(engine.container)
     container["resources"] = engine_resources(config, engine.gpus)
-    container["securityContext"] = container_security_context()
+    container["securityContext"] = container_security_context(engine.capabilities)
     if spec.engine.api_key_secret is not None:
         # From the Secret by the kubelet: the operator never reads it.
         key = {"secretKeyRef": {"name": spec.engine.api_key_secret, "key": ENGINE_API_KEY}}
@@ -477,7 +479,8 @@ def engine_group_set(
     gpus: GpuCatalog,
 ) -> dict[str, Any]:
     """A role whose replica spans `nodes` nodes: one LeaderWorkerSet, a group per replica."""
-    leader, worker = group_members(spec, engine, nodes)
+    secret = ssh_keys_secret_name(owner) if needs_ssh_keys(spec) else None
+    leader, worker = group_members(spec, engine, nodes, ssh_keys_secret=secret)
     labels = engine_labels(owner.name, role)
     # `spreadAcross` spreads the groups, by their leaders: a worker spread away from the
     # leaders would leave its own group's (`scheduling.groupTopology` keeps a group together).
@@ -565,6 +568,8 @@ def render_model_deployment(
             ]
         else:
             labels = engine_labels(owner.name, role)
+            if needs_ssh_keys(spec):
+                objects.append(ssh_keys_secret(owner, deployment_labels(owner.name)))
             objects += [
                 group_disruption_budget(owner, engine_name(owner.name, role), role, labels),
                 engine_group_set(

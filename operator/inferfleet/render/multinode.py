@@ -40,6 +40,35 @@ ENGINE_WORKER_APP: Final = "inferfleet-engine-worker"
 looking for engine pods takes it for one that serves."""
 
 
+GENERATED_DATA_ANNOTATION: Final = "inferfleet.io/generated-data"
+"""On a Secret rendered without its data: what the operator generates into it when it creates
+it (`SSH_KEYS`), never to be applied again (its content is the operator's, once)."""
+SSH_KEYS: Final = "mpi-ssh-keys"
+
+
+def ssh_keys_secret_name(owner: Owner) -> str:
+    """Named for the ModelDeployment's uid as well as its name: one deleted and created again
+    under its name gets new keys at once, not the Secret of the one before (which the garbage
+    collector removes a moment later, and which the operator, never reading Secrets, could not
+    tell from its own)."""
+    suffix = f"-{owner.uid[:8]}" if owner.uid else ""
+    return dns_label(f"{owner.name}-mpi-ssh{suffix}")
+
+
+def ssh_keys_secret(owner: Owner, labels: dict[str, str]) -> dict[str, Any]:
+    """The Secret of a ModelDeployment's SSH keys (`engines.multinode`), as rendered: no data,
+    which the operator generates when it creates it (a renderer is a pure function; keys are
+    random). Owned by the ModelDeployment, so it goes with it."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": object_meta(
+            ssh_keys_secret_name(owner), owner, labels, {GENERATED_DATA_ANNOTATION: SSH_KEYS}
+        ),
+        "type": "Opaque",
+    }
+
+
 _MAX_GROUP_NAME: Final = 45
 """LWS names each group's worker StatefulSet `<name>-<group>`, and the StatefulSet controller
 labels its pods `controller-revision-hash: <statefulset>-<hash of up to 10 characters>`, a label

@@ -10,14 +10,15 @@ lives there, and no other namespace's Leases are touched.
 
 Every rule carries its reason, printed in the files' headers. Not granted, on purpose: the
 spec of a user's resource is never written (only the status subresource, and `patch` to
-remove the finalizer earlier versions set); no Secrets (engines read the Hugging Face token
-by reference, the kubelet resolves it); Leases only in the operator's own namespace, without
-`patch`, `list` or `delete` (leader election reads, creates and replaces its one Lease; kopf
-peering is off, `settings.peering.standalone`); RBAC objects only to give each router a
-ServiceAccount that reads EndpointSlices, or pods and Services with `--router-discovery pods`
-(which the operator must then read itself: RBAC lets one grant only what one holds); no
-`update` but of the Lease (everything else is server-side apply, which is `patch`; `create` is
-kept for clients that create first).
+remove the finalizer earlier versions set); no reading of Secrets (engines read the Hugging
+Face token by reference, the kubelet resolves it; the SSH keys of a multi-node TensorRT-LLM
+group are created once, with `create` alone, and never read back or updated); Leases only in
+the operator's own namespace, without `patch`, `list` or `delete` (leader election reads,
+creates and replaces its one Lease; kopf peering is off, `settings.peering.standalone`); RBAC
+objects only to give each router a ServiceAccount that reads EndpointSlices, or pods and
+Services with `--router-discovery pods` (which the operator must then read itself: RBAC lets
+one grant only what one holds); no `update` but of the Lease (everything else is server-side
+apply, which is `patch`; `create` is kept for clients that create first).
 
 `rbac_files` is pure; a unit test compares the committed files with it.
 """
@@ -109,6 +110,13 @@ NAMESPACED_RULES: Final = (
         ("poddisruptionbudgets",),
         _WRITE,
         "one disruption budget per engine pool and router",
+    ),
+    Rule(
+        ("",),
+        ("secrets",),
+        ("create",),
+        "the SSH keys of a multi-node TensorRT-LLM group (its leader's mpirun reaches the "
+        "workers over SSH), generated once and never read back; the ModelDeployment owns them",
     ),
     Rule(
         ("",),
