@@ -10,13 +10,13 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from inferfleet.devcluster.processes import free_port, wait_until
 from inferfleet.engines.multinode import (
     SSH_CAPABILITIES,
     SSH_HOST_KEY_ALIAS,
@@ -153,6 +153,15 @@ def test_a_generated_secret_is_created_once_and_again_only_if_gone_for_long() ->
     generated.ensure(secret("a"), create)
     assert len(created) == 3
 
+    def refused(obj: dict[str, Any]) -> bool:
+        raise PermissionError("secrets is forbidden")
+
+    # A create that fails (a grant missing, the API server away) is tried again next time.
+    with pytest.raises(PermissionError):
+        generated.ensure(secret("c"), refused)
+    generated.ensure(secret("c"), create)
+    assert created[-1]["metadata"]["name"] == "m-mpi-ssh-c"
+
 
 def test_the_leader_waits_for_each_worker_then_runs_mpirun_over_the_whole_group(
     tmp_path: Path,
@@ -274,13 +283,6 @@ def test_open_mpi_starts_each_workers_daemon_by_full_name_and_absolute_path(
 # The real daemon.
 
 
-def free_port() -> int:
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        port: int = listener.getsockname()[1]
-        return port
-
-
 @pytest.fixture
 def root_run_dir() -> Iterator[Path]:
     """A directory under /run: sshd refuses keys below a directory others may write (/tmp)."""
@@ -306,14 +308,13 @@ def start_worker(base: Path, keys: Path, port: int) -> subprocess.Popen[str]:
         [*CONTAINER_CAPABILITIES, "sh", "-c", script],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
+
+    def listening() -> bool:
         with socket.socket() as probe:
-            if probe.connect_ex(("127.0.0.1", port)) == 0:
-                return daemon
-        if daemon.poll() is not None:
-            break
-        time.sleep(0.05)
+            return probe.connect_ex(("127.0.0.1", port)) == 0 or daemon.poll() is not None
+
+    if wait_until(listening, 10, 0.05) and daemon.poll() is None:
+        return daemon
     daemon.kill()
     raise AssertionError(f"sshd did not listen: {daemon.communicate()[0]}")
 
