@@ -8,6 +8,7 @@ import random
 import pytest
 
 from inferfleet.api.catalog import GpuType
+from inferfleet.api.model_deployment import Role
 from inferfleet.planning.load import admitted_sequences, closed_loop_point, operating_point
 from inferfleet.planning.memory import plan_memory
 from inferfleet.planning.replica import ReplicaConfig
@@ -59,12 +60,17 @@ def test_the_max_sequences_limit_queues_clients_too() -> None:
 
 
 def _emulated(
-    rate: float, input_tokens: int, output_tokens: int, config: ReplicaConfig = LLAMA_8B
+    rate: float,
+    input_tokens: int,
+    output_tokens: int,
+    config: ReplicaConfig = LLAMA_8B,
+    role: Role = Role.AGGREGATED,
 ) -> tuple[float, float, float]:
     """Mean and p95 TTFT and mean TPOT of the scheduler core under Poisson arrivals (the
-    middle 80% of 1500 requests)."""
+    middle 80% of 1500 requests). In the prefill role a prompt's TTFT ends with its hand-off
+    (no TPOT: 0)."""
     rng = random.Random(7)
-    core = EngineCore(config, prefix_caching=False)
+    core = EngineCore(config, role, prefix_caching=False)
     count = 1500
     arrivals: list[float] = []
     clock = 0.0
@@ -84,13 +90,29 @@ def _emulated(
             continue
         for request_id in result.first_tokens:
             first_token[int(request_id)] = result.end_s
+        for handoff in result.handoffs:
+            first_token[int(handoff.request_id)] = result.end_s
         for request_id in result.finished:
             finished[int(request_id)] = result.end_s
         now = result.end_s
     middle = range(count // 10, count - count // 10)
     ttfts = sorted(first_token[k] - arrivals[k] for k in middle)
+    if role is Role.PREFILL:
+        return sum(ttfts) / len(ttfts), ttfts[int(0.95 * len(ttfts))], 0.0
     tpots = [(finished[k] - first_token[k]) / (output_tokens - 1) for k in middle]
     return sum(ttfts) / len(ttfts), ttfts[int(0.95 * len(ttfts))], sum(tpots) / len(tpots)
+
+
+def _saturation_rate(input_tokens: int, output_tokens: int, *, decode: bool = True) -> float:
+    low, high = 0.0, 1000.0
+    for _ in range(40):
+        middle = (low + high) / 2
+        point = operating_point(LLAMA_8B, middle, input_tokens, output_tokens, decode=decode)
+        if point.stable:
+            low = middle
+        else:
+            high = middle
+    return low
 
 
 @pytest.mark.parametrize(
@@ -100,20 +122,40 @@ def _emulated(
 def test_open_loop_latency_agrees_with_the_scheduler_under_poisson_arrivals(
     input_tokens: int, output_tokens: int, load: float
 ) -> None:
-    low, high = 0.0, 1000.0
-    for _ in range(40):
-        middle = (low + high) / 2
-        if operating_point(LLAMA_8B, middle, input_tokens, output_tokens).stable:
-            low = middle
-        else:
-            high = middle
-    rate = load * low
+    rate = load * _saturation_rate(input_tokens, output_tokens)
     point = operating_point(LLAMA_8B, rate, input_tokens, output_tokens)
     mean, p95, tpot = _emulated(rate, input_tokens, output_tokens)
     assert point.ttft_mean_s == pytest.approx(mean, rel=0.15)
     assert point.ttft_p95_s == pytest.approx(p95, rel=0.15)
     assert point.ttft_p95_s > point.ttft_mean_s
     assert point.tpot_s == pytest.approx(tpot, rel=0.15)
+
+
+@pytest.mark.parametrize(
+    ("input_tokens", "output_tokens", "load"), [(1000, 200, 0.9), (2000, 100, 0.7)]
+)
+def test_the_p95_ttft_near_saturation_counts_the_prompts_sharing_a_step(
+    input_tokens: int, output_tokens: int, load: float
+) -> None:
+    """Prompts that share a step get their first token when it ends; M/D/1 alone, one prompt
+    at a time, put these p95s 14% and 18% low. (The mean stays up to 19% low here.)"""
+    rate = load * _saturation_rate(input_tokens, output_tokens)
+    point = operating_point(LLAMA_8B, rate, input_tokens, output_tokens)
+    _, p95, _ = _emulated(rate, input_tokens, output_tokens)
+    assert point.ttft_p95_s == pytest.approx(p95, rel=0.1)
+
+
+@pytest.mark.parametrize(("input_tokens", "load"), [(1200, 0.75), (1200, 0.85), (500, 0.85)])
+def test_a_prefill_replica_p95_counts_the_prompts_that_share_its_step(
+    input_tokens: int, load: float
+) -> None:
+    """A prefill-only replica packs every waiting prompt into a step of up to 8,192 tokens, and
+    all of them get their first token when it ends: at 75-85% utilisation the p95 is a third
+    longer than one prompt served at a time (M/D/1) gives."""
+    rate = load * _saturation_rate(input_tokens, 1, decode=False)
+    point = operating_point(LLAMA_8B, rate, input_tokens, 1, decode=False)
+    _, p95, _ = _emulated(rate, input_tokens, 1, role=Role.PREFILL)
+    assert point.ttft_p95_s == pytest.approx(p95, rel=0.15)
 
 
 def test_requests_live_longer_steps_than_the_mean_under_poisson_arrivals() -> None:
