@@ -132,7 +132,7 @@ def test_queries_name_the_service_its_namespace_the_deployment_and_the_window() 
 
 
 def test_answers_become_a_snapshot_and_nan_becomes_unknown() -> None:
-    answers = busy(10.0, attainment=math.nan, ttft_p95_s=math.inf)
+    answers = busy(10.0, attainment=math.nan, ttft_p95_s=math.inf, mean_squared_prompt_tokens=2e6)
     snapshot = snapshot_from_answers(
         answers, {Role.AGGREGATED: answers}, taken_at_s=100.0, window_s=60.0
     )
@@ -142,6 +142,7 @@ def test_answers_become_a_snapshot_and_nan_becomes_unknown() -> None:
     assert snapshot.service.ttft_p95_s is None  # past the last bucket
     assert snapshot.roles[Role.AGGREGATED].ready_replicas == 2
     assert snapshot.roles[Role.AGGREGATED].generation_tokens_per_s == 2000.0
+    assert snapshot.service.mean_squared_prompt_tokens == 2e6
     # No router series at all: nothing to judge by.
     assert snapshot_from_answers({}, {}, taken_at_s=1.0, window_s=60.0) is None
 

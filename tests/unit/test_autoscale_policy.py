@@ -39,6 +39,7 @@ from inferfleet.autoscale.policy.demand import (
     Demand,
     burst_capacity,
     growth_headroom,
+    prompt_spread,
     recent_arrivals,
 )
 from inferfleet.autoscale.policy.learning import planned_attainment
@@ -534,6 +535,37 @@ def test_requests_piling_up_in_flight_count_as_arrivals() -> None:
     in_flight = running_at(HIGH) + piled
     decision = decide(AGG, snapshot(HIGH, AGG_HIGH, in_flight=in_flight), AGG_HIGH, history)
     assert dict(decision.replicas) == planned(AGG, HIGH + piled / WINDOW_S)
+
+
+def test_prompts_whose_lengths_spread_widely_ask_for_more_prefill_replicas() -> None:
+    """The same rate and mean length, with lengths as spread as production traces' (cv2 1):
+    the prefill queue waits longer and long prompts set its tail. Decoding is unchanged."""
+    alike = snapshot(HIGH, DIS_HIGH)
+    spread = replace(alike, service=replace(alike.service, mean_squared_prompt_tokens=2e6))
+    history = recommended(NOW - 30, DIS_HIGH)
+    fixed = decide(DIS, alike, DIS_HIGH, history)
+    assert dict(fixed.replicas) == DIS_HIGH
+    widely = decide(DIS, spread, DIS_HIGH, history)
+    assert widely.replicas[Role.PREFILL] > DIS_HIGH[Role.PREFILL]
+    assert widely.replicas[Role.DECODE] == DIS_HIGH[Role.DECODE]
+
+
+@pytest.mark.parametrize(
+    ("mean", "squared", "cv2"),
+    [
+        (None, None, 0.0),
+        (1000.0, None, 0.0),
+        (1000.0, 1e6, 0.0),  # all alike
+        (1000.0, 1.92e6, 0.9),  # rounded to a tenth
+        (1000.0, 0.5e6, 0.0),  # below the mean's square: rounding noise, not a spread
+        (10.0, 1e6, 4.0),  # capped
+    ],
+)
+def test_the_spread_of_prompt_lengths_is_read_from_their_mean_square(
+    mean: float | None, squared: float | None, cv2: float
+) -> None:
+    service = ServiceMetrics(1.0, 0.0, mean_prompt_tokens=mean, mean_squared_prompt_tokens=squared)
+    assert prompt_spread(service) == pytest.approx(cv2)
 
 
 def test_queued_requests_are_drained_within_the_drain_period_and_not_remembered() -> None:

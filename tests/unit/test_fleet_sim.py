@@ -260,6 +260,7 @@ def test_snapshots_report_what_the_fleet_did_over_the_window() -> None:
         # Router and engines agree with the schedule's rate and lengths.
         assert snapshot.service.requests_per_s == pytest.approx(10.0, rel=0.25)
         assert snapshot.service.mean_prompt_tokens == pytest.approx(800)
+        assert snapshot.service.mean_squared_prompt_tokens == pytest.approx(800**2)
         assert snapshot.service.mean_output_tokens == pytest.approx(100)
         assert snapshot.service.arrivals_per_s == pytest.approx(10.0, rel=0.25)
         assert snapshot.service.mean_arrival_prompt_tokens == pytest.approx(800)

@@ -170,6 +170,7 @@ async def test_a_stream_passes_through_timed_and_judged(servers: dict[str, Any])
     assert series(text, "inferfleet_router_requests_total") == 1
     assert series(text, "inferfleet_router_output_tokens_total") == 8
     assert series(text, "inferfleet_router_prompt_tokens_total") == 100
+    assert series(text, "inferfleet_router_prompt_tokens_squared_total") == 100**2
     assert series(text, "inferfleet_router_tpot_seconds_count") == 1
     assert series(text, "inferfleet_router_in_flight_requests") == 0
 

@@ -119,6 +119,7 @@ MAY_BE_UNDEFINED: frozenset[str] = frozenset(
         "ttft_p99_s",
         "tpot_p99_s",
         "mean_prompt_tokens",
+        "mean_squared_prompt_tokens",
         "mean_output_tokens",
         "mean_arrival_prompt_tokens",
     }
@@ -222,6 +223,7 @@ def snapshot_from_answers(
         ttft_p99_s=answer("ttft_p99_s"),
         tpot_p99_s=answer("tpot_p99_s"),
         mean_prompt_tokens=answer("mean_prompt_tokens"),
+        mean_squared_prompt_tokens=answer("mean_squared_prompt_tokens"),
         mean_output_tokens=answer("mean_output_tokens"),
         arrivals_per_s=answer("arrivals_per_s"),
         mean_arrival_prompt_tokens=answer("mean_arrival_prompt_tokens"),

@@ -64,6 +64,10 @@ SERVICE_QUERIES: Mapping[str, str] = {
         f"sum(rate(inferfleet_router_prompt_tokens_total{{{ROUTER_SELECTOR}}}[$w]))"
         f" / sum(rate(inferfleet_router_requests_total{{{ROUTER_SELECTOR}}}[$w]))"
     ),
+    "mean_squared_prompt_tokens": (
+        f"sum(rate(inferfleet_router_prompt_tokens_squared_total{{{ROUTER_SELECTOR}}}[$w]))"
+        f" / sum(rate(inferfleet_router_requests_total{{{ROUTER_SELECTOR}}}[$w]))"
+    ),
     "mean_output_tokens": (
         f"sum(rate(inferfleet_router_output_tokens_total{{{ROUTER_SELECTOR}}}[$w]))"
         f" / sum(rate(inferfleet_router_requests_total{{{ROUTER_SELECTOR}}}[$w]))"
@@ -162,6 +166,11 @@ class ServiceMetrics:
     """Mean prompt length of completed requests:
     `sum(rate(inferfleet_router_prompt_tokens_total{service="$S"}[$w]))
     / sum(rate(inferfleet_router_requests_total{service="$S"}[$w]))`."""
+    mean_squared_prompt_tokens: float | None = None
+    """Mean of the squared prompt lengths of completed requests (with the mean, their spread,
+    which the prefill queue's wait depends on):
+    `sum(rate(inferfleet_router_prompt_tokens_squared_total{service="$S"}[$w]))
+    / sum(rate(inferfleet_router_requests_total{service="$S"}[$w]))`."""
     mean_output_tokens: float | None = None
     """Mean output length of completed requests:
     `sum(rate(inferfleet_router_output_tokens_total{service="$S"}[$w]))
@@ -192,6 +201,7 @@ class ServiceMetrics:
             ttft_p99_s=self.ttft_p99_s,
             tpot_p99_s=self.tpot_p99_s,
             mean_prompt_tokens=self.mean_prompt_tokens,
+            mean_squared_prompt_tokens=self.mean_squared_prompt_tokens,
             mean_output_tokens=self.mean_output_tokens,
             arrivals_per_s=self.arrivals_per_s,
             mean_arrival_prompt_tokens=self.mean_arrival_prompt_tokens,

@@ -10,7 +10,7 @@ InferenceService); the controller reads, over a window `w`:
 * p95 TTFT / TPOT: `histogram_quantile(0.95, sum by (le) (rate(
   inferfleet_router_ttft_seconds_bucket{service="S"}[w])))` (and `..._tpot_seconds_...`);
 * the mix: `rate(inferfleet_router_prompt_tokens_total[w])` and `..._output_tokens_total`
-  over the request rate.
+  over the request rate, and the prompts' spread from `..._prompt_tokens_squared_total`.
 
 Per tenant (with tenants, `router.tenants`): finished requests by outcome
 (`inferfleet_router_tenant_requests_total{service,tenant,outcome}`), their prompt and output
@@ -115,6 +115,13 @@ class RouterMetrics:
             labels,
             registry=self.registry,
         )
+        self.prompt_tokens_squared = Counter(
+            "inferfleet_router_prompt_tokens_squared",
+            "Sum of the squared prompt lengths of finished requests: with the prompt tokens and "
+            "the requests, how widely prompt lengths spread (the prefill queue waits on it).",
+            labels,
+            registry=self.registry,
+        )
         self.output_tokens = Counter(
             "inferfleet_router_output_tokens",
             "Output tokens sent to clients.",
@@ -191,6 +198,7 @@ class RouterMetrics:
             series.labels(self.service, deployment)
         for series in (
             self.prompt_tokens,
+            self.prompt_tokens_squared,
             self.output_tokens,
             self.arrivals,
             self.arrival_prompt_tokens,
@@ -207,6 +215,7 @@ class RouterMetrics:
             self.tpot.labels(*labels).observe(request.tpot_s)
         if request.prompt_tokens is not None:
             self.prompt_tokens.labels(*labels).inc(request.prompt_tokens)
+            self.prompt_tokens_squared.labels(*labels).inc(request.prompt_tokens**2)
         if request.output_tokens:
             self.output_tokens.labels(*labels).inc(request.output_tokens)
         if request.tenant is None:

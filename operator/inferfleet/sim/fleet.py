@@ -290,6 +290,7 @@ class _Sample:
     ttft_buckets: list[int]
     tpot_buckets: list[int]
     router_prompt_tokens: int
+    router_prompt_tokens_squared: int
     router_output_tokens: int
     in_flight: int
     arrivals: int
@@ -346,6 +347,7 @@ class FleetSimulator:
         self._ttft_counts = [0] * (len(TTFT_BUCKETS_S) + 1)
         self._tpot_counts = [0] * (len(TPOT_BUCKETS_S) + 1)
         self._router_prompt_tokens = 0
+        self._router_prompt_tokens_squared = 0
         self._arrivals = 0
         self._arrival_prompt_tokens = 0
         self._router_output_tokens = 0
@@ -527,6 +529,7 @@ class FleetSimulator:
             if tpot is not None:
                 self._tpot_counts[bisect.bisect_left(TPOT_BUCKETS_S, tpot)] += 1
             self._router_prompt_tokens += record.input_tokens
+            self._router_prompt_tokens_squared += record.input_tokens**2
             self._router_output_tokens += record.output_tokens
         self._outcomes[record.outcome] += 1
 
@@ -611,6 +614,7 @@ class FleetSimulator:
                 cumulative(self._ttft_counts),
                 cumulative(self._tpot_counts),
                 self._router_prompt_tokens,
+                self._router_prompt_tokens_squared,
                 self._router_output_tokens,
                 self._open,
                 self._arrivals,
@@ -665,6 +669,9 @@ class FleetSimulator:
             tpot = [n - o for n, o in zip(newest.tpot_buckets, oldest.tpot_buckets, strict=True)]
             arrived = newest.arrivals - oldest.arrivals
             prompt_delta = newest.router_prompt_tokens - oldest.router_prompt_tokens
+            squared_delta = (
+                newest.router_prompt_tokens_squared - oldest.router_prompt_tokens_squared
+            )
             output_delta = newest.router_output_tokens - oldest.router_output_tokens
             service = ServiceMetrics(
                 requests_per_s=completed / span,
@@ -675,6 +682,7 @@ class FleetSimulator:
                 ttft_p99_s=histogram_quantile(0.99, TTFT_BUCKETS_S, ttft),
                 tpot_p99_s=histogram_quantile(0.99, TPOT_BUCKETS_S, tpot),
                 mean_prompt_tokens=prompt_delta / completed if completed else None,
+                mean_squared_prompt_tokens=squared_delta / completed if completed else None,
                 mean_output_tokens=output_delta / completed if completed else None,
                 arrivals_per_s=arrived / span,
                 mean_arrival_prompt_tokens=(

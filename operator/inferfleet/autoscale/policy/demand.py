@@ -12,7 +12,7 @@ from statistics import NormalDist
 from inferfleet.api.model_deployment import Role
 from inferfleet.autoscale.policy.history import DemandSample, MixMemory, PolicyHistory
 from inferfleet.autoscale.policy.spec import PolicySpec
-from inferfleet.autoscale.snapshot import MetricsSnapshot, RoleMetrics
+from inferfleet.autoscale.snapshot import MetricsSnapshot, RoleMetrics, ServiceMetrics
 from inferfleet.planning.capacity import REFERENCE_REQUEST
 
 
@@ -26,8 +26,8 @@ class Demand:
     output_tokens: int
     backlog_requests: float
     drain_requests_per_s: float
-    """What the queued requests add while they drain: the backlog expected when replicas
-    ordered now are ready, over `PolicySpec.backlog_drain_s`. Sized for but never remembered by
+    """What the queued requests add while they drain: the backlog over
+    `PolicySpec.backlog_drain_s`. Sized for but never remembered by
     scale-down stabilisation: once the queue is gone, so is the capacity it asked for."""
     growth: float
     """How much the trend alone grows the load within a cold start (1: no trend)."""
@@ -39,6 +39,9 @@ class Demand:
     """The forecast from the load and its trend alone, remembered for bursts."""
     burst_requests_per_s: float = 0.0
     """The capacity the bursts of the last `burst_memory_s` needed (0: none beyond the load)."""
+    input_tokens_cv2: float = 0.0
+    """How widely the prompt lengths spread: their variance over their squared mean, as the
+    window's completed requests show it (0: not measured, or all alike)."""
 
 
 def role_metrics(snapshot: MetricsSnapshot, role: Role) -> RoleMetrics:
@@ -107,6 +110,22 @@ def _mix(
         fallback.output_tokens if output_tokens is None else max(1, round(output_tokens)),
         remembered,
     )
+
+
+# The spread is planned for in steps of this size (a noisy window reuses cached operating
+# points) and never beyond the cap (a few outliers in a quiet window say little of the load).
+_CV2_STEP = 0.1
+_CV2_CAP = 4.0
+
+
+def prompt_spread(service: ServiceMetrics) -> float:
+    """The squared coefficient of variation of the window's prompt lengths, rounded to
+    `_CV2_STEP` (0 when not measured)."""
+    mean, squared = service.mean_prompt_tokens, service.mean_squared_prompt_tokens
+    if mean is None or squared is None or mean < 1:
+        return 0.0
+    cv2 = min(_CV2_CAP, max(0.0, squared / (mean * mean) - 1))
+    return round(cv2 / _CV2_STEP) * _CV2_STEP
 
 
 def _trend_slope(samples: Iterable[DemandSample]) -> float:
@@ -267,6 +286,7 @@ def estimate_demand(spec: PolicySpec, snapshot: MetricsSnapshot, history: Policy
         recent_requests_per_s=recent,
         reactive_forecast_requests_per_s=reactive,
         burst_requests_per_s=burst if burst > reactive else 0.0,
+        input_tokens_cv2=prompt_spread(service),
     )
 
 

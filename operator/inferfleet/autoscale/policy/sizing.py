@@ -50,6 +50,7 @@ def _cached_point(
     output_tokens: int,
     efficiency: EfficiencyTerms,
     role: Role,
+    input_tokens_cv2: float,
 ) -> OperatingPoint:
     return operating_point(
         config,
@@ -59,6 +60,7 @@ def _cached_point(
         efficiency=efficiency,
         prefill=role in PREFILLING_ROLES,
         decode=role in DECODING_ROLES,
+        input_tokens_cv2=input_tokens_cv2,
     )
 
 
@@ -76,6 +78,7 @@ def operating_point_at(
             efficiency=spec.efficiency,
             prefill=policy.role in PREFILLING_ROLES,
             decode=policy.role in DECODING_ROLES,
+            input_tokens_cv2=demand.input_tokens_cv2,
         )
     grid_index = math.ceil(math.log(per_replica) / math.log(_RATE_GRID) - 1e-9)
     return _cached_point(
@@ -85,6 +88,7 @@ def operating_point_at(
         output_tokens=demand.output_tokens,
         efficiency=spec.efficiency,
         role=policy.role,
+        input_tokens_cv2=demand.input_tokens_cv2,
     )
 
 
