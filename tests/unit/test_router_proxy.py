@@ -68,6 +68,10 @@ async def scripted(request: web.Request, mode: str) -> web.StreamResponse:
     if mode == "die":
         assert request.transport is not None
         request.transport.abort()  # the replica's process dies mid-stream
+    if mode == "linger":
+        # The whole answer, and the end of the stream a moment later.
+        await response.write(b"data: [DONE]\n\n")
+        await asyncio.sleep(0.3)
     return response  # "cut": the stream ends without [DONE]
 
 
@@ -432,12 +436,17 @@ async def test_a_huge_max_tokens_leaves_no_load_behind(servers: dict[str, Any], 
     ]
 
 
+@pytest.mark.parametrize("when", ["mid-stream", "after the last event"])
 async def test_a_client_hanging_up_as_a_write_fails_is_not_the_replicas_failure(
-    servers: dict[str, Any],
+    servers: dict[str, Any], when: str
 ) -> None:
-    """Without handler cancellation the hang-up shows as a write to the client that fails;
-    the request is counted cancelled, the replica stays healthy and nothing counts failed."""
-    engine = await start_engine(servers)
+    """Without handler cancellation the hang-up shows as a write to the client that fails,
+    mid-stream or as the stream's end is written; the request is counted cancelled, the
+    replica stays healthy and nothing counts failed."""
+    if when == "mid-stream":
+        engine, seen = await start_engine(servers), b"data: "
+    else:
+        engine, seen = await start_scripted(servers, "linger"), b"[DONE]"
     app = create_app(config(aggregated(engine)))
     runner = web.AppRunner(app, handler_cancellation=False, shutdown_timeout=0.5)
     await runner.setup()
@@ -456,7 +465,7 @@ async def test_a_client_hanging_up_as_a_write_fails_is_not_the_replicas_failure(
         + f"Content-Length: {len(body)}\r\n\r\n".encode()
         + body
     )
-    await reader.readuntil(b"data: ")  # the stream has started
+    await reader.readuntil(seen)
     writer.transport.abort()
     for _ in range(500):
         if router.metrics.registry.get_sample_value(

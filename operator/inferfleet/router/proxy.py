@@ -670,7 +670,9 @@ class Router:
                     if not stream.done:
                         self.metrics.upstream_errors.labels(*labels, "stream").inc()
                         await self._write_stream_error(client, "the replica's stream ended early")
-                    await client.write_eof()
+                    # A client that hangs up after the last event fails this write, not the
+                    # replica.
+                    await _to_client(client, client.write_eof())
                     return client, self._judge(timing, ok=ok)
             except _CALL_ERRORS as error:
                 self.metrics.upstream_errors.labels(
