@@ -550,11 +550,25 @@ def test_prompts_whose_lengths_spread_widely_ask_for_more_prefill_replicas() -> 
     assert widely.replicas[Role.DECODE] == DIS_HIGH[Role.DECODE]
 
 
+def test_a_spread_not_measured_is_planned_as_the_expected_load_declares_it() -> None:
+    """A router that does not count squared prompt lengths: the spread the InferenceService's
+    expected load declares is planned for, as if measured; without one, none."""
+    alike = snapshot(HIGH, DIS_HIGH)
+    unmeasured = replace(alike, service=replace(alike.service, mean_squared_prompt_tokens=None))
+    measured = replace(alike, service=replace(alike.service, mean_squared_prompt_tokens=2e6))
+    history = recommended(NOW - 30, DIS_HIGH)
+    declared = replace(DIS, expected_load=Workload(HIGH, 1000, 200, input_tokens_cv2=1.0))
+    assert dict(decide(DIS, unmeasured, DIS_HIGH, history).replicas) == DIS_HIGH
+    widely = decide(DIS, measured, DIS_HIGH, history).replicas
+    assert widely[Role.PREFILL] > DIS_HIGH[Role.PREFILL]
+    assert decide(declared, unmeasured, DIS_HIGH, history).replicas == widely
+
+
 @pytest.mark.parametrize(
     ("mean", "squared", "cv2"),
     [
-        (None, None, 0.0),
-        (1000.0, None, 0.0),
+        (None, None, None),  # not measured
+        (1000.0, None, None),
         (1000.0, 1e6, 0.0),  # all alike
         (1000.0, 1.92e6, 0.9),  # rounded to a tenth
         (1000.0, 0.5e6, 0.0),  # below the mean's square: rounding noise, not a spread
@@ -562,10 +576,10 @@ def test_prompts_whose_lengths_spread_widely_ask_for_more_prefill_replicas() -> 
     ],
 )
 def test_the_spread_of_prompt_lengths_is_read_from_their_mean_square(
-    mean: float | None, squared: float | None, cv2: float
+    mean: float | None, squared: float | None, cv2: float | None
 ) -> None:
     service = ServiceMetrics(1.0, 0.0, mean_prompt_tokens=mean, mean_squared_prompt_tokens=squared)
-    assert prompt_spread(service) == pytest.approx(cv2)
+    assert prompt_spread(service) == (None if cv2 is None else pytest.approx(cv2))
 
 
 def test_queued_requests_are_drained_within_the_drain_period_and_not_remembered() -> None:

@@ -46,7 +46,9 @@ def test_aggregated_example_fits_and_meets_its_slo() -> None:
     assert plan["fits"] is True
     assert plan["meetsSlo"] is True
     assert plan["slo"] == {"ttftP95Ms": 500.0, "tpotP95Ms": 50.0}
-    assert plan["workload"] == {"requestsPerSecond": 20.0, "inputTokens": 1000, "outputTokens": 200}
+    assert plan["workload"] == {
+        "requestsPerSecond": 20.0, "inputTokens": 1000, "outputTokens": 200, "inputTokensCv": 1.0
+    }  # fmt: skip
     assert plan["kvBytesPerTokenPerGpu"] == 131072
 
 
@@ -102,8 +104,40 @@ def test_command_line_load_overrides_the_service() -> None:
     path = str(EXAMPLES / "llama-3.1-8b-aggregated-vllm.yaml")
     (light,) = plan_json("-f", path, "--rps", "1", "--input-tokens", "500", "--output-tokens", "50")
     (heavy,) = plan_json("-f", path, "--rps", "400")
-    assert light["workload"] == {"requestsPerSecond": 1.0, "inputTokens": 500, "outputTokens": 50}
+    assert light["workload"] == {
+        "requestsPerSecond": 1.0, "inputTokens": 500, "outputTokens": 50, "inputTokensCv": 1.0
+    }  # fmt: skip
     assert heavy["gpus"] > light["gpus"]  # type: ignore[operator]
+
+
+def test_prompt_lengths_that_spread_wider_are_planned_a_longer_ttft() -> None:
+    """Varied prompts queue longer for prefill and the longest set the p95: at the example's
+    20 req/s one replica holds prompts all alike and as varied as the default says (CV 1),
+    and prompts twice as varied need a second."""
+    path = str(EXAMPLES / "llama-3.1-8b-aggregated-vllm.yaml")
+    plans = {cv: plan_json("-f", path, "--input-tokens-cv", cv)[0] for cv in ("0", "1", "2")}
+    (declared,) = plan_json("-f", path)
+    assert declared == plans["1"]  # the InferenceService says nothing: the default
+
+    def replica(plan: dict[str, object]) -> dict[str, Any]:
+        roles = plan["roles"]
+        assert isinstance(roles, list)
+        assert len(roles) == 1
+        role: dict[str, Any] = roles[0]
+        return role
+
+    alike, varied = replica(plans["0"]), replica(plans["1"])
+    assert alike["replicas"] == varied["replicas"] == 1
+    assert varied["perReplica"]["ttftP95Ms"] > 1.5 * alike["perReplica"]["ttftP95Ms"]
+    assert varied["perReplica"]["tpotMs"] == pytest.approx(alike["perReplica"]["tpotMs"])
+    assert replica(plans["2"])["replicas"] == 2
+
+
+def test_a_spread_of_prompt_lengths_out_of_range_is_refused() -> None:
+    path = str(EXAMPLES / "llama-3.1-8b-aggregated-vllm.yaml")
+    result = runner.invoke(app, ["plan", "-f", path, "--input-tokens-cv", "3"])
+    assert result.exit_code == EXIT_INVALID
+    assert "--input-tokens-cv must be between 0 and 2 (got 3.0)" in result.output
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from inferfleet.api.catalog import GpuCatalog
+from inferfleet.api.inference_service import LoadSpec
 from inferfleet.api.model_deployment import ModelDeploymentSpec, Role
 from inferfleet.planning.capacity import Workload, plan
 from inferfleet.planning.load import closed_loop_point, operating_point
@@ -58,8 +59,40 @@ def test_a_tighter_slo_needs_more_replicas() -> None:
 def test_an_unreachable_slo_says_why_in_numbers() -> None:
     capacity = plan(spec(), workload=Workload(1, 8000, 100), slo=Slo.in_seconds(ttft_p95_s=0.01))
     assert capacity.meets_slo is False
-    assert "an idle replica already needs TTFT" in capacity.reason
+    assert "an idle replica already needs p95 TTFT 256 ms" in capacity.reason
     assert "target 10 ms" in capacity.reason
+
+
+def test_prompts_that_spread_widely_need_more_replicas_and_can_miss_even_idle() -> None:
+    """The p95 prompt of lengths as varied as an exponential's (CV 1) is about 2.8 times the
+    mean: its own prefill sets the tail, which no number of replicas shortens."""
+    alike = plan(spec(), workload=Workload(60, 4000, 100), slo=SLO)
+    varied = plan(spec(), workload=Workload(60, 4000, 100, input_tokens_cv2=1.0), slo=SLO)
+    assert alike.meets_slo
+    assert varied.meets_slo
+    assert varied.gpus > alike.gpus
+    (role,) = varied.roles
+    assert role.point is not None
+    assert role.point.ttft_p95_s <= 0.5
+    slo = Slo.in_seconds(ttft_p95_s=0.3)
+    assert plan(spec(), workload=Workload(1, 8000, 100), slo=slo).meets_slo is True
+    idle = plan(spec(), workload=Workload(1, 8000, 100, input_tokens_cv2=1.0), slo=slo)
+    assert idle.meets_slo is False
+    assert "an idle replica already needs p95 TTFT 687 ms (target 300 ms)" in idle.reason
+    assert "(prompt lengths' CV 1)" in idle.reason
+
+
+def test_a_workload_spread_is_read_from_the_expected_load_and_never_negative() -> None:
+    load = LoadSpec.model_validate(
+        {"requestsPerSecond": 4, "inputTokens": 1000, "outputTokens": 100, "inputTokensCv": 0.5}
+    )
+    assert Workload.from_spec(load) == Workload(4, 1000, 100, input_tokens_cv2=0.25)
+    default = LoadSpec.model_validate(
+        {"requestsPerSecond": 4, "inputTokens": 1000, "outputTokens": 100}
+    )
+    assert Workload.from_spec(default).input_tokens_cv2 == 1.0
+    with pytest.raises(ValueError, match="spread must be >= 0"):
+        Workload(4, 1000, 100, input_tokens_cv2=-0.1)
 
 
 def test_longer_prompts_shift_disaggregated_capacity_to_prefill() -> None:

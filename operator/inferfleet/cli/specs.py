@@ -4,6 +4,7 @@ and rendered."""
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -19,7 +20,12 @@ from inferfleet.api.architecture_source import architecture_source, read_archite
 from inferfleet.api.catalog import GpuCatalog
 from inferfleet.api.crd import crd_files
 from inferfleet.api.hf_config import UnsupportedConfigError, architecture_from_hf_config
-from inferfleet.api.inference_service import InferenceService, InferenceServiceSpec
+from inferfleet.api.inference_service import (
+    DEFAULT_INPUT_TOKENS_CV,
+    MAX_INPUT_TOKENS_CV,
+    InferenceService,
+    InferenceServiceSpec,
+)
 from inferfleet.api.model_deployment import ModelDeployment, ModelDeploymentSpec
 from inferfleet.cli.common import (
     EXIT_INVALID,
@@ -215,7 +221,8 @@ def render_text(name: str, capacity: CapacityPlan) -> str:
         load = capacity.workload
         lines.append(
             f"  Load:              {load.requests_per_second:g} req/s x "
-            f"{load.input_tokens}/{load.output_tokens} tokens; SLO p95 TTFT "
+            f"{load.input_tokens}/{load.output_tokens} tokens (prompt lengths' CV "
+            f"{math.sqrt(load.input_tokens_cv2):.2g}); SLO p95 TTFT "
             f"{_ms(capacity.slo.ttft_p95_s)}, TPOT {_ms(capacity.slo.tpot_p95_s)}"
         )
     if capacity.reason != memory.verdict():
@@ -249,6 +256,10 @@ def plan_command(
     rps: Annotated[float | None, typer.Option(help="Requests per second to plan for.")] = None,
     input_tokens: Annotated[int | None, typer.Option(help="Prompt length, tokens.")] = None,
     output_tokens: Annotated[int | None, typer.Option(help="Output length, tokens.")] = None,
+    input_tokens_cv: Annotated[float | None, typer.Option(
+        help="How widely prompt lengths spread: their standard deviation over their mean "
+        f"(default: the InferenceService's, else {DEFAULT_INPUT_TOKENS_CV:g})."
+    )] = None,
     ttft_ms: Annotated[float | None, typer.Option(help="p95 TTFT target, ms.")] = None,
     tpot_ms: Annotated[float | None, typer.Option(help="p95 TPOT target, ms.")] = None,
     gpu_catalog: Annotated[Path | None, typer.Option(help=GPU_CATALOG_HELP)] = None,
@@ -285,6 +296,7 @@ def plan_command(
                         rps=rps,
                         input_tokens=input_tokens,
                         output_tokens=output_tokens,
+                        input_tokens_cv=input_tokens_cv,
                         ttft_ms=ttft_ms,
                         tpot_ms=tpot_ms,
                     ),
@@ -309,6 +321,7 @@ def _plan_one(
     rps: float | None,
     input_tokens: int | None,
     output_tokens: int | None,
+    input_tokens_cv: float | None,
     ttft_ms: float | None,
     tpot_ms: float | None,
 ) -> CapacityPlan:
@@ -316,6 +329,13 @@ def _plan_one(
     rate = rps if rps is not None else (expected.requests_per_second if expected else None)
     inp = input_tokens or (expected.input_tokens if expected else None)
     out = output_tokens or (expected.output_tokens if expected else None)
+    if input_tokens_cv is None:
+        input_tokens_cv = expected.input_tokens_cv if expected else DEFAULT_INPUT_TOKENS_CV
+    if not (0 <= input_tokens_cv <= MAX_INPUT_TOKENS_CV):
+        raise InvalidInputError(
+            f"--input-tokens-cv must be between 0 and {MAX_INPUT_TOKENS_CV:g} "
+            f"(got {input_tokens_cv})"
+        )
     workload = None
     if rate is not None or inp is not None or out is not None:
         if rate is None or inp is None or out is None:
@@ -324,7 +344,7 @@ def _plan_one(
                 "(or an InferenceService with expectedLoad)"
             )
         try:
-            workload = Workload(rate, inp, out)
+            workload = Workload(rate, inp, out, input_tokens_cv**2)
         except ValueError as error:
             raise InvalidInputError(str(error)) from None
     slo_ttft = ttft_ms if ttft_ms is not None else (service.slo.ttft_p95_ms if service else None)

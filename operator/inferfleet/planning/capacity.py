@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from inferfleet.api.catalog import GpuCatalog
+from inferfleet.api.inference_service import LoadSpec
 from inferfleet.api.model_deployment import ModelDeploymentSpec, Role, TopologyMode
 from inferfleet.planning.load import OperatingPoint, operating_point
 from inferfleet.planning.memory import MemoryPlan, kv_bytes_per_token, plan_memory
@@ -34,11 +35,13 @@ SECONDS_PER_HOUR = 3600
 
 @dataclass(frozen=True)
 class Workload:
-    """A steady load: request rate and typical prompt and output lengths."""
+    """A steady load: request rate, mean prompt and output lengths, and how widely prompt
+    lengths spread (the squared coefficient of variation; 0: all alike)."""
 
     requests_per_second: float
     input_tokens: int
     output_tokens: int
+    input_tokens_cv2: float = 0.0
 
     def __post_init__(self) -> None:
         if not (self.requests_per_second >= 0 and math.isfinite(self.requests_per_second)):
@@ -48,6 +51,19 @@ class Workload:
                 f"input and output tokens must be >= 1 (got {self.input_tokens}, "
                 f"{self.output_tokens})"
             )
+        if not (self.input_tokens_cv2 >= 0 and math.isfinite(self.input_tokens_cv2)):
+            raise ValueError(
+                f"the prompt lengths' spread must be >= 0 (got {self.input_tokens_cv2})"
+            )
+
+    @classmethod
+    def from_spec(cls, load: LoadSpec) -> Workload:
+        return cls(
+            load.requests_per_second,
+            load.input_tokens,
+            load.output_tokens,
+            load.input_tokens_cv**2,
+        )
 
 
 # The request shape for latency predictions when no workload is given.
@@ -141,13 +157,21 @@ def fewest_replicas(
     return high
 
 
-def _infeasible(role: Role, config: ReplicaConfig, request: Workload, slo: Slo) -> str:
-    ttft = prefill_seconds(config, request.input_tokens)
-    tpot = decode_step_seconds(config, 1, request.input_tokens + request.output_tokens / 2)
+def _infeasible(
+    role: Role, config: ReplicaConfig, request: Workload, slo: Slo, efficiency: EfficiencyTerms
+) -> str:
+    # Idle, the p95 TTFT is the prefill of the p95 prompt: the spread counts even at no load.
+    idle = operating_point(
+        config, 0.0, request.input_tokens, request.output_tokens, efficiency=efficiency,
+        input_tokens_cv2=request.input_tokens_cv2,
+    )  # fmt: skip
+    spread = math.sqrt(request.input_tokens_cv2)
     return (
         f"no number of {role.value} replicas meets the SLO: an idle replica already needs "
-        f"TTFT {ttft * 1e3:.0f} ms (target {_ms(slo.ttft_p95_s)}) and TPOT {tpot * 1e3:.1f} ms "
-        f"(target {_ms(slo.tpot_p95_s)}) for {request.input_tokens}/{request.output_tokens} tokens"
+        f"p95 TTFT {idle.ttft_p95_s * 1e3:.0f} ms (target {_ms(slo.ttft_p95_s)}) and TPOT "
+        f"{idle.tpot_s * 1e3:.1f} ms (target {_ms(slo.tpot_p95_s)}) for "
+        f"{request.input_tokens}/{request.output_tokens} tokens"
+        + (f" (prompt lengths' CV {spread:.2g})" if spread > 0 else "")
     )
 
 
@@ -178,6 +202,16 @@ def plan(
     )
 
 
+def _saturated_output_tokens_per_s(
+    config: ReplicaConfig, memory: MemoryPlan, request: Workload, efficiency: EfficiencyTerms
+) -> float:
+    if not memory.fits:
+        return 0.0
+    return max_throughput(
+        config, request.input_tokens, request.output_tokens, memory.kv_capacity_tokens, efficiency
+    ).output_tokens_per_s
+
+
 def plan_replica(
     config: ReplicaConfig,
     *,
@@ -193,14 +227,7 @@ def plan_replica(
     context = request.input_tokens + request.output_tokens
     idle_ttft = prefill_seconds(config, request.input_tokens, efficiency)
     idle_tpot = decode_step_seconds(config, 1, request.input_tokens + request.output_tokens / 2)
-    saturated = (
-        max_throughput(
-            config, request.input_tokens, request.output_tokens, memory.kv_capacity_tokens,
-            efficiency,
-        ).output_tokens_per_s
-        if memory.fits
-        else 0.0
-    )  # fmt: skip
+    saturated = _saturated_output_tokens_per_s(config, memory, request, efficiency)
 
     def result(roles: tuple[RolePlan, ...], meets: bool | None, reason: str) -> CapacityPlan:
         return CapacityPlan(
@@ -237,7 +264,8 @@ def plan_replica(
     if not disaggregated:
         aggregated = _size_aggregated(config, workload, slo, efficiency)
         if aggregated is None:
-            return result(declared, False, _infeasible(Role.AGGREGATED, config, request, slo))
+            why = _infeasible(Role.AGGREGATED, config, request, slo, efficiency)
+            return result(declared, False, why)
         count = aggregated.replicas
         return result(
             (aggregated,),
@@ -249,7 +277,7 @@ def plan_replica(
     transfer_s = workload.input_tokens * kv_bytes_per_token(config) / KV_TRANSFER_BYTES_PER_S
     pools = _size_disaggregated(config, workload, slo, efficiency, transfer_s)
     if isinstance(pools, Role):
-        return result(declared, False, _infeasible(pools, config, request, slo))
+        return result(declared, False, _infeasible(pools, config, request, slo, efficiency))
     prefill, decode = pools
     return result(
         pools,
@@ -269,7 +297,10 @@ def _size_aggregated(
     inp, out = workload.input_tokens, workload.output_tokens
 
     def point(count: int) -> OperatingPoint:
-        return operating_point(config, rate / max(count, 1), inp, out, efficiency=efficiency)
+        return operating_point(
+            config, rate / max(count, 1), inp, out, efficiency=efficiency,
+            input_tokens_cv2=workload.input_tokens_cv2,
+        )  # fmt: skip
 
     count = fewest_replicas(lambda n: meets_slo(point(n), slo))
     if count is None:
@@ -292,8 +323,9 @@ def _size_disaggregated(
 
     def prefill_point(count: int) -> OperatingPoint:
         return operating_point(
-            config, rate / max(count, 1), inp, out, efficiency=efficiency, decode=False
-        )
+            config, rate / max(count, 1), inp, out, efficiency=efficiency, decode=False,
+            input_tokens_cv2=workload.input_tokens_cv2,
+        )  # fmt: skip
 
     def decode_point(count: int) -> OperatingPoint:
         return operating_point(
@@ -364,6 +396,7 @@ def report(capacity: CapacityPlan) -> dict[str, object]:
             "requestsPerSecond": capacity.workload.requests_per_second,
             "inputTokens": capacity.workload.input_tokens,
             "outputTokens": capacity.workload.output_tokens,
+            "inputTokensCv": math.sqrt(capacity.workload.input_tokens_cv2),
         },
         "slo": {
             "ttftP95Ms": capacity.slo.ttft_p95_ms,

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
 
+from inferfleet.api.inference_service import MAX_INPUT_TOKENS_CV
 from inferfleet.api.model_deployment import Role
 from inferfleet.autoscale.policy.history import DemandSample, MixMemory, PolicyHistory
 from inferfleet.autoscale.policy.spec import PolicySpec
@@ -41,7 +42,7 @@ class Demand:
     """The capacity the bursts of the last `burst_memory_s` needed (0: none beyond the load)."""
     input_tokens_cv2: float = 0.0
     """How widely the prompt lengths spread: their variance over their squared mean, as the
-    window's completed requests show it (0: not measured, or all alike)."""
+    window's completed requests show it (`_planned_spread`)."""
 
 
 def role_metrics(snapshot: MetricsSnapshot, role: Role) -> RoleMetrics:
@@ -115,17 +116,26 @@ def _mix(
 # The spread is planned for in steps of this size (a noisy window reuses cached operating
 # points) and never beyond the cap (a few outliers in a quiet window say little of the load).
 _CV2_STEP = 0.1
-_CV2_CAP = 4.0
+_CV2_CAP = MAX_INPUT_TOKENS_CV**2
 
 
-def prompt_spread(service: ServiceMetrics) -> float:
+def prompt_spread(service: ServiceMetrics) -> float | None:
     """The squared coefficient of variation of the window's prompt lengths, rounded to
-    `_CV2_STEP` (0 when not measured)."""
+    `_CV2_STEP` (None when not measured)."""
     mean, squared = service.mean_prompt_tokens, service.mean_squared_prompt_tokens
     if mean is None or squared is None or mean < 1:
-        return 0.0
+        return None
     cv2 = min(_CV2_CAP, max(0.0, squared / (mean * mean) - 1))
     return round(cv2 / _CV2_STEP) * _CV2_STEP
+
+
+def _planned_spread(spec: PolicySpec, service: ServiceMetrics) -> float:
+    """The prompt lengths' spread the planner is given: as measured, else as the
+    InferenceService's expected load says, else none (every prompt the mean length)."""
+    measured = prompt_spread(service)
+    if measured is not None:
+        return measured
+    return spec.expected_load.input_tokens_cv2 if spec.expected_load else 0.0
 
 
 def _trend_slope(samples: Iterable[DemandSample]) -> float:
@@ -286,7 +296,7 @@ def estimate_demand(spec: PolicySpec, snapshot: MetricsSnapshot, history: Policy
         recent_requests_per_s=recent,
         reactive_forecast_requests_per_s=reactive,
         burst_requests_per_s=burst if burst > reactive else 0.0,
-        input_tokens_cv2=prompt_spread(service),
+        input_tokens_cv2=_planned_spread(spec, service),
     )
 
 

@@ -268,8 +268,6 @@ def policy_spec(
         scale_down_stabilization_s=float(autoscaling.scale_down_stabilization_seconds),
         cold_start_s=float(autoscaling.cold_start_seconds),
         enabled=autoscaling.policy == "goodput",
-        expected_load=None
-        if load is None
-        else Workload(load.requests_per_second, load.input_tokens, load.output_tokens),
+        expected_load=None if load is None else Workload.from_spec(load),
         traffic_share=traffic_share,
     )
