@@ -273,12 +273,18 @@ async def test_a_stream_broken_after_it_started_ends_in_an_error_event(
 ) -> None:
     upstream = await start_scripted(servers, mode)
     client = await start_router(servers, config(aggregated(upstream)))
-    lines = await stream_lines(client, {"prompt": "w", "max_tokens": 5, "stream": True})
+    prompt = "w " * 400
+    lines = await stream_lines(client, {"prompt": prompt, "max_tokens": 5, "stream": True})
     assert json.loads(lines[0][6:])["choices"][0]["text"] == " tok1"
     assert json.loads(lines[1][6:])["error"]["type"] == "BadGatewayError"
     assert lines[2:] == ["data: [DONE]"]
     text = await metrics(client)
     assert series(text, "inferfleet_router_requests_total", outcome="failed") == 1
+    # The engine reported no usage: the mean prompt of the load counts the router's estimate
+    # (characters / 4, rounded up, before any usage was seen), not a prompt of no tokens.
+    estimate = len(prompt) // 4 + 1
+    assert series(text, "inferfleet_router_prompt_tokens_total") == estimate
+    assert series(text, "inferfleet_router_prompt_tokens_squared_total") == estimate**2
     assert series(text, "inferfleet_router_retries_total") == 0  # a token was sent: no retry
 
 

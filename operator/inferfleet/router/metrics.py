@@ -48,6 +48,8 @@ class Finished:
     """The engine's count; None when it reported none."""
     output_tokens: int
     tenant: str | None = None
+    prompt_tokens_estimate: int | None = None
+    """The router's own count of the prompt, for a request the engine reported none for."""
 
 
 class RouterMetrics:
@@ -111,7 +113,9 @@ class RouterMetrics:
         )
         self.prompt_tokens = Counter(
             "inferfleet_router_prompt_tokens",
-            "Prompt tokens of finished requests, as the engine reported them.",
+            "Prompt tokens of finished requests, as the engine reported them, or as the router "
+            "estimates them where it reported none (a failed request): with the requests, the "
+            "mean prompt length of the load, failures included.",
             labels,
             registry=self.registry,
         )
@@ -213,9 +217,12 @@ class RouterMetrics:
             self.ttft.labels(*labels).observe(request.ttft_s)
         if request.tpot_s is not None:
             self.tpot.labels(*labels).observe(request.tpot_s)
-        if request.prompt_tokens is not None:
-            self.prompt_tokens.labels(*labels).inc(request.prompt_tokens)
-            self.prompt_tokens_squared.labels(*labels).inc(request.prompt_tokens**2)
+        prompt = request.prompt_tokens
+        if prompt is None:
+            prompt = request.prompt_tokens_estimate
+        if prompt is not None:
+            self.prompt_tokens.labels(*labels).inc(prompt)
+            self.prompt_tokens_squared.labels(*labels).inc(prompt**2)
         if request.output_tokens:
             self.output_tokens.labels(*labels).inc(request.output_tokens)
         if request.tenant is None:

@@ -136,6 +136,7 @@ class _Timing:
     last_token: float | None = None
     tokens: int = 0
     prompt_tokens: int | None = None
+    prompt_tokens_estimate: int | None = None
     prompt_chars: int | None = None
     streamed: bool = False
 
@@ -401,6 +402,7 @@ class Router:
                 "the request body nests deeper than the JSON parser goes", 400, "BadRequestError"
             )
         timing.prompt_chars = routed.prompt_chars
+        timing.prompt_tokens_estimate = routed.prompt_tokens_estimate
         among = None if routed.model is None else self.config.serving(routed.model)
         if among == []:
             self.metrics.rejected.labels(service, "unknown_model").inc()
@@ -506,6 +508,7 @@ class Router:
                 prompt_tokens=timing.prompt_tokens,
                 output_tokens=timing.tokens,
                 tenant=tenant,
+                prompt_tokens_estimate=timing.prompt_tokens_estimate,
             )
         )
         if timing.prompt_tokens is not None and timing.prompt_chars is not None:
