@@ -70,8 +70,7 @@ SloSpec.cross_field_rules = SLO_RULES
 
 DEFAULT_INPUT_TOKENS_CV = 1.0
 """How widely prompt lengths spread when nobody says: as widely as exponentially distributed
-lengths. The Azure LLM inference traces of 2023 measure 0.96 (conversation
-and code)."""
+lengths. The Azure LLM inference traces of 2023 measure 0.96 (conversation and code)."""
 MAX_INPUT_TOKENS_CV = 2.0
 """Beyond this a few outliers set the spread, and say little of the load."""
 
