@@ -1,6 +1,6 @@
 """Faults and bad input at the operator, on a real control plane: pods the scheduler cannot
-place, two services that want to autoscale one deployment, a name another resource holds, and
-the API server stopped mid-rollout."""
+place, two services that want to autoscale one deployment, a name another resource holds, an
+object the API server refuses, and the API server stopped mid-rollout."""
 
 from __future__ import annotations
 
@@ -201,6 +201,35 @@ def test_an_object_inferfleet_did_not_create_is_never_taken_over(
     assert wait_until(lambda: _ready(kubectl, namespace, "llama"), 120, 1), operator.tail()
     owners = _get(kubectl, namespace, "service", "llama-aggregated")["metadata"]["ownerReferences"]
     assert [(o["kind"], o["name"]) for o in owners] == [("ModelDeployment", "llama")]
+
+
+@pytest.mark.timeout(200)
+def test_an_apply_the_api_server_refuses_is_reported_and_tried_again(
+    operator: Operator, kubectl: Kubectl, namespace: str
+) -> None:
+    # A quota of no Deployments: the API server's quota admission refuses the engine's.
+    quota = {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": "no-deployments"},
+        "spec": {"hard": {"count/deployments.apps": "0"}},
+    }
+    _apply(kubectl, namespace, quota)
+    _apply(kubectl, namespace, _sim_deployment("llama"))
+
+    def ready() -> dict[str, Any]:
+        return _condition(_get(kubectl, namespace, "mdep", "llama"), "Ready")
+
+    assert wait_until(lambda: ready().get("reason") == "ApplyRefused", 30, 0.5), operator.tail()
+    message = ready()["message"]
+    assert "the API server refused Deployment/llama-aggregated" in message, message
+    assert "exceeded quota: no-deployments" in message, message
+    assert wait_until(lambda: '"ApplyRefused"' in _events(kubectl, namespace), 15, 0.5)
+    assert operator.process is not None
+    assert operator.process.poll() is None, operator.tail()
+    # The quota goes: the next try (within a minute) applies it.
+    kubectl.run("delete", "resourcequota", "no-deployments", "-n", namespace)
+    assert wait_until(lambda: _ready(kubectl, namespace, "llama"), 120, 1), operator.tail()
 
 
 @pytest.mark.timeout(240)

@@ -261,6 +261,48 @@ def test_names_are_created_only_where_free_and_one_held_by_a_foreign_object_is_r
     assert [(e.reason, e.warning) for e in outcome.events] == [("NameCollision", True)]
 
 
+QUOTA_REFUSAL = (
+    'deployments.apps "x" is forbidden: exceeded quota: objects, requested: '
+    "count/deployments.apps=1, used: count/deployments.apps=0, limited: count/deployments.apps=0"
+)
+
+
+def test_an_object_the_api_server_refused_holds_the_apply_and_says_why() -> None:
+    """A quota, a policy webhook or RBAC refused an object: the resource says so in its Ready
+    condition and a Warning Event, in the server's words, and leaves what runs as it is."""
+    body = _example("ModelDeployment")
+    first = _md_outcome(body)
+    deployment = next(ObjectKey.of(o) for o in first.apply if o["kind"] == "Deployment")
+    children = _settled(body, first)
+    space = Namespace(children=children, refused={deployment: QUOTA_REFUSAL})
+    outcome = model_deployment_outcome(
+        body, space=space, claims=(), unschedulable={}, install=INSTALL, now=NOW
+    )
+    assert outcome.apply == ()
+    assert outcome.delete == ()  # what runs stays
+    ready = _condition(outcome.status, "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "ApplyRefused")
+    assert ready["message"] == (
+        f"not applied: the API server refused {deployment.describe()}: {QUOTA_REFUSAL} "
+        "(tried again every minute)"
+    )
+    assert [(e.reason, e.warning) for e in outcome.events] == [("ApplyRefused", True)]
+    # The service that routes to it: the same for its router's objects.
+    service = _example("InferenceService")
+    router = next(
+        ObjectKey.of(o)
+        for o in _service_outcome(service, {"llama-3-1-8b": body}).apply
+        if o["kind"] == "Role"
+    )
+    refused = inference_service_outcome(
+        service, space=Namespace(refused={router: "forbidden: RBAC"}),
+        backends={"llama-3-1-8b": body}, install=INSTALL, now=NOW,
+    )  # fmt: skip
+    assert refused.apply == ()
+    assert _condition(refused.status, "Ready")["reason"] == "ApplyRefused"
+    assert "forbidden: RBAC" in _condition(refused.status, "Ready")["message"]
+
+
 def test_a_role_that_went_away_is_pruned_and_nothing_else() -> None:
     body = _example("ModelDeployment")
     children = _settled(body, _md_outcome(body))

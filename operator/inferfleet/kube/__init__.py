@@ -30,6 +30,29 @@ class AlreadyExistsError(Exception):
     """An object of that name exists: a create-only apply left it as it was."""
 
 
+class RefusedError(Exception):
+    """The API server, or an admission check it runs (a quota, a policy webhook, RBAC), refused
+    the object: sent again unchanged, it is refused again until something else changes. The
+    message is the server's."""
+
+
+# Answers that refuse the object itself, where 409 (a conflict), 429 and 5xx pass with time.
+_REFUSING_STATUSES = frozenset({400, 403, 422})
+
+
+def _refusal(error: ApiException) -> RefusedError | None:
+    if error.status not in _REFUSING_STATUSES:
+        return None
+    message = str(error.reason)
+    try:
+        answer = json.loads(error.body or "")
+    except ValueError:
+        answer = None
+    if isinstance(answer, dict) and isinstance(answer.get("message"), str):
+        message = answer["message"]
+    return RefusedError(message)
+
+
 CREATE_ONLY_PRECONDITION = "1"
 """A resourceVersion no stored object has (etcd's first write is revision 2): as an apply's
 precondition, an object that exists fails it (409), and one being created ignores it. An apply
@@ -227,6 +250,8 @@ class Kube:
         except ApiException as error:
             if error.status == 409:
                 return False
+            if (refused := _refusal(error)) is not None:
+                raise refused from error
             raise
         return True
 
@@ -252,5 +277,7 @@ class Kube:
         except ApiException as error:
             if create_only and error.status == 409:
                 raise AlreadyExistsError(str(error.reason)) from error
+            if (refused := _refusal(error)) is not None:
+                raise refused from error
             raise
         return _wire(applied)

@@ -46,7 +46,7 @@ from inferfleet.api.model_deployment import ModelDeployment, Role
 from inferfleet.autoscale.controller import AutoscalerSettings, PrometheusSource, tick
 from inferfleet.autoscale.ownership import Claim, claims_of
 from inferfleet.autoscale.quota import PRIORITIES_TTL_S, GpuClaim, GpuQuota, Priorities, quota_share
-from inferfleet.kube import AlreadyExistsError, Kube, StaleObjectError, quantity
+from inferfleet.kube import AlreadyExistsError, Kube, RefusedError, StaleObjectError, quantity
 from inferfleet.reconcile.desired import (
     APPLIED_HASH_ANNOTATION,
     UNSERVED_RECHECK_S,
@@ -61,6 +61,7 @@ from inferfleet.reconcile.desired import (
 )
 from inferfleet.reconcile.events import Event, event_object
 from inferfleet.reconcile.generated import GeneratedSecrets
+from inferfleet.reconcile.held import RECHECK_S, HeldBack
 from inferfleet.reconcile.status import RoleProgress
 from inferfleet.reconcile.workqueue import WorkQueue
 from inferfleet.render import InstallSettings
@@ -98,8 +99,6 @@ OPTIONAL_KINDS = ((LWS_API_VERSION, LWS_KIND),)
 RECONCILE_WORKERS = 32
 TICK_WORKERS = 4
 TICKER_PERIOD_S = 1.0
-FOREIGN_RECHECK_S = 60.0
-"""How long a name held by an object inferfleet did not create is taken as still held."""
 MODEL_CONFIG_RECHECK_S = 30.0
 """How often a ModelDeployment that reads its architecture from a ConfigMap reads it again."""
 
@@ -324,10 +323,9 @@ class Controller:
         self._served: dict[tuple[str, str], tuple[str, Any, str | None]] = {}
         """What services read of each deployment (`_as_served`) when they were last queued."""
         self._unschedulable: set[tuple[str, str]] = set()
-        self._foreign: dict[tuple[str, ObjectKey], float] = {}
+        self._held = HeldBack()
         self._children: dict[tuple[str, str], Child] = {}
         """What the indices held of each created object when its owner was last queued."""
-        self._foreign_lock = threading.Lock()  # workers are threads
         # Per namespace, each service's last claim on the namespace's GPU quota
         # (`autoscale.quota`): held on the leader only, rebuilt by one round of ticks.
         self._gpu_claims: dict[str, dict[str, GpuClaim]] = {}
@@ -522,8 +520,10 @@ class Controller:
                     self._model_configs.pop((namespace, name), None)
             return Done(gone=True)
         uid = str(body["metadata"].get("uid", ""))
-        foreign = self._foreign_in(namespace)
-        space = dataclasses.replace(self.indices.namespace(namespace, uid), foreign=foreign)
+        foreign, refused = self._held.in_namespace(namespace)
+        space = dataclasses.replace(
+            self.indices.namespace(namespace, uid), foreign=foreign, refused=refused
+        )
         then: tuple[Key, ...] = ()
         if kind == MODEL_DEPLOYMENT:
             read, changed = self._fetch_architecture(namespace, name, body)
@@ -555,8 +555,8 @@ class Controller:
         if done is None:  # an object in the way, now known: what to do instead
             again = self._reconcile(key)
             return dataclasses.replace(again, then=then + again.then)
-        if foreign and done.requeue_after_s is None:
-            done = Done(FOREIGN_RECHECK_S)
+        if (foreign or refused) and done.requeue_after_s is None:
+            done = Done(RECHECK_S)
         if kind == MODEL_DEPLOYMENT and architecture_source(body) is not None:
             # The ConfigMap is not watched (the operator streams only what it made): read again.
             done = Done(min(done.requeue_after_s or MODEL_CONFIG_RECHECK_S, MODEL_CONFIG_RECHECK_S))
@@ -598,10 +598,15 @@ class Controller:
 
     def _carry_out(self, key: Key, body: dict[str, Any], outcome: Outcome) -> Done | None:
         """Apply, delete, post, write status; None when an object inferfleet did not create
-        holds a name to be created (nothing else done: reconcile again, knowing it)."""
+        holds a name to be created, or the API server refused an object (nothing else done:
+        reconcile again, knowing it)."""
         namespace = key[1]
         for obj in outcome.generate:
-            self._generated.ensure(obj, kube().create)
+            try:
+                self._generated.ensure(obj, kube().create)
+            except RefusedError as error:
+                self._refused(namespace, obj, error)
+                return None
         for obj in outcome.apply:
             new = ObjectKey.of(obj)
             try:
@@ -609,8 +614,10 @@ class Controller:
             except AlreadyExistsError:
                 if self._ours(namespace, new):
                     continue  # created a moment ago: its watch event follows
-                with self._foreign_lock:
-                    self._foreign[namespace, new] = time.monotonic() + FOREIGN_RECHECK_S
+                self._held.foreign(namespace, new)
+                return None
+            except RefusedError as error:
+                self._refused(namespace, obj, error)
                 return None
         for gone in outcome.delete:
             kube().delete(gone.api_version, gone.kind, gone.name, namespace)
@@ -650,14 +657,12 @@ class Controller:
             raise StaleObjectError(f"{key.describe()} went away while created")
         return bool(child_entries(namespace, found))
 
-    def _foreign_in(self, namespace: str) -> frozenset[ObjectKey]:
-        """The names of `namespace` found held by objects inferfleet did not create, until it
-        is time to look again."""
-        now = time.monotonic()
-        with self._foreign_lock:
-            for expired in [k for k, until in self._foreign.items() if until <= now]:
-                del self._foreign[expired]
-            return frozenset(key for ns, key in self._foreign if ns == namespace)
+    def _refused(self, namespace: str, obj: Mapping[str, Any], error: RefusedError) -> None:
+        """Remember what the API server said of `obj`, for the reconcile that says it in
+        status."""
+        key = ObjectKey.of(obj)
+        logger.warning("the API server refused %s: %s", key.describe(), error)
+        self._held.refused(namespace, key, str(error))
 
     def _post(self, body: Mapping[str, Any], events: Iterable[Event]) -> None:
         """Post Events before the status that records their cause (see `reconcile.events`).

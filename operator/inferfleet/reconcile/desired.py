@@ -135,6 +135,9 @@ class Namespace:
     """The uid of the inferfleet resource that created the object of that name, if one did."""
     foreign: frozenset[ObjectKey] = frozenset()
     """Names held by objects inferfleet did not create (found when creating one was refused)."""
+    refused: Mapping[ObjectKey, str] = field(default_factory=dict)
+    """Objects the API server refused when last applied, with its message (a quota, a policy
+    webhook, RBAC)."""
 
 
 def _stamped(obj: Mapping[str, Any], digest: str) -> dict[str, Any]:
@@ -203,6 +206,19 @@ def _collisions(objects: Sequence[Mapping[str, Any]], uid: str, space: Namespace
             "this resource or remove them (checked again every minute)"
         )
     return f"not applied: {'; '.join(problems)}" if problems else None
+
+
+def _refusals(objects: Sequence[Mapping[str, Any]], space: Namespace) -> str | None:
+    """What the API server said when it refused objects this resource renders, as a
+    condition's message; None when it refused none."""
+    refused = [
+        f"{key.describe()}: {space.refused[key]}"
+        for obj in objects
+        if (key := ObjectKey.of(obj)) in space.refused
+    ]
+    if not refused:
+        return None
+    return f"not applied: the API server refused {'; '.join(refused)} (tried again every minute)"
 
 
 def status_patch(
@@ -289,6 +305,7 @@ PROBLEMS = frozenset(
         "ArchitectureUnavailable",
         "SpecNotApplied",
         "NameCollision",
+        "ApplyRefused",
         "PinIgnored",
         "RolloutStalled",
         "Unschedulable",
@@ -505,6 +522,9 @@ def _rendered(
     collision = _collisions(objects, uid, space)
     if collision is not None:
         return [], Blocked("NameCollision", collision)
+    refusal = _refusals(objects, space)
+    if refusal is not None:
+        return [], Blocked("ApplyRefused", refusal)
     return objects, None
 
 
@@ -600,10 +620,14 @@ def inference_service_outcome(
         objects, verdict = [], (False, "MissingDeployment", str(error))
     else:
         collision = _collisions(objects, uid, space)
+        refusal = _refusals(objects, space)
         url = f"http://{name}.{namespace}.svc.cluster.local"
         if collision is not None:
             objects, url = [], None
             verdict = (False, "NameCollision", collision)
+        elif refusal is not None:
+            objects, url = [], None
+            verdict = (False, "ApplyRefused", refusal)
         else:
             verdict = _backends_verdict(sorted(referenced), ready_backends)
             if verdict[0] and not _router_serving(space.children):

@@ -119,7 +119,7 @@ class Blocked:
     """Why the spec was not applied (existing workloads are then left as they were)."""
 
     reason: str
-    """InvalidSpec, SpecNotApplied or NameCollision."""
+    """InvalidSpec, SpecNotApplied, NameCollision or ApplyRefused."""
     message: str
     recheck_after_s: float | None = None
     """When what blocks it may have changed without an event that says so (a CRD installed)."""
