@@ -142,8 +142,8 @@ def test_oracle_is_taken_for_the_clairvoyant_schedule() -> None:
 
 
 def test_the_clairvoyant_schedule_meets_the_overall_target_with_less_than_the_oracle() -> None:
-    # A step to 20 req/s: the per-window oracle, lowered once, holds more than the target needs.
-    body = tiny_scenario().replace("rate_after: 16", "rate_after: 20")
+    # A step to 26 req/s: the per-window oracle, lowered once, holds more than the target needs.
+    body = tiny_scenario().replace("rate_after: 16", "rate_after: 26")
     scenario = parse_scenario(body)
     requests = scenario_requests(scenario, ".")
     horizon = horizon_s(scenario, requests, scenario.rate)

@@ -235,7 +235,7 @@ def render_text(name: str, capacity: CapacityPlan) -> str:
             if point.ttft_p95_s > 0:
                 line += f", p95 TTFT {_ms(point.ttft_p95_s)}"
             if point.tpot_s > 0:
-                line += f", TPOT {_ms(point.tpot_s)}"
+                line += f", p95 TPOT {_ms(point.tpot_p95_s)}"
             line += f", MFU {point.mfu:.0%}, MBU {point.mbu:.0%}"
         lines.append(line)
     cost = capacity.cost_per_million_output_tokens_usd

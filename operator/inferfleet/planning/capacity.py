@@ -117,14 +117,30 @@ class CapacityPlan:
         return cost if math.isfinite(cost) else None
 
 
-def meets_slo(point: OperatingPoint, slo: Slo, extra_ttft_s: float = 0.0) -> bool:
+def p95_tpot(point: OperatingPoint) -> float:
+    return point.tpot_p95_s
+
+
+def mean_tpot(point: OperatingPoint) -> float:
+    return point.tpot_s
+
+
+def meets_slo(
+    point: OperatingPoint,
+    slo: Slo,
+    extra_ttft_s: float = 0.0,
+    *,
+    tpot_of: Callable[[OperatingPoint], float] = p95_tpot,
+) -> bool:
     """Whether one replica's operating point holds the targets; `extra_ttft_s` is added to its
-    TTFT (a prefill pool's KV hand-off)."""
+    TTFT (a prefill pool's KV hand-off). `tpot_of`: the TPOT held to the TPOT target, the p95
+    over requests as the SLO says; the autoscaler holds the mean to a target it calibrated
+    from the tail it measures (`autoscale.policy.learning.planning_slo`)."""
     if not point.stable:
         return False
     if slo.ttft_p95_s is not None and point.ttft_p95_s + extra_ttft_s > slo.ttft_p95_s:
         return False
-    return slo.tpot_p95_s is None or point.tpot_s <= slo.tpot_p95_s
+    return slo.tpot_p95_s is None or tpot_of(point) <= slo.tpot_p95_s
 
 
 def fewest_replicas(
@@ -351,6 +367,7 @@ def _point_report(point: OperatingPoint | None) -> dict[str, float] | None:
         "requestsPerSecond": point.rate,
         "ttftP95Ms": point.ttft_p95_s * 1e3,
         "tpotMs": point.tpot_s * 1e3,
+        "tpotP95Ms": point.tpot_p95_s * 1e3,
         "batch": point.batch,
         "prefillUtilisation": point.prefill_utilisation,
         "mfu": point.mfu,
