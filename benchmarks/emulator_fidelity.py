@@ -280,8 +280,9 @@ def markdown(document: dict[str, Any]) -> str:
         )
         + ". Poisson arrivals, open-loop, at fractions of the planner's saturation rate; "
         "fixed prompt/output lengths per mix. Measured at the client (so with the HTTP path, "
-        "about a millisecond); the first request lifetime of each run is left out. The planner "
-        "gives one TPOT (its mean step), so the TPOT p50 and p95 are compared with it too. "
+        "about a millisecond); the first request lifetime of each run is left out. The planner's "
+        "TPOT p95 takes output lengths as varied as exponential ones; these runs' lengths are "
+        "fixed, so the TPOT p50 and p95 are compared with its mean TPOT. "
         "Error = measured / predicted - 1. The engine-side TTFT mean is the emulator's own "
         "`vllm:time_to_first_token_seconds` (from the request reaching the engine to its first "
         "token), free of the HTTP path and of the client: where it agrees and the client's "

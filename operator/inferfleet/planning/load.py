@@ -35,8 +35,9 @@ is within 6% for 1000/200 and 200/500, and low by up to 14% (2000/100) and 23% (
 90% of saturation, where the plain mean step was 24% and 32% low. The p95 over requests is not
 the mean: a request that decodes few tokens lives through few steps, and whether prompt chunks
 fall in them decides its TPOT (`_tpot_spread`). Against the fleet simulator's emulated engines
-(Llama 3.1 8B on an L40S, the Azure 2023 conversation trace and lognormal lengths) the p95 is
-within -17% to +10% (median -5% to 0%); the mean taken as the p95 was 13-21% low.
+(Llama 3.1 8B on an L40S, the Azure 2023 conversation trace and lognormal lengths, per minute)
+the p95 is 0-9% low at the median, where the mean taken as the p95 was 13-22% low
+(docs/calibration.md).
 
 Open-loop arrivals also wait for a sequence slot: the mean batch may fit the KV cache while
 Poisson arrivals find it full part of the time (`_admission_wait`, M/M/c). For Llama 3.1 8B
@@ -206,10 +207,7 @@ def _tpot_spread(mix: _StepMix, output_tokens: int, input_tokens_cv2: float) -> 
 @functools.lru_cache(maxsize=4096)
 def _tpot_percentile(mean_s: float, spread: TpotSpread, quantile: float) -> float:
     """The `quantile` over requests of their TPOT, over exponentially distributed output
-    lengths (`_OUTPUT_LENGTH_QUANTILES`): the mixture's tail, solved by bisection. Against the
-    fleet simulator's emulated engines (Llama 3.1 8B on L40S, the Azure 2023 conversation trace
-    and lognormal lengths; 60 s windows at 1-3 requests/s per replica) the p95 is within -17%
-    to +10% (median -5% to 0%), where the mean was 13-21% low."""
+    lengths (`_OUTPUT_LENGTH_QUANTILES`): the mixture's tail, solved by bisection."""
     if spread.step_s <= 0 or not math.isfinite(mean_s):
         return mean_s
     deviations = [
