@@ -78,9 +78,11 @@ _QUEUE_TOLERANCE = 1e-3
 
 @dataclass(frozen=True)
 class TpotSpread:
-    """What spreads requests' TPOT around its mean (`_tpot_spread`): the standard deviation of
-    one step's length, less the steps that carry no prompt chunk, and the requests' mean
-    output length. All zero: every request's TPOT is the mean."""
+    """What spreads requests' TPOT around its mean (`_tpot_spread`). `step_s`: the standard
+    deviation one step adds to a request's summed step lengths (the chunks some steps carry,
+    by their share and the prompts' spread); a request of n output tokens has its TPOT spread
+    by step_s / sqrt(n - 1). `output_tokens`: the requests' mean output length. All zero:
+    every request's TPOT is the mean."""
 
     step_s: float = 0.0
     output_tokens: int = 0
@@ -201,7 +203,7 @@ def _tpot_spread(mix: _StepMix, output_tokens: int, input_tokens_cv2: float) -> 
     longer = mix.mixed.total_s - mix.decode_only.total_s
     if share <= 0 or longer <= 0 or output_tokens < 2:
         return TpotSpread()
-    return TpotSpread(longer * math.sqrt(min(share, 1.0) * (1 + input_tokens_cv2)), output_tokens)
+    return TpotSpread(longer * math.sqrt(share * (1 + input_tokens_cv2)), output_tokens)
 
 
 @functools.lru_cache(maxsize=4096)
