@@ -53,6 +53,17 @@ def _apply(kubectl: Kubectl, namespace: str, *documents: dict[str, Any]) -> None
     )  # fmt: skip
 
 
+def _quota(kubectl: Kubectl, namespace: str, name: str, hard: dict[str, str]) -> None:
+    """A ResourceQuota of the namespace, enforced by the API server's quota admission."""
+    quota = {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": name},
+        "spec": {"hard": hard},
+    }
+    _apply(kubectl, namespace, quota)
+
+
 def _get(kubectl: Kubectl, namespace: str, kind: str, name: str) -> dict[str, Any]:
     found: dict[str, Any] = kubectl.json("get", kind, name, "-n", namespace)
     return found
@@ -88,13 +99,7 @@ def test_pods_the_scheduler_cannot_place_are_reported_with_its_reason(
 def test_a_namespace_at_its_gpu_quota_gets_a_condition_not_pending_pods(
     operator: Operator, kubectl: Kubectl, namespace: str
 ) -> None:
-    quota = {
-        "apiVersion": "v1",
-        "kind": "ResourceQuota",
-        "metadata": {"name": "gpus"},
-        "spec": {"hard": {"requests.nvidia.com/gpu": "2"}},
-    }
-    _apply(kubectl, namespace, quota)
+    _quota(kubectl, namespace, "gpus", {"requests.nvidia.com/gpu": "2"})
     docs = yaml.safe_load_all((EXAMPLES / "llama-3.1-8b-aggregated-vllm.yaml").read_text())
     greedy = next(d for d in docs if d["kind"] == "ModelDeployment")
     greedy["metadata"]["name"] = "greedy"
@@ -115,8 +120,7 @@ def test_a_namespace_at_its_gpu_quota_gets_a_condition_not_pending_pods(
     pods = kubectl.json("get", "pods", "-n", namespace, "-l", "inferfleet.io/model-deployment")
     assert len(pods["items"]) == 2, [p["metadata"]["name"] for p in pods["items"]]
     # The platform team raises the quota: the third pod is created and the condition clears.
-    quota["spec"]["hard"]["requests.nvidia.com/gpu"] = "3"
-    _apply(kubectl, namespace, quota)
+    _quota(kubectl, namespace, "gpus", {"requests.nvidia.com/gpu": "3"})
     assert wait_until(lambda: degraded().get("status") == "False", 60, 1), degraded()
     assert wait_until(lambda: _ready(kubectl, namespace, "greedy"), 60, 1), operator.tail()
 
@@ -208,13 +212,7 @@ def test_an_apply_the_api_server_refuses_is_reported_and_tried_again(
     operator: Operator, kubectl: Kubectl, namespace: str
 ) -> None:
     # A quota of no Deployments: the API server's quota admission refuses the engine's.
-    quota = {
-        "apiVersion": "v1",
-        "kind": "ResourceQuota",
-        "metadata": {"name": "no-deployments"},
-        "spec": {"hard": {"count/deployments.apps": "0"}},
-    }
-    _apply(kubectl, namespace, quota)
+    _quota(kubectl, namespace, "no-deployments", {"count/deployments.apps": "0"})
     _apply(kubectl, namespace, _sim_deployment("llama"))
 
     def ready() -> dict[str, Any]:
