@@ -44,7 +44,13 @@ from inferfleet.autoscale.policy.demand import (
 )
 from inferfleet.autoscale.policy.learning import planned_attainment
 from inferfleet.autoscale.policy.sizing import sequences_per_replica, size_role
-from inferfleet.planning.capacity import Workload, mean_tpot, meets_slo, plan_replica
+from inferfleet.planning.capacity import (
+    Workload,
+    fewest_replicas,
+    mean_tpot,
+    meets_slo,
+    plan_replica,
+)
 from inferfleet.planning.load import operating_point
 from inferfleet.planning.replica import ReplicaConfig
 from inferfleet.slo import Slo
@@ -750,11 +756,11 @@ def held_at_mean(spec: PolicySpec, rate: float, slo: Slo) -> int:
     calibrates the tail it measures over the planner's mean TPOT)."""
     load = rate * (1 + spec.load_margin)
     config = spec.roles[0].replica
-    return next(
-        n
-        for n in range(1, 1000)
-        if meets_slo(operating_point(config, load / n, 1000, 200), slo, tpot_of=mean_tpot)
+    count = fewest_replicas(
+        lambda n: meets_slo(operating_point(config, load / n, 1000, 200), slo, tpot_of=mean_tpot)
     )
+    assert count is not None
+    return count
 
 
 # Targets tight enough that latency, not stability, sets the count.
