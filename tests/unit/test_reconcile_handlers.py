@@ -76,6 +76,33 @@ def test_a_child_queues_its_owner_only_when_what_the_owner_reads_of_it_changes()
     asyncio.run(scenario())
 
 
+def test_the_watch_event_of_its_own_apply_does_not_queue_the_owner_again() -> None:
+    async def scenario() -> None:
+        controller = Controller({}, install=InstallSettings(), autoscaler=None)
+
+        def queued() -> int:
+            return len(controller.reconciles)
+
+        # The owner's reconcile applied it and was answered with the object as stored: the
+        # watch event of that write, which shows the same, is no news to the owner.
+        controller._applied("llm", _engine_deployment(ready=0, observed=0))
+        controller.child_changed("llm", _engine_deployment(ready=0, observed=0), gone=False)
+        assert queued() == 0
+        # What the Deployment controller writes next is.
+        controller.child_changed("llm", _engine_deployment(ready=0), gone=False)
+        assert queued() == 1
+        key = await controller.reconciles.get()
+        assert key == ("ModelDeployment", "llm", "llama")
+        controller.reconciles.done(key)
+        # And so is its deletion, whoever applied it last.
+        controller._applied("llm", _engine_deployment(ready=1))
+        controller.child_changed("llm", _engine_deployment(ready=1), gone=True)
+        assert queued() == 1
+        await controller.stop()
+
+    asyncio.run(scenario())
+
+
 def _model_deployment(version: str, *, generation: int = 1, ready: str = "False") -> dict[str, Any]:
     return {
         "apiVersion": "inferfleet.io/v1alpha1",

@@ -157,6 +157,13 @@ def child_entries(namespace: str, obj: Mapping[str, Any]) -> dict[Any, Any]:
     return {("owner", namespace, child.owner_uid): child, ("name", namespace, key): child.owner_uid}
 
 
+def _child_of(namespace: str, obj: Mapping[str, Any]) -> Child | None:
+    """What the children index holds of an object the operator created (None: not one)."""
+    held = child_entries(namespace, obj)
+    child = next((value for key, value in held.items() if key[0] == "owner"), None)
+    return child if isinstance(child, Child) else None
+
+
 def unschedulable_entry(namespace: str, pod: Mapping[str, Any]) -> dict[Any, Any]:
     """An index entry for an engine pod the scheduler cannot place: (role, pod, its reason)."""
     metadata = pod.get("metadata") or {}
@@ -230,7 +237,8 @@ class Indices:
         return self._children_values(("owner", namespace, uid))
 
     def holder(self, namespace: str, key: ObjectKey) -> str | None:
-        return next(iter(self._children_values(("name", namespace, key))), None)
+        """The uid of the resource whose child holds the name (only its kind's index can)."""
+        return next(iter(self._values(child_index(key.kind), ("name", namespace, key))), None)
 
     def namespace(self, namespace: str, uid: str) -> Namespace:
         return Namespace(
@@ -419,9 +427,8 @@ class Controller:
     def child_changed(self, namespace: str, obj: Mapping[str, Any], *, gone: bool) -> None:
         """An object the operator created: its owner is reconciled when what the indices hold
         of it changed (a status write that changes nothing the owner reads costs nothing)."""
-        held = child_entries(namespace, obj)
-        child = next((value for key, value in held.items() if key[0] == "owner"), None)
-        if not isinstance(child, Child):
+        child = _child_of(namespace, obj)
+        if child is None:
             return
         seen = (namespace, str((obj.get("metadata") or {}).get("uid", "")))
         if gone:
@@ -433,6 +440,15 @@ class Controller:
         for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
             if ref.get("uid") == child.owner_uid:
                 self.add(str(ref["kind"]), namespace, str(ref["name"]))
+
+    def _applied(self, namespace: str, stored: Mapping[str, Any]) -> None:
+        """An object as its apply stored it. The watch event of that write shows the same, and
+        tells its owner, whose reconcile made the write, nothing new: `child_changed` passes
+        over it. (A write by anyone else since shows as a change, and is reconciled.)"""
+        child = _child_of(namespace, stored)
+        uid = (stored.get("metadata") or {}).get("uid")
+        if child is not None and uid:
+            self._children[(namespace, str(uid))] = child
 
     def pod_changed(self, namespace: str, name: str, labels: Mapping[str, str]) -> None:
         """An engine pod that is, or was, unschedulable: its deployment says so, or not."""
@@ -610,7 +626,7 @@ class Controller:
         for obj in outcome.apply:
             new = ObjectKey.of(obj)
             try:
-                kube().apply(obj, create_only=new in outcome.new)
+                stored = kube().apply(obj, create_only=new in outcome.new)
             except AlreadyExistsError:
                 if self._ours(namespace, new):
                     continue  # created a moment ago: its watch event follows
@@ -619,6 +635,7 @@ class Controller:
             except RefusedError as error:
                 self._refused(namespace, obj, error)
                 return None
+            self._applied(namespace, stored)
         for gone in outcome.delete:
             kube().delete(gone.api_version, gone.kind, gone.name, namespace)
         self._post(body, outcome.events)

@@ -150,17 +150,26 @@ def _stamped(obj: Mapping[str, Any], digest: str) -> dict[str, Any]:
     return {**obj, "metadata": metadata}
 
 
+def _digests(objects: Sequence[Mapping[str, Any]]) -> dict[ObjectKey, str]:
+    """Each rendered object's `spec_hash`, computed once per reconcile: hashing is the
+    costliest step of a reconcile that changes nothing."""
+    return {ObjectKey.of(obj): spec_hash(obj) for obj in objects}
+
+
 def _to_apply(
-    objects: Sequence[Mapping[str, Any]], children: Sequence[Child]
+    objects: Sequence[Mapping[str, Any]],
+    children: Sequence[Child],
+    digests: Mapping[ObjectKey, str],
 ) -> tuple[dict[str, Any], ...]:
     held = {child.key: child for child in children}
     changed = []
     for obj in objects:
-        child = held.get(ObjectKey.of(obj))
+        key = ObjectKey.of(obj)
+        child = held.get(key)
         replicas = (
             (obj.get("spec") or {}).get("replicas") if obj["kind"] in WORKLOAD_KINDS else None
         )
-        digest = spec_hash(obj)
+        digest = digests[key]
         if (
             child is None
             or child.applied_hash != digest
@@ -415,13 +424,14 @@ def model_deployment_outcome(
         unserved=unserved,
     )  # fmt: skip
     objects, generate = _split_generated(objects)
-    apply = _to_apply(objects, space.children)
+    digests = _digests(objects)
+    apply = _to_apply(objects, space.children, digests)
     disaggregated = md.spec.topology.mode == TopologyMode.DISAGGREGATED
     serving = Role.DECODE if disaggregated else Role.AGGREGATED
     status = model_deployment_status(
         generation=generation,
         plan=capacity,
-        roles=_progress(objects, space.children),
+        roles=_progress(objects, space.children, digests),
         serving_role=serving,
         selector=",".join(f"{k}={v}" for k, v in selector_labels(name, serving).items()),
         previous=previous,
@@ -544,7 +554,9 @@ def _autoscaling_record(
 
 
 def _progress(
-    objects: Sequence[Mapping[str, Any]], children: Sequence[Child]
+    objects: Sequence[Mapping[str, Any]],
+    children: Sequence[Child],
+    digests: Mapping[ObjectKey, str],
 ) -> dict[Role, RoleProgress]:
     """Each role's rollout: what its workload reports, against the replicas it is asked for
     now (a workload not yet applied, or applied with another count, is rolling out). A role
@@ -561,12 +573,13 @@ def _progress(
             continue
         role = Role(obj["metadata"]["labels"]["inferfleet.io/role"])
         desired = int(obj["spec"]["replicas"])
-        child = by_key.get(ObjectKey.of(obj))
+        key = ObjectKey.of(obj)
+        child = by_key.get(key)
         seen = child.progress if child is not None else None
         current = (
             child is not None
             and seen is not None
-            and child.applied_hash == spec_hash(obj)
+            and child.applied_hash == digests[key]
             and seen.desired == desired
         )
         if seen is not None and current:
@@ -651,7 +664,7 @@ def inference_service_outcome(
     # `replicas`) would overwrite what the autoscaler wrote.
     desired = {key: typed[key] for key in SERVICE_STATUS_FIELDS if key in typed}
     return Outcome(
-        apply=_to_apply(objects, space.children),
+        apply=_to_apply(objects, space.children, _digests(objects)),
         delete=_to_delete(objects, space.children) if objects else (),
         new=_new(objects, space.children),
         status=status_patch(previous, desired),

@@ -91,10 +91,11 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
             managed
         )
     # Of the pods, only engine pods (their ModelDeployment explains them; a router's pods have
-    # no such label) and only while they wait: a pod that leaves Pending leaves the stream (as
-    # a deletion) and the index with it; a serving pod's status changes are never sent.
+    # no such label) and only while no node is theirs: a pod the scheduler binds leaves the
+    # stream (as a deletion) and the index with it; its start and its status changes from then
+    # on are never sent.
     settings.watching.label_selectors["", "v1", "pods"] = f"{managed},{LABEL_MODEL_DEPLOYMENT}"
-    settings.watching.field_selectors["", "v1", "pods"] = "status.phase=Pending"
+    settings.watching.field_selectors["", "v1", "pods"] = "status.phase=Pending,spec.nodeName="
     # Every event's handler succeeds by design: a line per event would be the whole log.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
 
