@@ -14,20 +14,7 @@ import pytest
 import yaml
 
 from inferfleet.devcluster.cluster import State
-from inferfleet.devcluster.fleet import (
-    AgentContext,
-    FleetAgent,
-    Kind,
-    Probe,
-    listen_on,
-    oci_pod_process,
-    pod_process,
-    readiness_probe,
-    readiness_status,
-    restarts_after,
-    service_account_kubeconfig,
-    terminated_status,
-)
+from inferfleet.devcluster.fleet import AgentContext, FleetAgent
 from inferfleet.devcluster.oci import (
     Bundle,
     ConfigMapKey,
@@ -49,6 +36,18 @@ from inferfleet.devcluster.oci import (
     pod_volumes,
     runtime_config,
     split_reference,
+)
+from inferfleet.devcluster.pod_process import (
+    Kind,
+    Probe,
+    listen_on,
+    oci_pod_process,
+    pod_process,
+    readiness_probe,
+    readiness_status,
+    restarts_after,
+    service_account_kubeconfig,
+    terminated_status,
 )
 from inferfleet.devcluster.podspec import container_env, expand_references
 from inferfleet.devcluster.prometheus import (

@@ -45,14 +45,13 @@ image is not in the store is left alone (said once). Restarts, probes, readiness
 logs are as above; crun forwards SIGTERM to the container, and `crun delete --force` ends
 one whose crun was killed.
 
-Everything that decides what to run is pure (`pod_process`, `oci_pod_process` and `oci`).
+Everything that decides what to run is pure (`devcluster.pod_process` and `oci`).
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
-import dataclasses
 import functools
 import json
 import logging
@@ -64,9 +63,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from enum import StrEnum
 from pathlib import Path
 from typing import Any, Final
 
@@ -81,13 +79,23 @@ from tenacity import (
 )
 
 from inferfleet.devcluster import kubelet_api, oci, processes
-from inferfleet.devcluster.podspec import SecretValue, container_env, expand_references
+from inferfleet.devcluster.pod_process import (
+    Kind,
+    PodProcess,
+    host_environment,
+    oci_pod_process,
+    pod_is_running,
+    pod_process,
+    readiness_status,
+    restarts_after,
+    service_account_kubeconfig,
+    terminated_status,
+)
 from inferfleet.devcluster.processes import ProcessSpec
 from inferfleet.kube import Kube
 
 log = logging.getLogger(__name__)
 
-SUBCOMMANDS: Final = ("sim-engine", "router")
 TOKEN_LIFETIME_S: Final = 24 * 3600
 PROBE_INTERVAL_S: Final = 1.0
 SECRET_SYNC_S: Final = 5.0
@@ -96,24 +104,8 @@ kubelet's sync takes up to about a minute; shorter here, so that tests wait less
 SECRET_READ_TIMEOUT_S: Final = 5.0
 """The longest a Secret's read may take: an API server that does not answer (stopped, or
 overloaded) delays the pod's sync and its probes by at most this long."""
-DEFAULT_GRACE_S: Final = 30.0
 # On the agent's own shutdown, pods get at most this long: `dev-cluster down` waits 10 s.
 SHUTDOWN_GRACE_S: Final = 7.0
-# What a container needs from the host to start the venv's command, and nothing else.
-HOST_ENV: Final = ("PATH", "HOME", "LANG", "TMPDIR")
-
-
-class Kind(StrEnum):
-    ENGINE = "sim-engine"
-    ROUTER = "router"
-
-
-@dataclass(frozen=True)
-class Probe:
-    """An HTTP GET readiness probe, resolved to a port number."""
-
-    path: str
-    port: int
 
 
 def read_secret(kube: Kube, namespace: str, name: str) -> dict[str, bytes] | None:
@@ -123,232 +115,6 @@ def read_secret(kube: Kube, namespace: str, name: str) -> dict[str, bytes] | Non
     if found is None:
         return None
     return {key: base64.b64decode(value) for key, value in (found.get("data") or {}).items()}
-
-
-@dataclass(frozen=True)
-class PodProcess:
-    """What runs for one pod: derived from the pod alone, so that any change of it (a new
-    pod, a new IP) means a new process."""
-
-    uid: str
-    namespace: str
-    name: str
-    container: str
-    kind: Kind | None
-    """The venv's subcommand it runs; None for an image's other commands (the operator)."""
-    ip: str
-    argv: tuple[str, ...]
-    env: Mapping[str, str] = field(default_factory=dict)
-    grace_s: float = DEFAULT_GRACE_S
-    service_account: str | None = None
-    """The ServiceAccount whose token a router gets."""
-    readiness: Probe | None = None
-    image: oci.Image | None = None
-    """In the OCI runtime mode: the image it runs from, and how (argv and env are then the
-    container's own)."""
-    launch: oci.Launch | None = None
-    restart_policy: str = "Always"
-    """The pod's `restartPolicy`: Always, OnFailure or Never (a `helm test` pod's)."""
-
-    @property
-    def key(self) -> str:
-        return f"{self.namespace}_{self.name}"
-
-    @property
-    def files(self) -> str:
-        """Its directory under `pods/`: by uid too, as a pod may come back under its name."""
-        return f"{self.key}_{self.uid}"
-
-
-def listen_on(args: Sequence[str], ip: str) -> list[str]:
-    """`args` with any `--host` dropped and `--host <ip>` added: the pod's address replaces
-    the wildcard, as the pod's own network namespace would make it the only one."""
-    kept: list[str] = []
-    skip = False
-    for arg in args:
-        if skip:
-            skip = False
-        elif arg == "--host":
-            skip = True
-        elif not arg.startswith("--host="):
-            kept.append(arg)
-    return [*kept, "--host", ip]
-
-
-def readiness_probe(container: Mapping[str, Any]) -> Probe | None:
-    """The container's HTTP GET readiness probe, a named port resolved to its number."""
-    http = (container.get("readinessProbe") or {}).get("httpGet")
-    if not http:
-        return None
-    port = http.get("port")
-    if isinstance(port, str) and not port.isdigit():
-        named = [p for p in container.get("ports") or [] if p.get("name") == port]
-        if not named:
-            return None
-        port = named[0]["containerPort"]
-    return Probe(str(http.get("path") or "/"), int(port))
-
-
-def pod_is_running(pod: Mapping[str, Any]) -> bool:
-    status = pod.get("status") or {}
-    deleting = (pod.get("metadata") or {}).get("deletionTimestamp")
-    return not deleting and status.get("phase") == "Running" and bool(status.get("podIP"))
-
-
-def _first_container(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """The container to run, if the pod is Running with an address and has one."""
-    containers = (pod.get("spec") or {}).get("containers") or []
-    return containers[0] if pod_is_running(pod) and containers else None
-
-
-def _pod_fields(pod: Mapping[str, Any], container: Mapping[str, Any]) -> dict[str, Any]:
-    """What a pod's process takes from the pod and its container, whatever runs it."""
-    metadata, spec = pod["metadata"], pod.get("spec") or {}
-    grace = spec.get("terminationGracePeriodSeconds")
-    return {
-        "uid": str(metadata.get("uid", "")),
-        "namespace": str(metadata.get("namespace", "")),
-        "name": str(metadata["name"]),
-        "container": str(container.get("name", "")),
-        "ip": str(pod["status"]["podIP"]),
-        "grace_s": float(DEFAULT_GRACE_S if grace is None else grace),
-        "readiness": readiness_probe(container),
-        "restart_policy": str(spec.get("restartPolicy") or "Always"),
-    }
-
-
-def pod_process(pod: Mapping[str, Any], executable: str) -> PodProcess | None:
-    """The process to run for a pod: None unless it is Running with an address and its
-    first container runs `inferfleet sim-engine` or `inferfleet router`. `executable`
-    replaces the image's `inferfleet`."""
-    container = _first_container(pod)
-    if container is None:
-        return None
-    command = list(container.get("command") or [])
-    if len(command) != 2 or Path(command[0]).name != "inferfleet" or command[1] not in SUBCOMMANDS:
-        return None
-    fields = _pod_fields(pod, container)
-    env = container_env(pod, container)
-    args = [expand_references(str(arg), env) for arg in container.get("args") or []]
-    kind = Kind(command[1])
-    account = (pod.get("spec") or {}).get("serviceAccountName") or "default"
-    return PodProcess(
-        **fields,
-        kind=kind,
-        argv=(executable, kind.value, *listen_on(args, fields["ip"])),
-        env=env,
-        service_account=str(account) if kind == Kind.ROUTER else None,
-    )
-
-
-def oci_pod_process(
-    pod: Mapping[str, Any],
-    find_image: Callable[[str], oci.Image | None],
-    api_server: tuple[str, int],
-    secret: SecretValue | None = None,
-) -> PodProcess | None:
-    """The container to run from its image for a pod: None unless it is Running with an
-    address and its first container's image is in the store (`find_image`). A router's or
-    sim engine's `inferfleet` listens on the pod's IP, as in the venv mode; any other command
-    (the operator's `inferfleet run`) runs as the pod says. Raises `oci.ImageError` (a
-    `ValueError`) for a pod that cannot run as it is."""
-    container = _first_container(pod)
-    if container is None:
-        return None
-    image = find_image(str(container.get("image") or ""))
-    if image is None:
-        return None
-    ip = str(pod["status"]["podIP"])
-    launch = oci.container_launch(pod, container, image.config, api_server, secret)
-    argv = launch.argv
-    kind = None
-    if len(argv) >= 2 and Path(argv[0]).name == "inferfleet" and argv[1] in SUBCOMMANDS:
-        kind = Kind(argv[1])
-        argv = (*argv[:2], *listen_on(argv[2:], ip))
-        launch = dataclasses.replace(launch, argv=argv)
-    return PodProcess(
-        **_pod_fields(pod, container),
-        kind=kind,
-        argv=argv,
-        env=dict(launch.env),
-        service_account=str((pod.get("spec") or {}).get("serviceAccountName") or "default"),
-        image=image,
-        launch=launch,
-    )
-
-
-def readiness_status(
-    container: str, ready: bool, reason: str, restarts: int, now: datetime
-) -> dict[str, Any]:
-    """The pod status a kubelet writes when a container's readiness changes or it restarts
-    (a strategic merge: conditions by type, container statuses by name)."""
-    stamp = now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    value = "True" if ready else "False"
-    conditions = [
-        {"type": kind, "status": value, "lastTransitionTime": stamp}
-        | ({} if ready else {"reason": reason})
-        for kind in ("Ready", "ContainersReady")
-    ]
-    return {
-        "conditions": conditions,
-        "containerStatuses": [{"name": container, "ready": ready, "restartCount": restarts}],
-    }
-
-
-def restarts_after(restart_policy: str, exit_code: int) -> bool:
-    """Whether a kubelet starts a container again after it exited with `exit_code`."""
-    if restart_policy == "Never":
-        return False
-    return restart_policy != "OnFailure" or exit_code != 0
-
-
-def terminated_status(
-    container: str, exit_code: int, restarts: int, now: datetime
-) -> dict[str, Any]:
-    """The pod status a kubelet writes when its container exits for good (restartPolicy
-    Never, or OnFailure after a success): the pod's phase is the exit's verdict."""
-    stamp = now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    succeeded = exit_code == 0
-    return {
-        "phase": "Succeeded" if succeeded else "Failed",
-        "conditions": [
-            {"type": kind, "status": "False", "reason": "PodCompleted", "lastTransitionTime": stamp}
-            for kind in ("Ready", "ContainersReady")
-        ],
-        "containerStatuses": [
-            {
-                "name": container,
-                "ready": False,
-                "restartCount": restarts,
-                "state": {
-                    "terminated": {
-                        "exitCode": exit_code,
-                        "reason": "Completed" if succeeded else "Error",
-                        "finishedAt": stamp,
-                    }
-                },
-            }
-        ],
-    }
-
-
-def service_account_kubeconfig(server: str, ca_file: Path, token_file: Path) -> dict[str, Any]:
-    """A kubeconfig for the API server with a ServiceAccount token read from a file."""
-    name = "inferfleet-dev"
-    return {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {"name": name, "cluster": {"server": server, "certificate-authority": str(ca_file)}}
-        ],
-        "users": [{"name": name, "user": {"tokenFile": str(token_file)}}],
-        "contexts": [{"name": name, "context": {"cluster": name, "user": name}}],
-        "current-context": name,
-    }
-
-
-def host_environment(environ: Mapping[str, str]) -> dict[str, str]:
-    return {name: environ[name] for name in HOST_ENV if name in environ}
 
 
 @dataclass(frozen=True)
