@@ -19,7 +19,7 @@ from benchmarks.operator_scale.procfs import ROOT
 from benchmarks.operator_scale.report import markdown
 from benchmarks.operator_scale.summary import PODS_PER_NODE, summarise
 from inferfleet.devcluster.binaries import ensure_binaries
-from inferfleet.devcluster.cluster import ClientRateLimit
+from inferfleet.devcluster.components import ClientRateLimit
 from inferfleet.render.inference_service import ROUTER_REPLICAS
 
 # What Kubernetes' own scalability tests give the controller manager and the scheduler

@@ -55,7 +55,8 @@ from benchmarks.operator_scale.procfs import (
 from benchmarks.operator_scale.stats import is_ready, parse_time, ready_condition, rolled_out
 from benchmarks.operator_scale.workloads import all_rendered, engine_deployments, manifests
 from inferfleet.devcluster import cluster as cluster_module
-from inferfleet.devcluster.cluster import ClientRateLimit, DevCluster, running
+from inferfleet.devcluster.cluster import DevCluster, running
+from inferfleet.devcluster.components import ClientRateLimit
 from inferfleet.devcluster.nodes import NodePool
 
 RBAC = ROOT / "deploy" / "rbac" / "cluster-wide.yaml"

@@ -39,7 +39,8 @@ from benchmarks.operator_scale.workloads import (
     rendered,
 )
 
-from inferfleet.devcluster.cluster import AUDIT_POLICY, ClientRateLimit
+from inferfleet.devcluster.cluster import AUDIT_POLICY
+from inferfleet.devcluster.components import ClientRateLimit
 
 NS = "bench-fleet"
 ADMIN = "inferfleet-admin"

@@ -10,14 +10,8 @@ import pytest
 
 from inferfleet.api.catalog import GpuCatalog, GpuType
 from inferfleet.devcluster import pki, processes
-from inferfleet.devcluster.cluster import (
-    POD_CIDR,
-    ClientRateLimit,
-    Ports,
-    State,
-    component_specs,
-    operator_deployment,
-)
+from inferfleet.devcluster.cluster import State, operator_deployment
+from inferfleet.devcluster.components import POD_CIDR, ClientRateLimit, Ports, component_specs
 from inferfleet.devcluster.nodes import GPU_RESOURCE, NodePool, gpu_node
 from inferfleet.devcluster.oci import ImageConfig, container_launch
 
