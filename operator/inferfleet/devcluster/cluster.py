@@ -2,11 +2,12 @@
 kube-scheduler, and kwok playing the kubelets of fake GPU nodes.
 
 `DevCluster` is what `inferfleet dev-cluster up|down|status|kubeconfig` and the e2e fixture
-both use; its components' command lines are `devcluster.components`. With the fleet (`up --with-fleet`, `running(..., with_fleet=True)`), it also runs
-what makes pods real: the fleet agent (`devcluster.fleet`: a process per engine and router
-pod, on the pod's IP), the operator as its least-privilege ServiceAccount with routers that find
-replicas by pod (`inferfleet run --router-discovery pods`), and a Prometheus that discovers
-and scrapes the pods through the API server.
+both use; its components' command lines are `devcluster.components`. With the fleet (`up
+--with-fleet`, `running(..., with_fleet=True)`), it also runs what makes pods real: the fleet
+agent (`devcluster.fleet`: a process per engine and router pod, on the pod's IP), the operator
+as its least-privilege ServiceAccount with routers that find replicas by pod (`inferfleet run
+--router-discovery pods`), and a Prometheus that discovers and scrapes the pods through the API
+server.
 
 The fleet runs pods one of two ways (`Runtime`): the venv's `inferfleet` as host processes
 (the default, quick to start), or each pod's container from its image through crun (`oci`:
