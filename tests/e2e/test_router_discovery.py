@@ -12,8 +12,7 @@ import httpx
 from inferfleet.kube import Kube
 from inferfleet.router.config import RouterConfig, parse_backend
 from inferfleet.router.discovery import discovery_for
-from inferfleet.router.proxy import create_app
-from inferfleet.router.server import RouterServer
+from inferfleet.router.server import RouterServer, create_app
 
 
 def endpoint_slice(

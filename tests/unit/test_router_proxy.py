@@ -17,8 +17,8 @@ from inferfleet.api.catalog import GpuType
 from inferfleet.api.model_deployment import Role
 from inferfleet.router.config import RouterConfig, RouterConfigError, parse_backend
 from inferfleet.router.keyfiles import EngineKeys, engine_keys
-from inferfleet.router.proxy import ROUTER, create_admin_app, create_app
-from inferfleet.router.server import RouterServer
+from inferfleet.router.proxy import ROUTER
+from inferfleet.router.server import RouterServer, create_admin_app, create_app
 from inferfleet.sim.openai_api import SimServer
 from inferfleet.sim.openai_api import create_app as create_engine
 from inferfleet.slo import Slo

@@ -3,7 +3,7 @@
 Endpoints: `POST /v1/completions` and `/v1/chat/completions` (JSON or server-sent events,
 passed through as the engine writes them), `GET /v1/models` (the served models of the
 backends), `GET /health` (200 while some deployment can take requests and the router is not
-draining, else 503). On the admin port only (`create_admin_app`), never the users': `GET
+draining, else 503). On the admin port only (`server.create_admin_app`), never the users': `GET
 /metrics` (see `router.metrics`), `GET /debug/replicas` (what the router knows of each
 replica, as JSON), and `/health` again.
 
@@ -765,38 +765,4 @@ Discovery = Callable[[Router], Awaitable[None]]
 """A task that keeps the router's replica lists current (`Router.set_replicas`)."""
 
 
-def create_app(config: RouterConfig, discovery: Discovery | None = None) -> web.Application:
-    """The router as an aiohttp application (what users call); `discovery` runs while the app
-    does. Its metrics and debug pages are `create_admin_app`'s, on another port."""
-    router = Router(config)
-    app = web.Application(client_max_size=config.request_bytes_limit)
-    app[ROUTER] = router
-    app.router.add_post("/v1/completions", router.completions)
-    app.router.add_post("/v1/chat/completions", router.chat_completions)
-    app.router.add_get("/v1/models", router.models)
-    app.router.add_get("/health", router.health)
-
-    async def start(app: web.Application) -> None:
-        await router.start()
-        if discovery is not None:
-            router._spawn(discovery(router))
-
-    async def stop(app: web.Application) -> None:
-        await router.close()
-
-    app.on_startup.append(start)
-    app.on_cleanup.append(stop)
-    return app
-
-
-def create_admin_app(router: Router) -> web.Application:
-    """What operators and Prometheus read of `router`, kept off the users' port: `/metrics`,
-    and `/debug/replicas` (replica addresses and load)."""
-    app = web.Application()
-    app.router.add_get("/metrics", router.metrics_endpoint)
-    app.router.add_get("/debug/replicas", router.replicas)
-    app.router.add_get("/health", router.health)
-    return app
-
-
-__all__ = ["ROUTER", "Discovery", "EngineName", "Router", "create_admin_app", "create_app"]
+__all__ = ["ROUTER", "Discovery", "EngineName", "Router"]

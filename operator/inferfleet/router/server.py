@@ -1,6 +1,6 @@
-"""The router listening: the users' port (`proxy.create_app`) and the admin port
-(`proxy.create_admin_app`: metrics and debug pages, for Prometheus and operators only), one
-process and one `Router`, with a graceful drain."""
+"""The router listening: the users' port (`create_app`) and the admin port
+(`create_admin_app`: metrics and debug pages, for Prometheus and operators only), one
+process and one `Router` (`proxy`), with a graceful drain."""
 
 from __future__ import annotations
 
@@ -12,10 +12,44 @@ from typing import Any
 from aiohttp import web
 
 from inferfleet.router.config import ADMIN_PORT, RouterConfig
-from inferfleet.router.proxy import ROUTER, Discovery, Router, create_admin_app, create_app
+from inferfleet.router.proxy import ROUTER, Discovery, Router
 from inferfleet.serving import serve_until_signalled
 
 log = logging.getLogger(__name__)
+
+
+def create_app(config: RouterConfig, discovery: Discovery | None = None) -> web.Application:
+    """The router as an aiohttp application (what users call); `discovery` runs while the app
+    does. Its metrics and debug pages are `create_admin_app`'s, on another port."""
+    router = Router(config)
+    app = web.Application(client_max_size=config.request_bytes_limit)
+    app[ROUTER] = router
+    app.router.add_post("/v1/completions", router.completions)
+    app.router.add_post("/v1/chat/completions", router.chat_completions)
+    app.router.add_get("/v1/models", router.models)
+    app.router.add_get("/health", router.health)
+
+    async def start(app: web.Application) -> None:
+        await router.start()
+        if discovery is not None:
+            router._spawn(discovery(router))
+
+    async def stop(app: web.Application) -> None:
+        await router.close()
+
+    app.on_startup.append(start)
+    app.on_cleanup.append(stop)
+    return app
+
+
+def create_admin_app(router: Router) -> web.Application:
+    """What operators and Prometheus read of `router`, kept off the users' port: `/metrics`,
+    and `/debug/replicas` (replica addresses and load)."""
+    app = web.Application()
+    app.router.add_get("/metrics", router.metrics_endpoint)
+    app.router.add_get("/debug/replicas", router.replicas)
+    app.router.add_get("/health", router.health)
+    return app
 
 
 class RouterServer:
