@@ -425,7 +425,6 @@ def model_deployment_outcome(
     )  # fmt: skip
     objects, generate = _split_generated(objects)
     digests = _digests(objects)
-    apply = _to_apply(objects, space.children, digests)
     disaggregated = md.spec.topology.mode == TopologyMode.DISAGGREGATED
     serving = Role.DECODE if disaggregated else Role.AGGREGATED
     status = model_deployment_status(
@@ -459,7 +458,7 @@ def model_deployment_outcome(
         if after is not None
     ]
     return Outcome(
-        apply=apply,
+        apply=_to_apply(objects, space.children, digests),
         delete=_to_delete(objects, space.children) if objects else (),
         new=_new(objects, space.children),
         status=status_patch(previous, status, owned=MODEL_DEPLOYMENT_STATUS_FIELDS),
