@@ -10,12 +10,8 @@ import pytest
 
 from inferfleet.api.model_deployment import ModelDeployment, Role
 from inferfleet.autoscale.quota import GpuClaim, Priorities
-from inferfleet.reconcile.controller import (
-    Controller,
-    Indices,
-    child_entries,
-    gpu_quota_entry,
-)
+from inferfleet.reconcile.controller import Controller, Indices
+from inferfleet.reconcile.entries import child_entries, gpu_quota_entry
 from inferfleet.render import InstallSettings
 
 

@@ -18,7 +18,6 @@ from inferfleet.api.catalog import GpuCatalog
 from inferfleet.api.model_deployment import Role
 from inferfleet.api.pins import PIN_ANNOTATION
 from inferfleet.autoscale.ownership import Claim, autoscaling_owner, claims_of
-from inferfleet.reconcile.controller import child_entries
 from inferfleet.reconcile.desired import (
     Child,
     Namespace,
@@ -28,6 +27,7 @@ from inferfleet.reconcile.desired import (
     may_span_nodes,
     model_deployment_outcome,
 )
+from inferfleet.reconcile.entries import child_entries
 from inferfleet.reconcile.events import event_name
 from inferfleet.reconcile.status import RoleProgress
 from inferfleet.render import GPU_PRODUCT_LABEL, InstallSettings

@@ -41,14 +41,15 @@ from inferfleet.api.architecture_source import (
     read_architecture,
 )
 from inferfleet.api.conditions import find
+from inferfleet.api.inference_service import KIND as INFERENCE_SERVICE
 from inferfleet.api.inference_service import InferenceService
+from inferfleet.api.model_deployment import KIND as MODEL_DEPLOYMENT
 from inferfleet.api.model_deployment import ModelDeployment, Role
 from inferfleet.autoscale.controller import AutoscalerSettings, PrometheusSource, tick
 from inferfleet.autoscale.ownership import Claim, claims_of
 from inferfleet.autoscale.quota import PRIORITIES_TTL_S, GpuClaim, GpuQuota, Priorities, quota_share
-from inferfleet.kube import AlreadyExistsError, Kube, RefusedError, StaleObjectError, quantity
+from inferfleet.kube import AlreadyExistsError, Kube, RefusedError, StaleObjectError
 from inferfleet.reconcile.desired import (
-    APPLIED_HASH_ANNOTATION,
     UNSERVED_RECHECK_S,
     Child,
     Namespace,
@@ -59,22 +60,18 @@ from inferfleet.reconcile.desired import (
     model_deployment_outcome,
     without_status,
 )
+from inferfleet.reconcile.entries import child_entries, child_of
 from inferfleet.reconcile.events import Event, event_object
 from inferfleet.reconcile.generated import GeneratedSecrets
 from inferfleet.reconcile.held import RECHECK_S, HeldBack
-from inferfleet.reconcile.status import RoleProgress
 from inferfleet.reconcile.workqueue import WorkQueue
 from inferfleet.render import InstallSettings
 from inferfleet.render.common import (
     LABEL_MODEL_DEPLOYMENT,
-    LABEL_ROLE,
-    WORKLOAD_KINDS,
     label_value,
 )
 from inferfleet.render.multinode import LWS_API_VERSION, LWS_KIND
 
-MODEL_DEPLOYMENT = "ModelDeployment"
-INFERENCE_SERVICE = "InferenceService"
 CHILD_KINDS = (
     ("apps/v1", "Deployment"),
     ("v1", "Service"),
@@ -116,92 +113,6 @@ def _now() -> datetime:
 @functools.cache
 def kube() -> Kube:
     return Kube.from_environment(connections=RECONCILE_WORKERS + TICK_WORKERS)
-
-
-# What the indices hold, per object: pure functions of the object as the API server stores it.
-
-
-def child_entries(namespace: str, obj: Mapping[str, Any]) -> dict[Any, Any]:
-    """Index entries of an object the operator created: under its owner's uid (the children
-    of a resource), and under its name (who holds that name)."""
-    metadata = obj.get("metadata") or {}
-    owner = next(
-        (
-            ref
-            for ref in metadata.get("ownerReferences") or []
-            if ref.get("controller") and ref.get("kind") in (MODEL_DEPLOYMENT, INFERENCE_SERVICE)
-        ),
-        None,
-    )
-    if owner is None or not obj.get("apiVersion") or not obj.get("kind"):
-        return {}
-    key = ObjectKey(str(obj["apiVersion"]), str(obj["kind"]), str(metadata.get("name")))
-    labels = metadata.get("labels") or {}
-    role_label = labels.get(LABEL_ROLE)
-    role = Role(str(role_label)) if role_label in Role._value2member_map_ else None
-    workload = key.kind in WORKLOAD_KINDS
-    replicas = (obj.get("spec") or {}).get("replicas") if workload else None
-    child = Child(
-        key=key,
-        owner_uid=str(owner.get("uid")),
-        applied_hash=(metadata.get("annotations") or {}).get(APPLIED_HASH_ANNOTATION),
-        replicas=replicas if isinstance(replicas, int) else None,
-        role=role if owner.get("kind") == MODEL_DEPLOYMENT else None,
-        progress=RoleProgress.from_workload(obj)
-        if workload and owner.get("kind") == MODEL_DEPLOYMENT
-        else None,
-        serving=RoleProgress.from_workload(obj).available > 0
-        if workload and owner.get("kind") == INFERENCE_SERVICE
-        else None,
-    )
-    return {("owner", namespace, child.owner_uid): child, ("name", namespace, key): child.owner_uid}
-
-
-def _child_of(namespace: str, obj: Mapping[str, Any]) -> Child | None:
-    """What the children index holds of an object the operator created (None: not one)."""
-    held = child_entries(namespace, obj)
-    child = next((value for key, value in held.items() if key[0] == "owner"), None)
-    return child if isinstance(child, Child) else None
-
-
-def unschedulable_entry(namespace: str, pod: Mapping[str, Any]) -> dict[Any, Any]:
-    """An index entry for an engine pod the scheduler cannot place: (role, pod, its reason)."""
-    metadata = pod.get("metadata") or {}
-    labels = metadata.get("labels") or {}
-    deployment, role = labels.get(LABEL_MODEL_DEPLOYMENT), labels.get(LABEL_ROLE)
-    if not deployment or role not in Role._value2member_map_:
-        return {}
-    for cond in (pod.get("status") or {}).get("conditions") or []:
-        if (
-            cond.get("type") == "PodScheduled"
-            and cond.get("status") == "False"
-            and cond.get("reason") == "Unschedulable"
-        ):
-            why = str(cond.get("message") or "the scheduler gave no reason")
-            return {
-                ("pods", namespace, deployment): (Role(str(role)), str(metadata.get("name")), why)
-            }
-    return {}
-
-
-GPU_QUOTA = "requests.nvidia.com/gpu"
-"""The ResourceQuota resource that limits a namespace's GPUs (extended resources are quoted by
-their requests only)."""
-
-
-def gpu_quota_entry(namespace: str, quota: Mapping[str, Any]) -> dict[Any, Any]:
-    """An index entry for a ResourceQuota on GPUs: the GPUs it leaves (hard - used, as the
-    quota controller last counted them; the spec's hard limit before it has)."""
-    status = quota.get("status") or {}
-    hard = (status.get("hard") or (quota.get("spec") or {}).get("hard") or {}).get(GPU_QUOTA)
-    if hard is None:
-        return {}
-    used = (status.get("used") or {}).get(GPU_QUOTA, "0")
-    try:
-        left = int(quantity(str(hard)) - quantity(str(used)))
-    except ValueError:
-        return {}
-    return {("gpus", namespace): max(0, left)}
 
 
 class Indices:
@@ -427,7 +338,7 @@ class Controller:
     def child_changed(self, namespace: str, obj: Mapping[str, Any], *, gone: bool) -> None:
         """An object the operator created: its owner is reconciled when what the indices hold
         of it changed (a status write that changes nothing the owner reads costs nothing)."""
-        child = _child_of(namespace, obj)
+        child = child_of(namespace, obj)
         if child is None:
             return
         seen = (namespace, str((obj.get("metadata") or {}).get("uid", "")))
@@ -445,7 +356,7 @@ class Controller:
         """An object as its apply stored it. The watch event of that write shows the same, and
         tells its owner, whose reconcile made the write, nothing new: `child_changed` passes
         over it. (A write by anyone else since shows as a change, and is reconciled.)"""
-        child = _child_of(namespace, stored)
+        child = child_of(namespace, stored)
         uid = (stored.get("metadata") or {}).get("uid")
         if child is not None and uid:
             self._children[(namespace, str(uid))] = child

@@ -25,14 +25,8 @@ import kopf
 from inferfleet.api.common import API_GROUP, API_VERSION
 from inferfleet.autoscale.controller import AutoscalerSettings
 from inferfleet.autoscale.ownership import claims_of
-from inferfleet.reconcile.controller import (
-    CHILD_KINDS,
-    Controller,
-    child_entries,
-    child_index,
-    gpu_quota_entry,
-    unschedulable_entry,
-)
+from inferfleet.reconcile.controller import CHILD_KINDS, Controller, child_index
+from inferfleet.reconcile.entries import child_entries, gpu_quota_entry, unschedulable_entry
 from inferfleet.render import InstallSettings
 from inferfleet.render.common import (
     LABEL_MANAGED_BY,
