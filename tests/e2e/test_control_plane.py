@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
-from inferfleet.devcluster.cluster import POD_CIDR, DevCluster
+from inferfleet.devcluster.cluster import DevCluster
+from inferfleet.devcluster.components import POD_CIDR
 from inferfleet.devcluster.processes import wait_until
 from inferfleet.kube import Kube, StaleObjectError
 from tests.e2e.conftest import POOLS, Kubectl
