@@ -6,6 +6,8 @@ the same queries against a real Prometheus."""
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import logging
 import re
@@ -37,7 +39,10 @@ from inferfleet.autoscale.metrics import (
 )
 from inferfleet.devcluster.processes import free_port
 from inferfleet.devcluster.prometheus import ensure_prometheus
+from inferfleet.reconcile.controller import Controller, Done
 from inferfleet.reconcile.operator import serve_metrics
+from inferfleet.reconcile.workqueue import WorkQueue
+from inferfleet.render import InstallSettings
 from inferfleet.router.metrics import RouterMetrics
 from inferfleet.sim.metrics import EngineMetrics
 from inferfleet.sim.scheduler import EngineStats
@@ -520,6 +525,61 @@ def test_kopf_handler_failures_are_counted_by_kind() -> None:
     assert (
         len([key for key in found if key[0] == "inferfleet_operator_reconcile_errors_total"]) == 1
     )
+
+
+def test_the_operator_exports_its_reconciles_and_its_work_queues() -> None:
+    metrics = OperatorMetrics()
+    metrics.reconciled("reconcile", "ModelDeployment", 0.02)
+    metrics.reconciled("reconcile", "ModelDeployment", 3.0)
+    metrics.waited("reconcile", 0.2)
+    waiting = [4]
+    metrics.watch_queue("reconcile", lambda: waiting[0])
+    found = scrape(registry_of(metrics))
+    md = labels(queue="reconcile", kind="ModelDeployment")
+    assert found[("inferfleet_operator_reconcile_duration_seconds_count", md)] == 2
+    assert found[("inferfleet_operator_reconcile_duration_seconds_sum", md)] == 3.02
+    fast = labels(queue="reconcile", kind="ModelDeployment", le="0.025")
+    assert found[("inferfleet_operator_reconcile_duration_seconds_bucket", fast)] == 1
+    queue = labels(queue="reconcile")
+    assert found[("inferfleet_operator_queue_wait_seconds_count", queue)] == 1
+    assert found[("inferfleet_operator_queue_depth", queue)] == 4
+    waiting[0] = 0  # read at each scrape
+    assert scrape(registry_of(metrics))[("inferfleet_operator_queue_depth", queue)] == 0
+
+
+def test_a_controller_times_each_reconcile_and_its_wait_in_the_queue() -> None:
+    """Failed or not, every reconcile is timed; the queue reports each key's wait."""
+    metrics = OperatorMetrics()
+    controller = Controller(
+        {}, install=InstallSettings(), autoscaler=AutoscalerSettings(metrics=metrics)
+    )
+    taken: list[str] = []
+
+    def work(key: str) -> Done:
+        taken.append(key)
+        if key == "broken":
+            raise RuntimeError("refused")
+        return Done()
+
+    async def scenario() -> None:
+        queue: WorkQueue[str] = WorkQueue(on_wait=functools.partial(metrics.waited, "test"))
+        metrics.watch_queue("test", queue.__len__)
+        worker = asyncio.create_task(controller._work("test", queue, work, lambda _key: "Thing"))
+        queue.add("fine")
+        queue.add("broken")
+        while len(taken) < 2:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        worker.cancel()
+        await controller.stop()
+
+    asyncio.run(scenario())
+    found = scrape(registry_of(metrics))
+    thing = labels(queue="test", kind="Thing")
+    assert found[("inferfleet_operator_reconcile_duration_seconds_count", thing)] == 2
+    assert found[("inferfleet_operator_queue_wait_seconds_count", labels(queue="test"))] == 2
+    assert found[("inferfleet_operator_reconcile_errors_total", labels(kind="Thing"))] == 1
+    assert found[("inferfleet_operator_queue_depth", labels(queue="test"))] == 0
 
 
 def test_the_live_tick_records_what_it_decided() -> None:

@@ -68,3 +68,24 @@ def test_the_earlier_of_two_delays_wins_and_forget_cancels() -> None:
             await asyncio.wait_for(queue.get(), timeout=0.1)
 
     asyncio.run(scenario())
+
+
+def test_each_key_taken_reports_how_long_it_waited_since_it_was_ready() -> None:
+    now = [100.0]
+    waits: list[float] = []
+
+    async def scenario() -> None:
+        queue: WorkQueue[str] = WorkQueue(on_wait=waits.append, clock=lambda: now[0])
+        queue.add("a")
+        now[0] += 3.0
+        queue.add("a")  # a burst: still one key, ready since its first change
+        now[0] += 2.0
+        assert await queue.get() == "a"
+        queue.add("a")  # changed while in progress: ready again only when its worker ends
+        now[0] += 7.0
+        queue.done("a")
+        now[0] += 1.5
+        assert await queue.get() == "a"
+
+    asyncio.run(scenario())
+    assert waits == [5.0, 1.5]

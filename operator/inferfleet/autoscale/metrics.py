@@ -17,8 +17,16 @@ role (`deployment`, `role`), named as the router names them so that queries join
   tick read; absent when it read none), `inferfleet_autoscaler_last_tick_timestamp_seconds`
   and `inferfleet_autoscaler_slo_attainment_target`;
 
-and `inferfleet_operator_reconcile_errors_total{kind}`: handler failures kopf reports against
-an object (each failed attempt, retried or not).
+and, of the operator's own work (label `queue`: `reconcile` for ModelDeployments and
+InferenceServices, `autoscale` for the services' ticks):
+
+* `inferfleet_operator_reconcile_errors_total{kind}`: failed reconciles and handler failures
+  kopf reports against an object (each failed attempt, retried or not);
+* `inferfleet_operator_reconcile_duration_seconds{queue,kind}`: how long each reconcile or tick
+  took, failed or not (its `_count` is the reconciles done);
+* `inferfleet_operator_queue_wait_seconds{queue}`: how long a key waited for a worker once it
+  was ready: the operator's lag behind the changes it must act on;
+* `inferfleet_operator_queue_depth{queue}`: keys waiting for a worker now.
 
 The series carry the resources' `namespace`: scrape the operator with `honor_labels: true`
 (`honorLabels` in a ServiceMonitor), as for kube-state-metrics, or the scrape's own namespace
@@ -35,8 +43,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 
-from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from inferfleet.api.model_deployment import Role
@@ -135,6 +143,10 @@ _SERVICE_GAUGES: tuple[tuple[str, str, Callable[[TickRecord], float | None]], ..
 )
 
 
+RECONCILE_DURATION_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+QUEUE_WAIT_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
 class OperatorMetrics(Collector):
     """The series above, kept from the ticks `record` is given; thread-safe (kopf runs sync
     handlers on a thread pool, the HTTP server scrapes from a thread of its own)."""
@@ -148,6 +160,34 @@ class OperatorMetrics(Collector):
         self._ticks: dict[tuple[str, str], TickRecord] = {}
         self._decisions: dict[tuple[str, str], dict[tuple[str, str, str, str], int]] = {}
         self._reconcile_errors: dict[str, int] = {}
+        # Histograms keep their own locks; they are exported through `collect` below.
+        self._durations = Histogram(
+            "inferfleet_operator_reconcile_duration_seconds",
+            "How long each reconcile (or autoscaling tick) took, failed or not.",
+            ["queue", "kind"],
+            buckets=RECONCILE_DURATION_BUCKETS_S,
+            registry=None,
+        )
+        self._waits = Histogram(
+            "inferfleet_operator_queue_wait_seconds",
+            "How long a key waited for a worker once it was ready to be reconciled.",
+            ["queue"],
+            buckets=QUEUE_WAIT_BUCKETS_S,
+            registry=None,
+        )
+        self._queues: dict[str, Callable[[], int]] = {}
+
+    def reconciled(self, queue: str, kind: str, seconds: float) -> None:
+        self._durations.labels(queue, kind).observe(seconds)
+
+    def waited(self, queue: str, seconds: float) -> None:
+        self._waits.labels(queue).observe(seconds)
+
+    def watch_queue(self, queue: str, depth: Callable[[], int]) -> None:
+        """Export `depth()` (read at each scrape, from the scraping thread) as the queue's
+        depth."""
+        with self._lock:
+            self._queues[queue] = depth
 
     def record(self, tick: TickRecord) -> None:
         key = (tick.namespace, tick.service)
@@ -170,7 +210,7 @@ class OperatorMetrics(Collector):
                 self._decisions.pop(key, None)
             return [(tick, dict(self._decisions.get(key, {}))) for key, tick in self._ticks.items()]
 
-    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         live = self._live()
         for name, documentation, role_value in _ROLE_GAUGES:
             family = GaugeMetricFamily(_PREFIX + name, documentation, labels=ROLE_LABELS)
@@ -204,7 +244,18 @@ class OperatorMetrics(Collector):
         with self._lock:
             for kind, count in sorted(self._reconcile_errors.items()):
                 errors.add_metric([kind], count)
+            queues = dict(self._queues)
         yield errors
+        yield from self._durations.collect()
+        yield from self._waits.collect()
+        depth = GaugeMetricFamily(
+            "inferfleet_operator_queue_depth",
+            "Keys waiting for a worker of the queue.",
+            labels=["queue"],
+        )
+        for queue, read in sorted(queues.items()):
+            depth.add_metric([queue], read())
+        yield depth
 
 
 class ReconcileErrorCounter(logging.Handler):

@@ -95,6 +95,9 @@ OPTIONAL_KINDS = ((LWS_API_VERSION, LWS_KIND),)
 # first child applied (`make bench-operator`).
 RECONCILE_WORKERS = 32
 TICK_WORKERS = 4
+RECONCILE_QUEUE = "reconcile"
+TICK_QUEUE = "autoscale"
+"""The queues' names in the operator's metrics (`autoscale.metrics`)."""
 TICKER_PERIOD_S = 1.0
 MODEL_CONFIG_RECHECK_S = 30.0
 """How often a ModelDeployment that reads its architecture from a ConfigMap reads it again."""
@@ -230,8 +233,16 @@ class Controller:
         self.autoscaler = autoscaler or AutoscalerSettings()
         self.instance = os.environ.get("POD_NAME") or socket.gethostname()
         """Who reports the Events this operator posts (its pod)."""
-        self.reconciles: WorkQueue[Key] = WorkQueue()
-        self.ticks: WorkQueue[tuple[str, str]] = WorkQueue()
+        metrics = self.autoscaler.metrics
+        self.reconciles: WorkQueue[Key] = WorkQueue(
+            on_wait=functools.partial(metrics.waited, RECONCILE_QUEUE) if metrics else None
+        )
+        self.ticks: WorkQueue[tuple[str, str]] = WorkQueue(
+            on_wait=functools.partial(metrics.waited, TICK_QUEUE) if metrics else None
+        )
+        if metrics is not None:
+            metrics.watch_queue(RECONCILE_QUEUE, self.reconciles.__len__)
+            metrics.watch_queue(TICK_QUEUE, self.ticks.__len__)
         self._pool = ThreadPoolExecutor(
             RECONCILE_WORKERS + TICK_WORKERS, thread_name_prefix="inferfleet-reconcile"
         )
@@ -266,10 +277,10 @@ class Controller:
 
     def start(self) -> None:
         for _ in range(RECONCILE_WORKERS):
-            work = self._work(self.reconciles, self._reconcile, lambda key: key[0])
+            work = self._work(RECONCILE_QUEUE, self.reconciles, self._reconcile, lambda key: key[0])
             self._tasks.append(asyncio.create_task(work))
         for _ in range(TICK_WORKERS):
-            ticks = self._work(self.ticks, self._tick, lambda _key: "AutoscalingTick")
+            ticks = self._work(TICK_QUEUE, self.ticks, self._tick, lambda _key: "AutoscalingTick")
             self._tasks.append(asyncio.create_task(ticks))
         self._tasks.append(asyncio.create_task(self._ticker()))
 
@@ -393,12 +404,18 @@ class Controller:
                     self.ticks.add((namespace, name))
 
     async def _work(
-        self, queue: WorkQueue[T], work: Callable[[T], Done], kind: Callable[[T], str]
+        self,
+        name: str,
+        queue: WorkQueue[T],
+        work: Callable[[T], Done],
+        kind: Callable[[T], str],
     ) -> None:
         loop = asyncio.get_running_loop()
+        metrics = self.autoscaler.metrics
         while True:
             key = await queue.get()
             context = contextvars.copy_context()
+            started = time.monotonic()
             try:
                 done = await loop.run_in_executor(self._pool, context.run, work, key)
             except StaleObjectError:
@@ -406,10 +423,13 @@ class Controller:
                 continue
             except Exception:
                 logger.exception("reconciling %s failed; it will be retried", key)
-                if self.autoscaler.metrics is not None:
-                    self.autoscaler.metrics.reconcile_failed(kind(key))
+                if metrics is not None:
+                    metrics.reconcile_failed(kind(key))
                 queue.done(key, failed=True)
                 continue
+            finally:
+                if metrics is not None:
+                    metrics.reconciled(name, kind(key), time.monotonic() - started)
             queue.done(key)
             if done.gone:
                 queue.forget(key)  # here, on the loop that owns the queue

@@ -11,13 +11,16 @@ hold then. The queue guarantees what makes level-based reconciling cheap and saf
 * a failed reconcile is retried after a delay that doubles per consecutive failure of that
   key, up to a ceiling (an API server that refuses keeps being asked, slowly); a success
   resets it;
-* `add_after` reconciles a key later (a pin that expires, a status write that lost a race).
+* `add_after` reconciles a key later (a pin that expires, a status write that lost a race);
+* how long each key waited for a worker, from the moment it was ready to be taken, is told to
+  `on_wait` (the operator's metrics: a queue that falls behind shows there first).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Hashable
+import time
+from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
 Key = TypeVar("Key", bound=Hashable)
@@ -34,8 +37,16 @@ def retry_delay_s(failures: int) -> float:
 class WorkQueue(Generic[Key]):
     """Keys waiting for a worker. Used from one event loop; not thread-safe by design."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        *,
+        on_wait: Callable[[float], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._ready: asyncio.Queue[Key] = asyncio.Queue()
+        self._ready_at: dict[Key, float] = {}
+        self._on_wait = on_wait
+        self._clock = clock
         self._dirty: set[Key] = set()
         self._processing: set[Key] = set()
         self._failures: dict[Key, int] = {}
@@ -46,7 +57,11 @@ class WorkQueue(Generic[Key]):
             return
         self._dirty.add(key)
         if key not in self._processing:
-            self._ready.put_nowait(key)
+            self._put(key)
+
+    def _put(self, key: Key) -> None:
+        self._ready_at[key] = self._clock()
+        self._ready.put_nowait(key)
 
     def add_after(self, key: Key, delay_s: float) -> None:
         """Add `key` in `delay_s` seconds (sooner if something adds it before); the earlier
@@ -66,6 +81,9 @@ class WorkQueue(Generic[Key]):
 
     async def get(self) -> Key:
         key = await self._ready.get()
+        ready_at = self._ready_at.pop(key, None)
+        if self._on_wait is not None and ready_at is not None:
+            self._on_wait(max(0.0, self._clock() - ready_at))
         self._dirty.discard(key)
         self._processing.add(key)
         return key
@@ -79,7 +97,7 @@ class WorkQueue(Generic[Key]):
         else:
             self._failures.pop(key, None)
         if key in self._dirty:
-            self._ready.put_nowait(key)
+            self._put(key)
 
     def forget(self, key: Key) -> None:
         """The object is gone: drop its pending retry and its failure count."""
