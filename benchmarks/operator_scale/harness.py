@@ -29,7 +29,9 @@ from pathlib import Path
 from typing import IO, Any
 from unittest import mock
 
+import httpx
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.operator_scale.audit import (
     OPERATOR_ACCOUNT,
@@ -58,6 +60,7 @@ from inferfleet.devcluster import cluster as cluster_module
 from inferfleet.devcluster.cluster import DevCluster, running
 from inferfleet.devcluster.components import ClientRateLimit
 from inferfleet.devcluster.nodes import NodePool
+from inferfleet.devcluster.processes import free_port
 
 RBAC = ROOT / "deploy" / "rbac" / "cluster-wide.yaml"
 BARE_NAMESPACE = "bench-bare"
@@ -114,11 +117,13 @@ class Kubectl:
 
 
 class Operator:
-    """`python -m inferfleet.cli run` as a child in its own session, as the service account."""
+    """`python -m inferfleet.cli run` as a child in its own session, as the service account,
+    its own metrics served on a loopback port."""
 
     def __init__(self, kubeconfig: Path, log_path: Path) -> None:
         self.kubeconfig = kubeconfig
         self.log = log_path
+        self.metrics_port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
         self.last_cpu_s = 0.0
         self.last_peak_rss_kib = 0
@@ -131,7 +136,10 @@ class Operator:
     def start(self) -> None:
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "inferfleet.cli", "run", "--metrics-port", "0"],
+                [
+                    sys.executable, "-m", "inferfleet.cli", "run",
+                    "--metrics-port", str(self.metrics_port),
+                ],
                 env={**os.environ, "KUBECONFIG": str(self.kubeconfig)},
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True, preexec_fn=die_with_parent,  # noqa: PLW1509
@@ -146,6 +154,23 @@ class Operator:
         if peak is not None:
             self.last_peak_rss_kib = peak
         return self.last_cpu_s
+
+    def reconciles(self) -> int | None:
+        """Reconciles of ModelDeployments and InferenceServices it has finished so far, from
+        its own metrics (None where they cannot be read)."""
+        try:
+            text = httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text
+        except httpx.HTTPError:
+            return None
+        return round(
+            sum(
+                sample.value
+                for family in text_string_to_metric_families(text)
+                for sample in family.samples
+                if sample.name == "inferfleet_operator_reconcile_duration_seconds_count"
+                and sample.labels.get("queue") == "reconcile"
+            )
+        )
 
     def check(self) -> None:
         """Raises if the operator exited: nothing it should do will happen."""
@@ -377,6 +402,8 @@ class Run:
     not within the quiet timeout); the rollout window ends there."""
     phases: list[Phase] = field(default_factory=list)
     cpu: dict[str, CpuSnapshot] = field(default_factory=dict)
+    reconciles: dict[str, int | None] = field(default_factory=dict)
+    """The operator's reconciles so far, at the same moments as `cpu`'s snapshots."""
     timeline: dict[str, list[float]] = field(default_factory=dict)
     """Cores used per process in 10 s windows from the apply to the steady minute."""
     fleet: FleetObjects | None = None
@@ -523,6 +550,7 @@ def _rollout(
     config = run.config
     names = service_names(config.services)
     run.cpu["rollout start"] = snapshot(pids)
+    run.reconciles["rollout start"] = operator.reconciles()
     run.apply_start = time.time()
     _apply(kubectl, manifests(names, FLEET_NAMESPACE), config.timeout_s)
     run.apply_end = time.time()
@@ -543,6 +571,7 @@ def _rollout(
     log(f"operator quiet: {run.quiet_after_s is not None}, {time.time() - all_ready:.1f} s on")
     run.phases.append(Phase("rollout", run.apply_start, time.time(), 2 * config.services))
     run.cpu["steady start"] = snapshot(pids)
+    run.reconciles["steady start"] = operator.reconciles()
     steady_start = time.time()
     log(f"steady window: {config.steady_s:.0f} s")
     time.sleep(config.steady_s)

@@ -93,6 +93,9 @@ def _figures_table(result: Mapping[str, Any]) -> list[str]:
         f"{head['operator_cpu_s_per_service_single']} s |",
         f"| operator CPU per reconcile (rollout until quiet / reconciled resources) | "
         f"{head['operator_cpu_ms_per_reconcile']} ms |",
+        f"| operator reconciles per reconciled resource (its own metrics); CPU per reconcile run | "
+        f"{_fmt(head.get('operator_reconciles_per_resource'))}; "
+        f"{_fmt(head.get('operator_cpu_ms_per_reconcile_run'))} ms |",
         f"| operator writes per reconciled resource, rollout / single | "
         f"{_fmt(head['operator_writes_per_resource_rollout'])} / "
         f"{_fmt(head['operator_writes_per_resource_single'])} |",

@@ -172,6 +172,11 @@ def summarise(run: Run) -> dict[str, Any]:
     def operator_cpu(first: str, last: str) -> float:
         return run.cpu[last].processes["operator"] - run.cpu[first].processes["operator"]
 
+    first_count, last_count = (run.reconciles.get(m) for m in ("rollout start", "steady start"))
+    # Reconciles run in the rollout, as the operator's own metrics count them (None: unread).
+    reconcile_runs = (
+        last_count - first_count if first_count is not None and last_count is not None else None
+    )
     baseline_api = [api_summary(requests, p) for p in run.phases if p.name.startswith("baseline")]
     rollout_api = api_summary(requests, phases["rollout"])
     steady_api = api_summary(requests, phases["steady"])
@@ -207,6 +212,14 @@ def summarise(run: Run) -> dict[str, Any]:
         "operator_cpu_ms_per_reconcile": round(
             1000 * operator_cpu("rollout start", "steady start") / (2 * services), 2
         ),
+        "operator_reconciles_per_resource": round(reconcile_runs / (2 * services), 2)
+        if reconcile_runs
+        else None,
+        "operator_cpu_ms_per_reconcile_run": round(
+            1000 * operator_cpu("rollout start", "steady start") / reconcile_runs, 2
+        )
+        if reconcile_runs
+        else None,
         "operator_cpu_s_per_service_single": round(
             operator_cpu("baseline start", "rollout start") / max(1, len(run.baseline)), 3
         ),

@@ -363,6 +363,7 @@ def test_a_run_is_summarised_and_reported_with_its_goals(tmp_path: Path) -> None
                 ("steady end", 167.0, 1.13),
             ]
         },
+        reconciles={"rollout start": 2, "steady start": 7},
         fleet=FleetObjects({"svc-000": 101.2}, {"Running": 3}, 0, None),
         source={
             "at_start": {"operator_sources_sha256": "a"},
@@ -380,6 +381,9 @@ def test_a_run_is_summarised_and_reported_with_its_goals(tmp_path: Path) -> None
     assert head["bare_rendered_all_rolled_out_s"] == 2.5
     assert head["all_ready_x_bare_rendered"] == 1.2
     assert head["operator_cpu_ms_per_reconcile"] == 15.0  # 0.03 s until quiet / 2 resources
+    # The operator's own metrics: 5 reconciles ran for the 2 resources.
+    assert head["operator_reconciles_per_resource"] == 2.5
+    assert head["operator_cpu_ms_per_reconcile_run"] == 6.0
     assert head["operator_writes_per_resource_rollout"] == 1.5  # 3 writes, 2 resources
     assert head["operator_latency_s"] == {
         LATENCY_STEPS[0]: {"p50": 0.5, "p99": 0.5},
@@ -397,4 +401,5 @@ def test_a_run_is_summarised_and_reported_with_its_goals(tmp_path: Path) -> None
     ):  # fmt: skip
         assert section in report
     assert "7 of 8 met." in report
+    assert "CPU per reconcile run | 2.5; 6 ms |" in report
     assert "| operator quiet (CPU under 2 % of a core for 5 s) after all Ready | 5 s |" in report
