@@ -564,7 +564,9 @@ def test_a_controller_times_each_reconcile_and_its_wait_in_the_queue() -> None:
     async def scenario() -> None:
         queue: WorkQueue[str] = WorkQueue(on_wait=functools.partial(metrics.waited, "test"))
         metrics.watch_queue("test", queue.__len__)
-        worker = asyncio.create_task(controller._work("test", queue, work, lambda _key: "Thing"))
+        worker = asyncio.create_task(
+            controller._work("test", queue, work, lambda _key: "Thing", lambda key: ("T", "", key))
+        )
         queue.add("fine")
         queue.add("broken")
         while len(taken) < 2:

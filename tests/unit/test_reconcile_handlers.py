@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import threading
 from typing import Any
 
 import kopf
 
 from inferfleet.reconcile import handlers
-from inferfleet.reconcile.controller import Controller
+from inferfleet.reconcile.controller import Controller, Done
 from inferfleet.render import InstallSettings
 
 
@@ -103,6 +104,73 @@ def test_the_watch_event_of_its_own_apply_does_not_queue_the_owner_again() -> No
     asyncio.run(scenario())
 
 
+def test_the_echo_of_a_write_seen_while_its_reconcile_still_runs_does_not_queue_it_again() -> None:
+    """The watch can deliver a write's event before the reconcile that made it has recorded
+    the answer; what arrives while the reconcile runs is judged once it ends."""
+
+    async def scenario(event: dict[str, Any]) -> list[tuple[str, str, str]]:
+        controller = Controller({}, install=InstallSettings(), autoscaler=None)
+        owner = ("ModelDeployment", "llm", "llama")
+        applied = _engine_deployment(ready=0, observed=0)
+        arrived = threading.Event()
+        taken: list[tuple[str, str, str]] = []
+
+        def reconcile(key: tuple[str, str, str]) -> Done:
+            taken.append(key)
+            if len(taken) == 1:
+                arrived.wait(5)  # the event reaches the loop before the apply's answer here
+                controller._applied("llm", applied)
+            return Done()
+
+        worker = asyncio.create_task(
+            controller._work(
+                "reconcile", controller.reconciles, reconcile, lambda k: k[0], lambda k: k
+            )
+        )
+        controller.reconciles.add(owner)
+        while not controller.reconciles.processing(owner):
+            await asyncio.sleep(0.001)
+        controller.child_changed("llm", event, gone=False)
+        arrived.set()
+        for _ in range(50):
+            await asyncio.sleep(0.01)
+        worker.cancel()
+        await controller.stop()
+        return taken
+
+    owner = ("ModelDeployment", "llm", "llama")
+    # Its own apply's echo: one reconcile.
+    assert asyncio.run(scenario(_engine_deployment(ready=0, observed=0))) == [owner]
+    # The Deployment controller's write, arrived meanwhile: reconciled again.
+    assert asyncio.run(scenario(_engine_deployment(ready=1))) == [owner, owner]
+
+
+def test_the_echo_of_a_ticks_status_write_does_not_queue_the_service() -> None:
+    async def scenario() -> None:
+        controller = Controller({}, install=InstallSettings(), autoscaler=None)
+        service = ("InferenceService", "llm", "chat")
+        controller.inference_service_changed("llm", "chat", _inference_service("5"))
+        while len(controller.reconciles):  # it and the deployment it autoscales, once
+            controller.reconciles.done(await controller.reconciles.get())
+        controller.ticks.add(("llm", "chat"))
+        assert await controller.ticks.get() == ("llm", "chat")  # a tick runs
+        # Its status write's event, before the tick has recorded what the write answered.
+        controller.inference_service_changed("llm", "chat", _inference_service("7"))
+        controller._stored[service] = ("6", _inference_service("7"))
+        controller._judge_news(service)  # the tick ended
+        controller.ticks.done(("llm", "chat"))
+        assert len(controller.reconciles) == 0
+        # Someone else's write meanwhile is news.
+        controller.ticks.add(("llm", "chat"))
+        await controller.ticks.get()
+        controller.inference_service_changed("llm", "chat", _inference_service("9"))
+        controller._judge_news(service)
+        assert len(controller.reconciles) == 1
+        await controller.stop()
+
+    asyncio.run(scenario())
+
+
 def _model_deployment(version: str, *, generation: int = 1, ready: str = "False") -> dict[str, Any]:
     return {
         "apiVersion": "inferfleet.io/v1alpha1",
@@ -173,6 +241,16 @@ def test_events_queue_an_object_and_its_dependents_only_for_what_they_read() -> 
         # Gone: both are queued (the deployment's replicas return to its spec).
         controller.inference_service_changed("llm", "chat", None)
         assert await queued() == {isvc_key, md_key}
+        # A service that routes to the deployment without autoscaling it changes nothing the
+        # deployment reads, whether it comes or goes.
+        plain = _inference_service("4")
+        plain["metadata"]["name"] = "batch"
+        plain["spec"]["autoscaling"] = {"policy": "none"}
+        batch_key = ("InferenceService", "llm", "batch")
+        controller.inference_service_changed("llm", "batch", plain)
+        assert await queued() == {batch_key}
+        controller.inference_service_changed("llm", "batch", None)
+        assert await queued() == {batch_key}
         await controller.stop()
 
     asyncio.run(scenario())

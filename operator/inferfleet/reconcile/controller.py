@@ -249,13 +249,15 @@ class Controller:
         self._stored: dict[Key, tuple[str, dict[str, Any]]] = {}
         self._ticked: dict[tuple[str, str], float] = {}
         self._claims: dict[tuple[str, str], dict[str, Claim]] = {}
-        """Each service's claims on its deployments when they were last queued for it."""
+        """Each service's claims to autoscale its deployments, as its last event showed them."""
         self._served: dict[tuple[str, str], tuple[str, Any, str | None]] = {}
         """What services read of each deployment (`_as_served`) when they were last queued."""
         self._unschedulable: set[tuple[str, str]] = set()
         self._held = HeldBack()
         self._children: dict[tuple[str, str], Child] = {}
         """What the indices held of each created object when its owner was last queued."""
+        self._after_reconcile: dict[Key, list[Callable[[], bool]]] = {}
+        """Per object, events that arrived while its reconcile ran (`_add_unless_echo`)."""
         # Per namespace, each service's last claim on the namespace's GPU quota
         # (`autoscale.quota`): held on the leader only, rebuilt by one round of ticks.
         self._gpu_claims: dict[str, dict[str, GpuClaim]] = {}
@@ -277,10 +279,19 @@ class Controller:
 
     def start(self) -> None:
         for _ in range(RECONCILE_WORKERS):
-            work = self._work(RECONCILE_QUEUE, self.reconciles, self._reconcile, lambda key: key[0])
+            work = self._work(
+                RECONCILE_QUEUE,
+                self.reconciles,
+                self._reconcile,
+                lambda key: key[0],
+                lambda key: key,
+            )
             self._tasks.append(asyncio.create_task(work))
         for _ in range(TICK_WORKERS):
-            ticks = self._work(TICK_QUEUE, self.ticks, self._tick, lambda _key: "AutoscalingTick")
+            ticks = self._work(
+                TICK_QUEUE, self.ticks, self._tick, lambda _key: "AutoscalingTick",
+                lambda key: (INFERENCE_SERVICE, *key),
+            )  # fmt: skip
             self._tasks.append(asyncio.create_task(ticks))
         self._tasks.append(asyncio.create_task(self._ticker()))
 
@@ -302,8 +313,10 @@ class Controller:
         own reconcile wrote; and the services that route to it, when what they read of it
         changed."""
         key = (MODEL_DEPLOYMENT, namespace, name)
-        if body is None or not self._wrote(key, body):
+        if body is None:
             self.add(*key)
+        else:
+            self._add_unless_echo(key, lambda: not self._wrote(key, body))
         served = None if body is None else _as_served(body)
         if served is not None and self._served.get((namespace, name)) == served:
             return
@@ -318,18 +331,21 @@ class Controller:
         self, namespace: str, name: str, body: Mapping[str, Any] | None
     ) -> None:
         """The service (`body` None: it is gone), unless the event only shows a status this
-        operator wrote; and every deployment it routes to or did route to until now, when its
-        claims on them changed (their replicas follow the decision of the service that
-        autoscales them)."""
+        operator wrote; and each deployment whose claim to autoscale it this service made,
+        changed or dropped (its replicas follow the decision of the service that autoscales
+        it). A claim of a service that does not autoscale changes nothing a deployment's
+        reconcile reads (`autoscaling_owner` passes over it)."""
         key = (INFERENCE_SERVICE, namespace, name)
-        if body is None or not self._wrote(key, body):
+        if body is None:
             self.add(*key)
+        else:
+            self._add_unless_echo(key, lambda: not self._wrote(key, body))
         claims = {} if body is None else claims_of(body)
-        before = self._claims.get((namespace, name))
-        if body is not None and before == claims:
-            return
-        for backend in set(claims) | set(before or {}):
-            self.add(MODEL_DEPLOYMENT, namespace, backend)
+        claims = {backend: claim for backend, claim in claims.items() if claim.autoscales}
+        before = self._claims.get((namespace, name)) or {}
+        for backend in set(claims) | set(before):
+            if claims.get(backend) != before.get(backend):
+                self.add(MODEL_DEPLOYMENT, namespace, backend)
         if body is None:
             self._claims.pop((namespace, name), None)
         else:
@@ -353,15 +369,51 @@ class Controller:
         if child is None:
             return
         seen = (namespace, str((obj.get("metadata") or {}).get("uid", "")))
-        if gone:
-            self._children.pop(seen, None)
-        elif self._children.get(seen) == child:
-            return
-        else:
+
+        def news() -> bool:
+            if gone:
+                self._children.pop(seen, None)
+                return True
+            if self._children.get(seen) == child:
+                return False
             self._children[seen] = child
-        for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
-            if ref.get("uid") == child.owner_uid:
-                self.add(str(ref["kind"]), namespace, str(ref["name"]))
+            return True
+
+        owner = next(
+            (
+                (str(ref["kind"]), namespace, str(ref["name"]))
+                for ref in (obj.get("metadata") or {}).get("ownerReferences") or []
+                if ref.get("uid") == child.owner_uid
+            ),
+            None,
+        )
+        if owner is None:
+            news()
+        else:
+            self._add_unless_echo(owner, news)
+
+    def _add_unless_echo(self, key: Key, news: Callable[[], bool]) -> None:
+        """Queue `key` when `news()` says its event shows what the operator did not write.
+        While a reconcile of `key` (or a tick of that service) runs, `news` waits for it to
+        end: its writes are recorded (`_applied`, `_write_status`) once their requests return,
+        and the watch may deliver their events before that, when they would queue it again for
+        nothing."""
+        kind, namespace, name = key
+        if self.reconciles.processing(key) or (
+            kind == INFERENCE_SERVICE and self.ticks.processing((namespace, name))
+        ):
+            self._after_reconcile.setdefault(key, []).append(news)
+        elif news():
+            self.add(*key)
+
+    def _judge_news(self, key: Key) -> None:
+        """After a reconcile of `key` (or a tick of that service): the events that arrived
+        while it ran, judged now that its writes are recorded; each in turn, as each records
+        what it saw."""
+        if key in self._after_reconcile:
+            changed = [news() for news in self._after_reconcile.pop(key)]
+            if any(changed):
+                self.reconciles.add(key)
 
     def _applied(self, namespace: str, stored: Mapping[str, Any]) -> None:
         """An object as its apply stored it. The watch event of that write shows the same, and
@@ -409,7 +461,9 @@ class Controller:
         queue: WorkQueue[T],
         work: Callable[[T], Done],
         kind: Callable[[T], str],
+        reconciled: Callable[[T], Key],
     ) -> None:
+        """`reconciled`: the object whose writes a run of `work` makes (`_judge_news`)."""
         loop = asyncio.get_running_loop()
         metrics = self.autoscaler.metrics
         while True:
@@ -430,6 +484,7 @@ class Controller:
             finally:
                 if metrics is not None:
                     metrics.reconciled(name, kind(key), time.monotonic() - started)
+                self._judge_news(reconciled(key))
             queue.done(key)
             if done.gone:
                 queue.forget(key)  # here, on the loop that owns the queue

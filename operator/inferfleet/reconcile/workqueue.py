@@ -106,6 +106,10 @@ class WorkQueue(Generic[Key]):
         if pending is not None:
             pending.cancel()
 
+    def processing(self, key: Key) -> bool:
+        """Whether a worker holds `key` now."""
+        return key in self._processing
+
     def failures(self, key: Key) -> int:
         return self._failures.get(key, 0)
 
