@@ -89,15 +89,19 @@ def test_the_watch_event_of_its_own_apply_does_not_queue_the_owner_again() -> No
         controller._applied("llm", _engine_deployment(ready=0, observed=0))
         controller.child_changed("llm", _engine_deployment(ready=0, observed=0), gone=False)
         assert queued() == 0
-        # What the Deployment controller writes next is.
+        # The Deployment controller has seen the spec and made the pods, none ready yet:
+        # nothing its owner's status says changed.
         controller.child_changed("llm", _engine_deployment(ready=0), gone=False)
+        assert queued() == 0
+        # Replicas ready: news.
+        controller.child_changed("llm", _engine_deployment(ready=1), gone=False)
         assert queued() == 1
         key = await controller.reconciles.get()
         assert key == ("ModelDeployment", "llm", "llama")
         controller.reconciles.done(key)
         # And so is its deletion, whoever applied it last.
-        controller._applied("llm", _engine_deployment(ready=1))
-        controller.child_changed("llm", _engine_deployment(ready=1), gone=True)
+        controller._applied("llm", _engine_deployment(ready=2))
+        controller.child_changed("llm", _engine_deployment(ready=2), gone=True)
         assert queued() == 1
         await controller.stop()
 

@@ -363,8 +363,9 @@ class Controller:
         )
 
     def child_changed(self, namespace: str, obj: Mapping[str, Any], *, gone: bool) -> None:
-        """An object the operator created: its owner is reconciled when what the indices hold
-        of it changed (a status write that changes nothing the owner reads costs nothing)."""
+        """An object the operator created: its owner is reconciled when what it reads of it
+        changed (`Child.read_by_owner`: a status write that changes nothing the owner reads
+        costs nothing)."""
         child = child_of(namespace, obj)
         if child is None:
             return
@@ -374,10 +375,9 @@ class Controller:
             if gone:
                 self._children.pop(seen, None)
                 return True
-            if self._children.get(seen) == child:
-                return False
+            before = self._children.get(seen)
             self._children[seen] = child
-            return True
+            return before is None or before.read_by_owner != child.read_by_owner
 
         owner = next(
             (

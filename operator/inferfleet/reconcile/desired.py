@@ -105,6 +105,30 @@ class Child:
     """An InferenceService's router Deployment: whether a router pod is available (the
     service's endpoint answers)."""
 
+    @property
+    def read_by_owner(self) -> tuple[object, ...]:
+        """What its owner's reconcile reads of it. Of a workload's rollout, what the owner's
+        status says (the replicas asked for and ready, rolled out or not, stalled, refused):
+        the steps of a rollout in between (the Deployment controller has seen the spec, made
+        the pods, not readied them yet) change nothing the owner writes. The pods made count
+        against a GPU quota in the autoscaler's ticks, which read them from the index."""
+        progress = self.progress
+        rollout = (
+            None
+            if progress is None
+            else (
+                progress.desired,
+                progress.ready,
+                progress.rolled_out,
+                progress.stalled,
+                progress.refused,
+            )
+        )
+        return (
+            self.key, self.owner_uid, self.applied_hash, self.replicas, self.role, self.serving,
+            rollout,
+        )  # fmt: skip
+
 
 @dataclass(frozen=True)
 class Outcome:
