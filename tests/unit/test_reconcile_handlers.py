@@ -260,6 +260,37 @@ def test_events_queue_an_object_and_its_dependents_only_for_what_they_read() -> 
     asyncio.run(scenario())
 
 
+def test_a_deployment_that_says_it_is_not_ready_yet_does_not_queue_its_services() -> None:
+    async def scenario() -> None:
+        service = _inference_service("1")
+        claim = handlers.claims_of(service)["llama"]
+        indices = {"inference_services": {("backend", "llm", "llama"): [claim]}}
+        controller = Controller(indices, install=InstallSettings(), autoscaler=None)
+        md_key = ("ModelDeployment", "llm", "llama")
+        isvc_key = ("InferenceService", "llm", "chat")
+
+        async def queued() -> set[tuple[str, str, str]]:
+            keys = set()
+            while len(controller.reconciles):
+                key = await controller.reconciles.get()
+                controller.reconciles.done(key)
+                keys.add(key)
+            return keys
+
+        created = _model_deployment("1")
+        del created["status"]
+        controller.model_deployment_changed("llm", "llama", created)
+        assert await queued() == {md_key, isvc_key}
+        # Its first status says it is not Ready: the service read as much before.
+        controller.model_deployment_changed("llm", "llama", _model_deployment("2"))
+        assert await queued() == {md_key}
+        controller.model_deployment_changed("llm", "llama", _model_deployment("3", ready="True"))
+        assert await queued() == {md_key, isvc_key}
+        await controller.stop()
+
+    asyncio.run(scenario())
+
+
 def _router_deployment(ready: int, *, observed: int = 1) -> dict[str, Any]:
     return {
         "apiVersion": "apps/v1",

@@ -190,16 +190,17 @@ class Indices:
         }
 
 
-def _as_served(body: Mapping[str, Any]) -> tuple[str, Any, str | None]:
+def _as_served(body: Mapping[str, Any]) -> tuple[str, Any, bool]:
     """What an InferenceService's reconcile reads of a ModelDeployment it routes to: which
-    object, its spec (by generation), and whether it is Ready."""
+    object, its spec (by generation), and whether it is Ready (a status that says it is not,
+    where there was none, changes nothing the service reads)."""
     metadata = body.get("metadata") or {}
     status = body.get("status")
     ready = find(status.get("conditions") or [], "Ready") if isinstance(status, Mapping) else None
     return (
         str(metadata.get("uid", "")),
         metadata.get("generation"),
-        None if ready is None else str(ready.get("status")),
+        ready is not None and ready.get("status") == "True",
     )
 
 
@@ -250,7 +251,7 @@ class Controller:
         self._ticked: dict[tuple[str, str], float] = {}
         self._claims: dict[tuple[str, str], dict[str, Claim]] = {}
         """Each service's claims to autoscale its deployments, as its last event showed them."""
-        self._served: dict[tuple[str, str], tuple[str, Any, str | None]] = {}
+        self._served: dict[tuple[str, str], tuple[str, Any, bool]] = {}
         """What services read of each deployment (`_as_served`) when they were last queued."""
         self._unschedulable: set[tuple[str, str]] = set()
         self._held = HeldBack()
