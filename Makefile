@@ -29,8 +29,8 @@ plans: $(STAMP)
 test: lint typecheck unit e2e
 
 lint: $(STAMP)
-	$(BIN)/ruff check operator tests
-	$(BIN)/ruff format --check operator tests
+	$(BIN)/ruff check operator tests benchmarks
+	$(BIN)/ruff format --check operator tests benchmarks
 	$(BIN)/lint-imports
 
 typecheck: $(STAMP)

@@ -64,9 +64,9 @@ from benchmarks.serving_harness import (
 )
 from inferfleet.bench.loadgen import LoadGenerator, RunResult
 from inferfleet.bench.report import Distribution
-from inferfleet.bench.traces import TraceRequest
 from inferfleet.planning.memory import plan_memory
 from inferfleet.planning.performance import decode_step_seconds
+from inferfleet.sim.workload import TraceRequest
 
 ENGINE_CPU = 1
 CLIENT_CPU = 0

@@ -62,9 +62,9 @@ from benchmarks.serving_harness import (
 )
 from inferfleet.bench.loadgen import DEFAULT_STREAMS_PER_CLIENT, PromptBuilder
 from inferfleet.bench.report import Distribution, RequestResult
-from inferfleet.bench.traces import TraceRequest
 from inferfleet.bench.transport import AsyncioTransport
 from inferfleet.planning.load import closed_loop_point
+from inferfleet.sim.workload import TraceRequest
 from inferfleet.streaming import TokenStream
 
 

@@ -11,7 +11,7 @@ import json
 import math
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,7 @@ def _graph_seconds(step: Callable[[], object], budget_s: float = 0.6) -> float:
     end.record()
     end.synchronize()
     once = start.elapsed_time(end) / 1000
-    samples = []
+    samples: list[float] = []
     for _ in range(max(3, min(30, int(budget_s / max(once, 1e-6))))):
         start.record()
         graph.replay()
@@ -106,7 +106,7 @@ class _Attention:
         self.shape = shape
         self.decode_kernel = "sdpa"
         self.prefix_kernel = "mask"
-        self.parts = ("decode", "prefill")
+        self.parts: tuple[str, ...] = ("decode", "prefill")
         self.sequences, self.context = case["decode_sequences"], case["decode_context"]
         self.prompts, self.chunk = case["prefill_prompts"], case["prefill_chunk"]
         self.start = case["prefill_start"]
@@ -327,6 +327,7 @@ def measure(plan_path: Path, out_path: Path, only: str | None) -> None:
         began = time.monotonic()
         stack = _Stack(planned["models"][model], weights)
         for case in cases:
+            timed: Mapping[str, float | str]
             try:
                 timed = _measure_case(stack, case)
             except Exception as error:  # one failed case must not lose the rest

@@ -33,6 +33,7 @@ from inferfleet.devcluster.cluster import (
 )
 from inferfleet.devcluster.nodes import NodePool
 from inferfleet.devcluster.processes import wait_until
+from inferfleet.sim.workload import TraceRequest
 from inferfleet.slo import Outcome, Slo
 from tests.e2e.conftest import Kubectl
 
@@ -182,7 +183,7 @@ class Timeline:
         return ", ".join(changes)
 
 
-async def _run(url: str, requests: list[traces.TraceRequest]) -> list[RequestResult]:
+async def _run(url: str, requests: list[TraceRequest]) -> list[RequestResult]:
     generator = loadgen.LoadGenerator(url, model=MODEL)
     try:
         return (await generator.run(requests, drain_s=60.0)).results
@@ -191,7 +192,7 @@ async def _run(url: str, requests: list[traces.TraceRequest]) -> list[RequestRes
 
 
 def replay(
-    fleet: Fleet, namespace: str, deployment: str, url: str, requests: list[traces.TraceRequest]
+    fleet: Fleet, namespace: str, deployment: str, url: str, requests: list[TraceRequest]
 ) -> tuple[list[RequestResult], Timeline]:
     """Replay open-loop through a router while sampling the replicas every second."""
     timeline = Timeline()
@@ -301,12 +302,12 @@ def test_a_load_step_scales_the_pool_and_attainment_recovers(fleet: Fleet) -> No
 class Background:
     """A replay running in a thread while the test acts and watches."""
 
-    def __init__(self, url: str, requests: list[traces.TraceRequest]) -> None:
+    def __init__(self, url: str, requests: list[TraceRequest]) -> None:
         self.results: list[RequestResult] = []
         self.thread = threading.Thread(target=self._run, args=(url, requests), daemon=True)
         self.thread.start()
 
-    def _run(self, url: str, requests: list[traces.TraceRequest]) -> None:
+    def _run(self, url: str, requests: list[TraceRequest]) -> None:
         self.results = asyncio.run(_run(url, requests))
 
     def join(self) -> list[RequestResult]:

@@ -174,8 +174,12 @@ def test_attainment_read_from_prometheus_matches_the_clients(data_plane: DataPla
     # The hand-off really went through both pools: each request prefilled once, decoded once.
     for job in ("prefill", "decode"):
         served = f'sum(vllm:request_success_total{{job="{job}"}})'
+
+        def all_served(query: str = served) -> bool:
+            return prometheus.scalar(query) == len(requests)
+
         # Each target is scraped on its own beat: the engines' last scrape may trail the router's.
-        assert processes.wait_until(lambda q=served: prometheus.scalar(q) == len(requests), 15), (
+        assert processes.wait_until(all_served, 15), (
             job,
             prometheus.scalar(served),
         )

@@ -436,7 +436,7 @@ def test_a_replica_over_two_nodes_is_a_leader_worker_set_that_scales_and_prunes(
     follow); `kubectl scale` of the ModelDeployment scales the groups; a spec that fits one
     node again replaces the LeaderWorkerSet with a Deployment."""
     _apply(kubectl, namespace, EXAMPLES / "llama-3.1-405b-bf16-two-nodes-vllm.yaml")
-    assert wait_until(lambda: _leader_worker_sets(kubectl, namespace, MULTI_NODE), 60, 1), (
+    assert wait_until(lambda: bool(_leader_worker_sets(kubectl, namespace, MULTI_NODE)), 60, 1), (
         operator.tail()
     )
     (lws,) = _leader_worker_sets(kubectl, namespace, MULTI_NODE)
@@ -487,9 +487,9 @@ def test_a_tensorrt_llm_replica_over_two_nodes_gets_its_group_keys_once(
     same after the groups are scaled (reconciled again, never generated again), and gone with
     the ModelDeployment (its owner)."""
     _apply(kubectl, namespace, EXAMPLES / "llama-3.1-405b-bf16-two-nodes-trtllm.yaml")
-    assert wait_until(lambda: _leader_worker_sets(kubectl, namespace, MULTI_NODE_TRTLLM), 60, 1), (
-        operator.tail()
-    )
+    assert wait_until(
+        lambda: bool(_leader_worker_sets(kubectl, namespace, MULTI_NODE_TRTLLM)), 60, 1
+    ), operator.tail()
     (lws,) = _leader_worker_sets(kubectl, namespace, MULTI_NODE_TRTLLM)
     leader = lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]
     assert 'mpirun)" --allow-run-as-root' in leader["command"][2]
@@ -560,7 +560,7 @@ def test_an_architecture_read_from_a_configmap_is_planned_and_followed(
     config_file.write_text(yaml.safe_dump(config_map))
     _apply(kubectl, namespace, config_file)
     # Read again within MODEL_CONFIG_RECHECK_S, 30 s (the operator does not watch ConfigMaps).
-    assert wait_until(lambda: _deployments(kubectl, namespace, FROM_CONFIGMAP), 60, 1), (
+    assert wait_until(lambda: bool(_deployments(kubectl, namespace, FROM_CONFIGMAP)), 60, 1), (
         operator.tail()
     )
     status = _md(kubectl, namespace, FROM_CONFIGMAP)["status"]

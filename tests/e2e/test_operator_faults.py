@@ -8,7 +8,9 @@ import json
 import os
 import signal
 import time
-from typing import Any
+from collections.abc import Callable
+from decimal import Decimal
+from typing import Any, cast
 
 import pytest
 import yaml
@@ -29,6 +31,9 @@ from tests.e2e.test_operator import (
 )
 
 __all__ = ["operator"]  # the module's own operator process, as test_operator starts it
+
+# The Kubernetes client's parser, which has no annotations.
+_parse_quantity = cast("Callable[[str], Decimal]", parse_quantity)
 
 
 def _service(name: str, deployment: str, *, goodput: bool) -> dict[str, Any]:
@@ -259,7 +264,7 @@ def test_the_api_server_stopped_for_30_s_mid_rollout_converges_without_a_crash(
         md = _md(kubectl, namespace, "steady")
         engine = _get(kubectl, namespace, "deployment", "steady-aggregated")
         roles = md.get("status", {}).get("roles") or [{}]
-        return (
+        return bool(
             engine["spec"]["replicas"] == 2
             and md["status"].get("observedGeneration") == md["metadata"]["generation"]
             and roles[0].get("desired") == 2
@@ -324,8 +329,8 @@ def test_scheduling_fields_reach_the_pods_and_a_missing_priority_class_is_report
     } in pod["tolerations"]
     assert pod["topologySpreadConstraints"][0]["topologyKey"] == "kubernetes.io/hostname"
     assert pod["containers"][0]["resources"]["requests"]["memory"] == "512Mi"
-    limit = parse_quantity(pod["containers"][0]["resources"]["limits"]["memory"])
-    assert limit == 2 * parse_quantity("512Mi")
+    limit = _parse_quantity(pod["containers"][0]["resources"]["limits"]["memory"])
+    assert limit == 2 * _parse_quantity("512Mi")
     # The platform team creates the class: the pods are created, the condition clears.
     _apply(
         kubectl,

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import copy
 import functools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, cast
 
 import celpy
 from celpy import celtypes
@@ -31,6 +31,9 @@ from kubernetes.utils import parse_quantity
 
 CEL_RULES_KEY = "x-kubernetes-validations"
 PRESERVE_UNKNOWN_FIELDS = "x-kubernetes-preserve-unknown-fields"
+
+# The Kubernetes client's parser, which has no annotations.
+_parse_quantity = cast("Callable[[str], Decimal]", parse_quantity)
 
 Origin = Literal["unknown-field", "schema", "cel"]
 
@@ -158,7 +161,7 @@ class _Quantity:
 
 
 def _quantity(text: celtypes.StringType) -> _Quantity:
-    return _Quantity(parse_quantity(str(text)))
+    return _Quantity(_parse_quantity(str(text)))
 
 
 def _compare_to(left: _Quantity, right: _Quantity) -> celtypes.IntType:
@@ -172,7 +175,12 @@ KUBERNETES_FUNCTIONS: Final = {"quantity": _quantity, "compareTo": _compare_to}
 @functools.cache
 def compile_rule(rule: str) -> celpy.Runner:
     environment = celpy.Environment()
-    return environment.program(environment.compile(rule), functions=KUBERNETES_FUNCTIONS)
+    # celpy's stubs type a function's result as a CEL value only; it passes any other value
+    # (the quantity library's `_Quantity`) on to the functions that take it.
+    return environment.program(
+        environment.compile(rule),
+        functions=KUBERNETES_FUNCTIONS,  # type: ignore[arg-type]
+    )
 
 
 def to_cel(value: Any, schema: Mapping[str, Any] | None) -> Any:

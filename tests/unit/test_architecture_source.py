@@ -85,7 +85,7 @@ def _outcome(body: dict[str, Any], problem: str | None = None) -> Any:
 
 def _ready(outcome: Any) -> dict[str, Any]:
     conditions = outcome.status["conditions"]
-    return next(c for c in conditions if c["type"] == "Ready")  # type: ignore[no-any-return]
+    return next(c for c in conditions if c["type"] == "Ready")
 
 
 def test_an_architecture_not_read_applies_nothing_and_looks_again() -> None:

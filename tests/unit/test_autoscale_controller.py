@@ -382,7 +382,7 @@ def test_no_metrics_source_is_a_condition_not_a_crash() -> None:
 
 def test_a_pin_wins_over_the_load() -> None:
     pin = '{"replicas": {"aggregated": 3}, "reason": "INC-7", "until": "2026-11-22T04:00:00Z"}'
-    md = model_deployment(**{"inferfleet.io/pin": pin})
+    md = model_deployment(None, **{"inferfleet.io/pin": pin})
     result = tick(
         inference_service(), {"llama": md}, Scripted(busy(200.0, attainment=0.5)),
         settings=SETTINGS, now=NOW,

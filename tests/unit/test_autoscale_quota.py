@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from inferfleet.autoscale.quota import GpuClaim, Priorities, quota_share
 
 INTERACTIVE = 100_000
@@ -63,7 +65,7 @@ def test_a_services_own_claim_never_holds_gpus_back_from_it() -> None:
 
 
 def test_priorities_are_the_classes_values_and_the_global_default() -> None:
-    classes = [
+    classes: list[dict[str, Any]] = [
         {"metadata": {"name": "interactive"}, "value": 100000},
         {"metadata": {"name": "standard"}, "value": 1000, "globalDefault": True},
         {"metadata": {"name": "broken"}, "value": "high"},

@@ -9,7 +9,6 @@ from dataclasses import replace
 import pytest
 
 from inferfleet.api.model_deployment import Role
-from inferfleet.bench import traces
 from inferfleet.bench.autoscale import (
     fleet_config,
     horizon_s,
@@ -41,6 +40,7 @@ from inferfleet.bench.references import (
 from inferfleet.planning.memory import kv_bytes_per_token, plan_memory, weight_bytes_per_gpu
 from inferfleet.planning.performance import DEFAULT_EFFICIENCY
 from inferfleet.planning.replica import ACTIVATION_BYTES
+from inferfleet.sim.workload import TraceRequest
 from tests.unit.bench_fixtures import tiny_scenario
 
 AGG = Role.AGGREGATED
@@ -54,11 +54,11 @@ def test_the_fluid_bound_is_the_work_at_full_efficiency_by_hand() -> None:
     block = 16
     requests = [
         # Window 0: two long prompts sharing their first 64 blocks (1,024 tokens), short outputs.
-        traces.TraceRequest(1.0, 2048, 10, tuple(range(128)), block),
-        traces.TraceRequest(2.0, 2048, 10, (*range(64), *range(1000, 1064)), block),
+        TraceRequest(1.0, 2048, 10, tuple(range(128)), block),
+        TraceRequest(2.0, 2048, 10, (*range(64), *range(1000, 1064)), block),
         # Window 1: a short prompt with a long output: decode bound by reading the weights,
         # four sequences per step at most.
-        traces.TraceRequest(61.0, 16, 1000),
+        TraceRequest(61.0, 16, 1000),
     ]
     bound = fluid_bound(requests, service, 120.0, 60.0)
 
@@ -185,10 +185,10 @@ def test_the_clairvoyant_schedule_meets_the_overall_target_with_less_than_the_or
     assert headroom.factor - LATE_HEADROOM_PRECISION <= missed < headroom.factor
     bound = fluid_bound(requests, service, horizon, 60.0)
     served = clairvoyant.served(60.0)
-    peak = max(range(len(served)), key=lambda w: served[w][AGG])
-    late_s = peak * 60.0 + config.cold_start_s + 10.0
+    busiest = max(range(len(served)), key=lambda w: served[w][AGG])
+    late_s = busiest * 60.0 + config.cold_start_s + 10.0
     assert headroom.run.accepting(AGG, late_s) == math.floor(
-        headroom.factor * served[peak][AGG] + 0.5
+        headroom.factor * served[busiest][AGG] + 0.5
     )
     assert headroom.run.gpu_seconds() > unforeseen.gpu_seconds()
     assert 0 < headroom.simulations <= 6

@@ -34,9 +34,10 @@ from inferfleet.bench.report import (
     ERROR_TIMEOUT,
     ERROR_UNFINISHED,
 )
-from inferfleet.bench.traces import TraceRequest, Uniform, poisson
+from inferfleet.bench.traces import Uniform, poisson
 from inferfleet.planning.performance import prefill_seconds
 from inferfleet.sim.openai_api import SimServer, completion_prompt_tokens, create_app
+from inferfleet.sim.workload import TraceRequest
 from inferfleet.slo import Slo
 from inferfleet.streaming import is_plain_token
 from tests.unit.planning_fixtures import replica

@@ -19,7 +19,6 @@ from inferfleet.bench.traces import (
     LogNormal,
     Pattern,
     TraceFormatError,
-    TraceRequest,
     Uniform,
     builtin_chat,
     burst,
@@ -38,6 +37,7 @@ from inferfleet.bench.traces import (
     synthetic,
     window,
 )
+from inferfleet.sim.workload import TraceRequest
 
 TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
 needs_traces = pytest.mark.skipif(not TRACES.is_dir(), reason=f"no shared traces at {TRACES}")

@@ -359,7 +359,7 @@ def test_the_lora_example_reserves_its_adapter_slots_in_the_plan() -> None:
     (lora,) = plan_json("-f", str(EXAMPLES / "llama-3.1-8b-lora-vllm.yaml"))
     (base,) = plan_json("-f", str(EXAMPLES / "llama-3.1-8b-aggregated-vllm.yaml"))
     assert lora["fits"] is True
-    added = lora["memoryPerGpuGiB"]["weights"] - base["memoryPerGpuGiB"]["weights"]  # type: ignore[index,operator]
+    added = lora["memoryPerGpuGiB"]["weights"] - base["memoryPerGpuGiB"]["weights"]  # type: ignore[index]
     # Two slots of rank 64 on Llama-3.1-8B: 2 x 168M 16-bit parameters.
     assert added == pytest.approx(2 * 167_772_160 * 2 / 2**30, rel=1e-6)
 

@@ -17,7 +17,11 @@ def _ready(status: bool, now: datetime, previous: list[dict[str, object]]) -> di
 
 
 def test_writing_one_type_keeps_the_others_and_their_order() -> None:
-    metrics = {"type": "MetricsAvailable", "status": "False", "reason": "PrometheusUnavailable"}
+    metrics: dict[str, object] = {
+        "type": "MetricsAvailable",
+        "status": "False",
+        "reason": "PrometheusUnavailable",
+    }
     ready = _ready(False, EARLIER, [])
     written = with_condition([ready, metrics], _ready(True, LATER, [ready, metrics]))
     assert [c["type"] for c in written] == ["Ready", "MetricsAvailable"]

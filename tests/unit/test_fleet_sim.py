@@ -16,7 +16,6 @@ from inferfleet.autoscale.snapshot import MetricsSnapshot
 from inferfleet.bench import traces
 from inferfleet.bench.autoscale import GoodputScaler, load_scenario, service_of
 from inferfleet.bench.references import planner_needs, windows_of
-from inferfleet.bench.traces import TraceRequest
 from inferfleet.sim.fleet import (
     FleetConfig,
     FleetRun,
@@ -25,6 +24,7 @@ from inferfleet.sim.fleet import (
 )
 from inferfleet.sim.rates import histogram_quantile
 from inferfleet.sim.scheduler import EngineCore, EngineRequest
+from inferfleet.sim.workload import TraceRequest
 from inferfleet.slo import TTFT_BUCKETS_S, Outcome, Slo
 from tests.unit.planning_fixtures import replica
 

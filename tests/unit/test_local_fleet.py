@@ -651,7 +651,7 @@ def test_volumes_the_agent_cannot_provide_are_refused(volume: Wire, match: str) 
 
 
 def test_a_secret_volume_is_every_key_in_its_mode_and_the_pods_fs_group() -> None:
-    pod = {
+    pod: Wire = {
         "metadata": {"name": "p", "namespace": "n"},
         "spec": {
             "securityContext": {"fsGroup": 65532},

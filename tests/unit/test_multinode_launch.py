@@ -97,7 +97,7 @@ def test_openssh_reads_each_private_key_as_the_pair_of_its_public_key(tmp_path: 
 
 
 def test_a_secret_gets_keys_only_where_its_annotation_asks_for_them() -> None:
-    secret = {
+    secret: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Secret",
         "metadata": {

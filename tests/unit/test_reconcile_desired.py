@@ -358,7 +358,7 @@ def test_pods_the_api_server_refuses_degrade_the_deployment_and_say_why(
 
 def test_a_refusal_the_deployment_controller_reports_is_read_from_its_conditions() -> None:
     why = 'pods "x" is forbidden: exceeded quota: gpus'
-    deployment = {
+    deployment: dict[str, Any] = {
         "metadata": {"generation": 2},
         "spec": {"replicas": 3},
         "status": {
@@ -560,7 +560,7 @@ def test_a_tensorrt_llm_group_s_keys_are_generated_once_never_applied_or_pruned(
 def test_a_leader_worker_set_of_a_release_without_observed_generation_counts() -> None:
     """LWS reports `status.observedGeneration` since v0.9.0: an earlier release's counts are
     taken as they are."""
-    lws = {
+    lws: dict[str, Any] = {
         "kind": "LeaderWorkerSet",
         "metadata": {"generation": 4},
         "spec": {"replicas": 2},
@@ -611,6 +611,7 @@ def test_only_a_replica_over_nodes_asks_whether_the_cluster_serves_leader_worker
     assert may_span_nodes(
         _example("ModelDeployment", "llama-3.3-70b-fp8-disaggregated-trtllm.yaml"), four
     )
+    broken: Mapping[str, Any]
     for broken in (
         {},
         {"spec": []},

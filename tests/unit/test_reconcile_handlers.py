@@ -9,6 +9,7 @@ from typing import Any
 
 import kopf
 
+from inferfleet.autoscale.ownership import Claim, claims_of
 from inferfleet.reconcile import handlers
 from inferfleet.reconcile.controller import Controller, Done
 from inferfleet.render import InstallSettings
@@ -17,12 +18,14 @@ from inferfleet.render import InstallSettings
 def test_every_object_reaches_the_one_controller_and_cleanup_stops_it() -> None:
     async def scenario() -> None:
         memo = kopf.Memo(install=None, autoscaler=None)
-        handlers.configure(settings=kopf.OperatorSettings(), memo=memo)
+        # kopf's decorators retype a handler as the protocol of every argument kopf passes it,
+        # sync or async; the function they return is the one written, which takes these.
+        handlers.configure(settings=kopf.OperatorSettings(), memo=memo)  # type: ignore[call-arg]
         # kopf gives each object a shallow copy of the operator's memo.
         first, second = copy.copy(memo), copy.copy(memo)
         controller = handlers._controller(first, {})
         assert handlers._controller(second, {}) is controller
-        await handlers.stop(memo=memo)
+        await handlers.stop(memo=memo)  # type: ignore[call-arg,misc]
         assert all(task.done() for task in controller._tasks)
 
     asyncio.run(scenario())
@@ -205,10 +208,10 @@ def _inference_service(version: str, *, decided: int | None = None) -> dict[str,
 def test_events_queue_an_object_and_its_dependents_only_for_what_they_read() -> None:
     async def scenario() -> None:
         service = _inference_service("1")
-        indices = {"inference_services": {("llm", "chat"): [service]}}
-        indices["inference_services"][("backend", "llm", "llama")] = [
-            handlers.claims_of(service)["llama"]
-        ]
+        indices: dict[str, dict[tuple[str, ...], list[dict[str, Any] | Claim]]] = {
+            "inference_services": {("llm", "chat"): [service]}
+        }
+        indices["inference_services"][("backend", "llm", "llama")] = [claims_of(service)["llama"]]
         controller = Controller(indices, install=InstallSettings(), autoscaler=None)
         md_key = ("ModelDeployment", "llm", "llama")
         isvc_key = ("InferenceService", "llm", "chat")
@@ -263,7 +266,7 @@ def test_events_queue_an_object_and_its_dependents_only_for_what_they_read() -> 
 def test_a_deployment_that_says_it_is_not_ready_yet_does_not_queue_its_services() -> None:
     async def scenario() -> None:
         service = _inference_service("1")
-        claim = handlers.claims_of(service)["llama"]
+        claim = claims_of(service)["llama"]
         indices = {"inference_services": {("backend", "llm", "llama"): [claim]}}
         controller = Controller(indices, install=InstallSettings(), autoscaler=None)
         md_key = ("ModelDeployment", "llm", "llama")

@@ -131,7 +131,7 @@ def test_a_deployment_needs_aggregated_or_both_disaggregated_roles() -> None:
 # Choice of replica.
 
 
-def balancer(loads: dict[str, float], slack: int = 100) -> Balancer:
+def balancer(loads: dict[str, int], slack: int = 100) -> Balancer:
     chooser = Balancer({"d": 1}, slack_tokens=slack)
     chooser.set_replicas("d", Role.AGGREGATED, loads)
     for replica in chooser.all_replicas():
@@ -141,27 +141,27 @@ def balancer(loads: dict[str, float], slack: int = 100) -> Balancer:
 
 
 def test_the_least_outstanding_tokens_win() -> None:
-    chooser = balancer({"a": 500.0, "b": 20.0, "c": 300.0})
+    chooser = balancer({"a": 500, "b": 20, "c": 300})
     assert chooser.choose("d", Role.AGGREGATED).url == "b"  # type: ignore[union-attr]
 
 
 def test_prefix_affinity_holds_within_the_slack_and_yields_past_it() -> None:
-    chooser = balancer({"a": 0.0, "b": 0.0}, slack=100)
+    chooser = balancer({"a": 0, "b": 0}, slack=100)
     [a, b] = sorted(chooser.all_replicas(), key=lambda r: r.url)
     chooser.record_prefix(a, (1, 2, 3))
-    a.outstanding_tokens = 80.0  # within 100 of b's 0
+    a.outstanding_tokens = 80  # within 100 of b's 0
     assert chooser.choose("d", Role.AGGREGATED, (1, 2, 3, 4)) is a
-    a.outstanding_tokens = 150.0  # past the slack: the least loaded
+    a.outstanding_tokens = 150  # past the slack: the least loaded
     assert chooser.choose("d", Role.AGGREGATED, (1, 2, 3, 4)) is b
     # The longest shared prefix wins among holders.
-    a.outstanding_tokens = 0.0
+    a.outstanding_tokens = 0
     chooser.record_prefix(b, (1, 2))
     assert chooser.choose("d", Role.AGGREGATED, (1, 2, 3)) is a
     assert chooser.choose("d", Role.AGGREGATED, (9,)) in (a, b)
 
 
 def test_unhealthy_and_excluded_replicas_are_never_chosen() -> None:
-    chooser = balancer({"a": 0.0, "b": 10.0})
+    chooser = balancer({"a": 0, "b": 10})
     replicas = {r.url: r for r in chooser.all_replicas()}
     replicas["a"].healthy = False
     assert chooser.choose("d", Role.AGGREGATED) is replicas["b"]
@@ -169,7 +169,7 @@ def test_unhealthy_and_excluded_replicas_are_never_chosen() -> None:
 
 
 def test_ties_go_round_robin() -> None:
-    chooser = balancer({"a": 0.0, "b": 0.0, "c": 0.0})
+    chooser = balancer({"a": 0, "b": 0, "c": 0})
     picks = {chooser.choose("d", Role.AGGREGATED).url for _ in range(3)}  # type: ignore[union-attr]
     assert picks == {"a", "b", "c"}
 
@@ -206,7 +206,7 @@ def test_a_disaggregated_deployment_needs_both_roles_healthy() -> None:
 
 
 def test_replicas_that_go_away_are_dropped_with_their_prefixes() -> None:
-    chooser = balancer({"a": 0.0, "b": 0.0})
+    chooser = balancer({"a": 0, "b": 0})
     [a, _] = sorted(chooser.all_replicas(), key=lambda r: r.url)
     chooser.record_prefix(a, (7, 8))
     added = chooser.set_replicas("d", Role.AGGREGATED, ["b", "c"])
@@ -331,7 +331,7 @@ def test_the_tensorrt_llm_hand_off_uses_disaggregated_params() -> None:
 
 
 def test_only_ready_endpoints_are_routed_to_on_the_named_port() -> None:
-    slices = [
+    slices: list[dict[str, Any]] = [
         {
             "addressType": "IPv4",
             "ports": [{"name": "http", "port": 8000, "protocol": "TCP"}],
