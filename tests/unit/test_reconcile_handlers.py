@@ -64,17 +64,17 @@ def test_a_child_queues_its_owner_only_when_what_the_owner_reads_of_it_changes()
             return key == owner
 
         controller.child_changed("llm", _engine_deployment(ready=1), gone=False)
-        assert await queued()
+        assert await _drained(controller)
         # A status write that changes nothing its owner reads (the Deployment controller's
         # resync, a condition's heartbeat) queues nothing.
         unchanged = _engine_deployment(ready=1)
         unchanged["status"]["conditions"] = [{"type": "Available", "status": "True"}]
         controller.child_changed("llm", unchanged, gone=False)
-        assert not await queued()
+        assert not await _drained(controller)
         controller.child_changed("llm", _engine_deployment(ready=2), gone=False)
-        assert await queued()
+        assert await _drained(controller)
         controller.child_changed("llm", _engine_deployment(ready=2), gone=True)
-        assert await queued()
+        assert await _drained(controller)
         await controller.stop()
 
     asyncio.run(scenario())
@@ -205,6 +205,16 @@ def _inference_service(version: str, *, decided: int | None = None) -> dict[str,
     }  # fmt: skip
 
 
+async def _drained(controller: Controller) -> set[tuple[str, str, str]]:
+    """The keys queued for a reconcile, each taken and done."""
+    keys = set()
+    while len(controller.reconciles):
+        key = await controller.reconciles.get()
+        controller.reconciles.done(key)
+        keys.add(key)
+    return keys
+
+
 def test_events_queue_an_object_and_its_dependents_only_for_what_they_read() -> None:
     async def scenario() -> None:
         service = _inference_service("1")
@@ -216,38 +226,30 @@ def test_events_queue_an_object_and_its_dependents_only_for_what_they_read() -> 
         md_key = ("ModelDeployment", "llm", "llama")
         isvc_key = ("InferenceService", "llm", "chat")
 
-        async def queued() -> set[tuple[str, str, str]]:
-            keys = set()
-            while len(controller.reconciles):
-                key = await controller.reconciles.get()
-                controller.reconciles.done(key)
-                keys.add(key)
-            return keys
-
         # New objects: each is queued, and what routes to or from it.
         controller.model_deployment_changed("llm", "llama", _model_deployment("10"))
-        assert await queued() == {md_key, isvc_key}
+        assert await _drained(controller) == {md_key, isvc_key}
         controller.inference_service_changed("llm", "chat", service)
-        assert await queued() == {isvc_key, md_key}
+        assert await _drained(controller) == {isvc_key, md_key}
         # The deployment's own status write, seen by the watch: nothing its reconcile or the
         # service's reads changed.
         controller._stored[md_key] = ("10", _model_deployment("11"))
         controller.model_deployment_changed("llm", "llama", _model_deployment("11"))
-        assert await queued() == set()
+        assert await _drained(controller) == set()
         # Ready, written by someone else: both.
         controller.model_deployment_changed("llm", "llama", _model_deployment("12", ready="True"))
-        assert await queued() == {md_key, isvc_key}
+        assert await _drained(controller) == {md_key, isvc_key}
         # The service's own status write leaves its claims as they were: nothing.
         controller._stored[isvc_key] = ("1", _inference_service("2"))
         controller.inference_service_changed("llm", "chat", _inference_service("2"))
-        assert await queued() == set()
+        assert await _drained(controller) == set()
         # A decision the autoscaler wrote changes the claim: the deployment follows it.
         controller._stored[isvc_key] = ("2", _inference_service("3", decided=3))
         controller.inference_service_changed("llm", "chat", _inference_service("3", decided=3))
-        assert await queued() == {md_key}
+        assert await _drained(controller) == {md_key}
         # Gone: both are queued (the deployment's replicas return to its spec).
         controller.inference_service_changed("llm", "chat", None)
-        assert await queued() == {isvc_key, md_key}
+        assert await _drained(controller) == {isvc_key, md_key}
         # A service that routes to the deployment without autoscaling it changes nothing the
         # deployment reads, whether it comes or goes.
         plain = _inference_service("4")
@@ -255,9 +257,9 @@ def test_events_queue_an_object_and_its_dependents_only_for_what_they_read() -> 
         plain["spec"]["autoscaling"] = {"policy": "none"}
         batch_key = ("InferenceService", "llm", "batch")
         controller.inference_service_changed("llm", "batch", plain)
-        assert await queued() == {batch_key}
+        assert await _drained(controller) == {batch_key}
         controller.inference_service_changed("llm", "batch", None)
-        assert await queued() == {batch_key}
+        assert await _drained(controller) == {batch_key}
         await controller.stop()
 
     asyncio.run(scenario())
@@ -272,23 +274,15 @@ def test_a_deployment_that_says_it_is_not_ready_yet_does_not_queue_its_services(
         md_key = ("ModelDeployment", "llm", "llama")
         isvc_key = ("InferenceService", "llm", "chat")
 
-        async def queued() -> set[tuple[str, str, str]]:
-            keys = set()
-            while len(controller.reconciles):
-                key = await controller.reconciles.get()
-                controller.reconciles.done(key)
-                keys.add(key)
-            return keys
-
         created = _model_deployment("1")
         del created["status"]
         controller.model_deployment_changed("llm", "llama", created)
-        assert await queued() == {md_key, isvc_key}
+        assert await _drained(controller) == {md_key, isvc_key}
         # Its first status says it is not Ready: the service read as much before.
         controller.model_deployment_changed("llm", "llama", _model_deployment("2"))
-        assert await queued() == {md_key}
+        assert await _drained(controller) == {md_key}
         controller.model_deployment_changed("llm", "llama", _model_deployment("3", ready="True"))
-        assert await queued() == {md_key, isvc_key}
+        assert await _drained(controller) == {md_key, isvc_key}
         await controller.stop()
 
     asyncio.run(scenario())
@@ -332,17 +326,17 @@ def test_a_router_deployment_queues_its_service_when_its_endpoint_starts_or_stop
             return service_key in keys
 
         controller.child_changed("llm", _router_deployment(0), gone=False)
-        assert await queued()
+        assert await _drained(controller)
         # The Deployment controller's progress writes that leave no pod available: nothing.
         controller.child_changed("llm", _router_deployment(0, observed=2), gone=False)
-        assert not await queued()
+        assert not await _drained(controller)
         # A first router pod available: the service can say Ready.
         controller.child_changed("llm", _router_deployment(1), gone=False)
-        assert await queued()
+        assert await _drained(controller)
         controller.child_changed("llm", _router_deployment(2), gone=False)
-        assert not await queued()
+        assert not await _drained(controller)
         controller.child_changed("llm", _router_deployment(0), gone=False)
-        assert await queued()
+        assert await _drained(controller)
         await controller.stop()
 
     asyncio.run(scenario())
