@@ -343,12 +343,33 @@ def test_engines_with_an_api_key_answer_their_router_and_no_one_else(fleet: Flee
 
     assert wait_until(routers_running, 180, 1.0), fleet.diagnostics()
     assert wait_until(serving, 240, 1.0), fleet.diagnostics()
-    engine_ip = fleet.pod(namespace, ENGINES)["status"]["podIP"]
+    engine_ip = _serving_engine(fleet, namespace)
     assert _complete(engine_ip, None) == 401
     assert _complete(engine_ip, "a-guess") == 401
     assert _complete(engine_ip, "only-routers-know-this") == 200  # the key is the engine's
     assert httpx.get(f"http://{engine_ip}:{PORT}/health", timeout=10.0).status_code == 200
     _rotate_engine_key(fleet, namespace, [p["status"]["podIP"] for p in routers])
+
+
+def _serving_engine(fleet: Fleet, namespace: str) -> str:
+    """The IP of the one engine pod once it is Ready and answers its health check: a call
+    through a router that was answered says an engine served it, not that the pod found by
+    phase `Running` (the container started) is listening now."""
+    found: list[str] = []
+
+    def serving() -> bool:
+        try:
+            pod = fleet.pod(namespace, ENGINES)
+        except AssertionError:  # two, while one terminates
+            return False
+        ip = pod["status"].get("podIP")
+        if not ip or _condition(pod, "Ready").get("status") != "True" or not _healthy(ip):
+            return False
+        found[:] = [ip]
+        return True
+
+    assert wait_until(serving, 120, 1.0), fleet.diagnostics()
+    return found[0]
 
 
 def _status(ip: str) -> int:
@@ -400,7 +421,7 @@ def _rotate_engine_key(fleet: Fleet, namespace: str, router_ips: list[str]) -> N
     assert not {401, 502} & set(answers), answers
     assert 200 in answers, answers
     assert all(_refused_keys(ip) > 0 for ip in router_ips)
-    engine_ip = fleet.pod(namespace, ENGINES)["status"]["podIP"]
+    engine_ip = _serving_engine(fleet, namespace)
     assert _complete(engine_ip, "rotated") == 401
     fleet.kubectl.run(
         "rollout", "restart", "deployment/llama-3-1-8b-aggregated", "-n", namespace
