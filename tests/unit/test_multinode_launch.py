@@ -161,6 +161,11 @@ def test_a_generated_secret_is_created_once_and_again_only_if_gone_for_long() ->
         generated.ensure(secret("c"), refused)
     generated.ensure(secret("c"), create)
     assert created[-1]["metadata"]["name"] == "m-mpi-ssh-c"
+    # Deleted by the operator (its owner no longer renders it): created at once when needed.
+    generated.forget("llm", "m-mpi-ssh-c", "c")
+    created.clear()
+    generated.ensure(secret("c"), create)
+    assert [c["metadata"]["name"] for c in created] == ["m-mpi-ssh-c"]
 
 
 def test_the_leader_waits_for_each_worker_then_runs_mpirun_over_the_whole_group(

@@ -557,6 +557,38 @@ def test_a_tensorrt_llm_group_s_keys_are_generated_once_never_applied_or_pruned(
     assert again["metadata"]["name"] != secret["metadata"]["name"]
 
 
+def test_keys_no_longer_rendered_are_retired_and_the_status_stops_recording_them() -> None:
+    """The status records the generated Secrets (the operator never reads Secrets back). An
+    engine change that drops the keys retires them, once; while the spec fits nowhere (nothing
+    renders, nothing is deleted) the record stays."""
+    body = _example("ModelDeployment", "llama-3.1-405b-bf16-two-nodes-trtllm.yaml")
+    outcome = _md_outcome(body)
+    (secret,) = outcome.generate
+    name = secret["metadata"]["name"]
+    assert outcome.status is not None
+    assert outcome.status["generatedSecrets"] == [name]
+    assert outcome.retire == ()
+    children = _settled(body, outcome)
+    assert _md_outcome(body, children=children).retire == ()
+
+    does_not_fit = copy.deepcopy(body)
+    does_not_fit["spec"]["gpu"]["type"] = "L4-24GB"
+    blocked = _md_outcome(does_not_fit, children=children)
+    assert (blocked.generate, blocked.retire, blocked.delete) == ((), (), ())
+    assert "generatedSecrets" not in (blocked.status or {}), "kept as recorded"
+
+    body["spec"]["engine"] = {"name": "vllm"}
+    body["metadata"]["generation"] = 2
+    changed = _md_outcome(body, children=children)
+    assert changed.generate == ()
+    assert changed.retire == (ObjectKey("v1", "Secret", name),)
+    assert changed.status is not None
+    assert changed.status["generatedSecrets"] is None, "removed from the status"
+    _settled(body, changed)
+    assert "generatedSecrets" not in body["status"]
+    assert _md_outcome(body, children=children).retire == ()
+
+
 def test_a_leader_worker_set_of_a_release_without_observed_generation_counts() -> None:
     """LWS reports `status.observedGeneration` since v0.9.0: an earlier release's counts are
     taken as they are."""

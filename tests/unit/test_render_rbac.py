@@ -71,7 +71,7 @@ EXPECTED: Grants = {
     ("leaderworkerset.x-k8s.io", "leaderworkersets"): WRITE,
     ("", "services"): WRITE,
     ("", "configmaps"): WRITE,
-    ("", "secrets"): {"create"},
+    ("", "secrets"): {"create", "delete"},
     ("policy", "poddisruptionbudgets"): WRITE,
     ("", "pods"): {"get", "list", "watch"},
     ("", "resourcequotas"): {"get", "list", "watch"},
@@ -132,8 +132,9 @@ def test_nothing_beyond_least_privilege() -> None:
     granted = grants(kind(cluster_wide(), "ClusterRole")["rules"])
     assert all("*" not in verbs for verbs in granted.values())
     assert all("*" not in key for key in granted)
-    # Secrets: created (a multi-node group's generated keys), never read, listed or changed.
-    assert granted[("", "secrets")] == {"create"}
+    # Secrets: created (a multi-node group's generated keys) and deleted once no longer
+    # needed, never read, listed or changed.
+    assert granted[("", "secrets")] == {"create", "delete"}
     # Leases only in the operator's own namespace (a Role there), never cluster-wide.
     assert ("coordination.k8s.io", "leases") not in granted
     # RBAC only for routers' Roles: no cluster roles, no bind or escalate (so the operator can

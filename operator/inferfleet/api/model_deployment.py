@@ -714,6 +714,12 @@ class ModelDeploymentStatus(StatusModel):
         description="Replicas an InferenceService's autoscaler chose; they replace spec.replicas "
         "(and the prefill pool's) while that service autoscales this deployment. A pin wins.",
     )
+    generated_secrets: list[str] | None = Field(
+        default=None,
+        description="Secrets the operator created with generated data for this deployment "
+        "(the SSH keys of a replica over several nodes): deleted once it no longer renders "
+        "them.",
+    )
 
 
 class ModelDeployment(WireModel):

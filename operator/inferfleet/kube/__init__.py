@@ -206,8 +206,11 @@ class Kube:
         try:
             self.resource(api_version, kind).delete(name=name, namespace=namespace)
         except ApiException as error:
-            if error.status != 404:
-                raise
+            if error.status == 404:
+                return
+            if (refused := _refusal(error)) is not None:
+                raise refused from error
+            raise
 
     def patch_status(
         self, obj: dict[str, Any], status: dict[str, Any], *, if_unchanged: bool = False

@@ -147,6 +147,10 @@ class Outcome:
     what the operator generates into them, never applied again and never read back (their
     names carry their owner's uid, so one that exists is the one created before). The
     ModelDeployment owns them, so they go with it."""
+    retire: tuple[ObjectKey, ...] = ()
+    """Secrets of `generate` that an earlier reconcile created (the status records them) and
+    that the resource no longer renders: deleted where their owner is this resource, before
+    the status that stops recording them is written."""
 
 
 @dataclass(frozen=True)
@@ -448,6 +452,7 @@ def model_deployment_outcome(
         unserved=unserved,
     )  # fmt: skip
     objects, generate = _split_generated(objects)
+    generated, retire = _generated_secrets(objects, generate, previous.get("generatedSecrets"))
     digests = _digests(objects)
     disaggregated = md.spec.topology.mode == TopologyMode.DISAGGREGATED
     serving = Role.DECODE if disaggregated else Role.AGGREGATED
@@ -464,6 +469,7 @@ def model_deployment_outcome(
         pin=PinState(in_force=pin.describe() if pin and pinned else None, ignored=pin_problem),
         unschedulable={r: why for r, why in unschedulable.items() if r in roles},
         autoscaling=_autoscaling_record(owner, decided),
+        generated_secrets=generated,
     ).to_wire()
     events = _condition_events(previous.get("conditions") or [], status["conditions"])
     # Once per generation: until the status records it, every reconcile computes it again, and
@@ -473,13 +479,9 @@ def model_deployment_outcome(
         kinds = ", ".join(sorted(ObjectKey.of(o).describe() for o in objects))
         once = f"generation {generation}"
         events.insert(0, Event("Applied", f"{once}: {kinds}", occurrence=once))
+    pin_ends_s = (pin.until - now).total_seconds() if pin and pinned else None
     rechecks = [
-        after
-        for after in (
-            (pin.until - now).total_seconds() if pin and pinned else None,
-            blocked.recheck_after_s if blocked else None,
-        )
-        if after is not None
+        s for s in (pin_ends_s, blocked.recheck_after_s if blocked else None) if s is not None
     ]
     return Outcome(
         apply=_to_apply(objects, space.children, digests),
@@ -489,7 +491,22 @@ def model_deployment_outcome(
         events=tuple(events),
         requeue_after_s=min(rechecks, default=None),
         generate=generate,
+        retire=retire,
     )
+
+
+def _generated_secrets(
+    objects: Sequence[Mapping[str, Any]],
+    generate: Sequence[Mapping[str, Any]],
+    recorded: Sequence[str] | None,
+) -> tuple[list[str], tuple[ObjectKey, ...]]:
+    """The Secrets with generated data the status records, and those to retire: recorded and
+    no longer rendered. While nothing renders (the spec does not fit), nothing is deleted and
+    the record stays."""
+    if not objects:
+        return list(recorded or []), ()
+    names = [str(o["metadata"]["name"]) for o in generate]
+    return names, tuple(ObjectKey("v1", "Secret", n) for n in recorded or [] if n not in names)
 
 
 def _split_generated(

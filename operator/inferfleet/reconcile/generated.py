@@ -88,3 +88,8 @@ class GeneratedSecrets:
         with self._lock:
             self._seen = {k: t for k, t in self._seen.items() if now - t < RECREATE_CHECK_S}
             self._seen[key] = now
+
+    def forget(self, namespace: str, name: str, owner_uid: str) -> None:
+        """The Secret was deleted: the next `ensure` of it creates it."""
+        with self._lock:
+            self._seen.pop((namespace, name, owner_uid), None)

@@ -175,9 +175,11 @@ def model_deployment_status(
     pin: PinState | None = None,
     unschedulable: Mapping[Role, str] | None = None,
     autoscaling: AutoscalingStatus | None = None,
+    generated_secrets: Sequence[str] = (),
 ) -> ModelDeploymentStatus:
     """The whole status. `unschedulable`: per role, the scheduler's reason for pods it cannot
-    place; `autoscaling`: the record of the InferenceService whose decision is applied."""
+    place; `autoscaling`: the record of the InferenceService whose decision is applied;
+    `generated_secrets`: the names of the Secrets with generated data it has."""
     conditions_before: Sequence[Mapping[str, Any]] = previous.get("conditions") or []
     fits = plan.memory.fits
     rolled_out = bool(roles) and all(progress.rolled_out for progress in roles.values())
@@ -219,6 +221,7 @@ def model_deployment_status(
         ],
         "plan": plan_status(plan),
         "autoscaling": autoscaling,
+        "generatedSecrets": sorted(generated_secrets) or None,
     }
     # An absent field, not a null: the status model refuses nulls as the API server does.
     return ModelDeploymentStatus.model_validate(

@@ -114,9 +114,10 @@ NAMESPACED_RULES: Final = (
     Rule(
         ("",),
         ("secrets",),
-        ("create",),
+        ("create", "delete"),
         "the SSH keys of a multi-node TensorRT-LLM group (its leader's mpirun reaches the "
-        "workers over SSH), generated once and never read back; the ModelDeployment owns them",
+        "workers over SSH), generated once and never read back; the ModelDeployment owns them; "
+        "deleted by name when a change of its spec no longer needs them",
     ),
     Rule(
         ("",),
