@@ -29,6 +29,8 @@ from inferfleet.engines.multinode import (
     leader_script,
     worker_script,
 )
+from inferfleet.kube import RefusedError
+from inferfleet.reconcile.desired import ObjectKey
 from inferfleet.reconcile.generated import (
     RECREATE_CHECK_S,
     GeneratedSecrets,
@@ -161,11 +163,24 @@ def test_a_generated_secret_is_created_once_and_again_only_if_gone_for_long() ->
         generated.ensure(secret("c"), refused)
     generated.ensure(secret("c"), create)
     assert created[-1]["metadata"]["name"] == "m-mpi-ssh-c"
-    # Deleted by the operator (its owner no longer renders it): created at once when needed.
-    generated.forget("llm", "m-mpi-ssh-c", "c")
+    # Retired (its owner no longer renders it): deleted by name, unread, and created at once
+    # when needed again; a delete the RBAC does not grant leaves it, and nothing fails.
+    deleted: list[tuple[str, str, str, str | None]] = []
+
+    def delete(api_version: str, kind: str, name: str, namespace: str | None) -> None:
+        deleted.append((api_version, kind, name, namespace))
+
+    key = ObjectKey("v1", "Secret", "m-mpi-ssh-c")
+    generated.retire(key, "llm", "c", delete)
+    assert deleted == [("v1", "Secret", "m-mpi-ssh-c", "llm")]
     created.clear()
     generated.ensure(secret("c"), create)
     assert [c["metadata"]["name"] for c in created] == ["m-mpi-ssh-c"]
+
+    def not_granted(api_version: str, kind: str, name: str, namespace: str | None) -> None:
+        raise RefusedError("secrets is forbidden")
+
+    generated.retire(key, "llm", "c", not_granted)
 
 
 def test_the_leader_waits_for_each_worker_then_runs_mpirun_over_the_whole_group(

@@ -625,8 +625,8 @@ class Controller:
             self._applied(namespace, stored)
         for gone in outcome.delete:
             kube().delete(gone.api_version, gone.kind, gone.name, namespace)
-        for secret in outcome.retire:
-            self._retire(namespace, secret, owner_uid=str(body["metadata"].get("uid")))
+        for gone in outcome.retire:
+            self._generated.retire(gone, namespace, str(body["metadata"]["uid"]), kube().delete)
         self._post(body, outcome.events)
         if outcome.status is not None:
             self._write_status(key, body, outcome.status)
@@ -655,17 +655,6 @@ class Controller:
             )
             self._unserved = (now, unserved)
             return unserved
-
-    def _retire(self, namespace: str, key: ObjectKey, *, owner_uid: str) -> None:
-        """Delete a Secret with generated data that its owner no longer renders. Not read
-        first (the operator is granted no read of Secrets): its name carries its owner's uid,
-        and only the operator's own status records it. Where the delete is not granted (RBAC
-        from before it was), the Secret stays until its owner goes, and the reconcile goes on."""
-        try:
-            kube().delete(key.api_version, key.kind, key.name, namespace)
-        except RefusedError as error:
-            logger.warning("%s left in place: %s", key.describe(), error)
-        self._generated.forget(namespace, key.name, owner_uid)
 
     def _ours(self, namespace: str, key: ObjectKey) -> bool:
         """Whether inferfleet created the object (its index may not hold it yet)."""

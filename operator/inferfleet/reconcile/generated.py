@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -22,6 +23,8 @@ from inferfleet.engines.multinode import (
     SSH_KEYS_HOST,
     SSH_KEYS_HOST_PUBLIC,
 )
+from inferfleet.kube import RefusedError
+from inferfleet.reconcile.desired import ObjectKey
 from inferfleet.render.multinode import GENERATED_DATA_ANNOTATION, SSH_KEYS
 
 
@@ -54,6 +57,8 @@ def with_generated_data(obj: Mapping[str, Any]) -> dict[str, Any]:
     comment = f"{metadata.get('namespace', '')}/{metadata['name']}"
     return {**obj, "stringData": ssh_keys(comment)}
 
+
+logger = logging.getLogger(__name__)
 
 RECREATE_CHECK_S: Final = 600.0
 """How often a Secret created (or found) is created again if it is gone: the operator does not
@@ -89,7 +94,20 @@ class GeneratedSecrets:
             self._seen = {k: t for k, t in self._seen.items() if now - t < RECREATE_CHECK_S}
             self._seen[key] = now
 
-    def forget(self, namespace: str, name: str, owner_uid: str) -> None:
-        """The Secret was deleted: the next `ensure` of it creates it."""
+    def retire(
+        self,
+        key: ObjectKey,
+        namespace: str,
+        owner_uid: str,
+        delete: Callable[[str, str, str, str | None], None],
+    ) -> None:
+        """Delete a Secret its owner no longer renders (`Outcome.retire`), unread: the operator
+        is granted no read of Secrets, and the name carries the owner's uid. Where the delete
+        is not granted (RBAC from before it was), the Secret stays until its owner goes, and
+        the reconcile goes on. The next `ensure` of it creates it again."""
+        try:
+            delete(key.api_version, key.kind, key.name, namespace)
+        except RefusedError as error:
+            logger.warning("%s left in place: %s", key.describe(), error)
         with self._lock:
-            self._seen.pop((namespace, name, owner_uid), None)
+            self._seen.pop((namespace, key.name, owner_uid), None)
