@@ -149,8 +149,8 @@ class Outcome:
     ModelDeployment owns them, so they go with it."""
     retire: tuple[ObjectKey, ...] = ()
     """Secrets of `generate` that an earlier reconcile created (the status records them) and
-    that the resource no longer renders: deleted where their owner is this resource, before
-    the status that stops recording them is written."""
+    that the resource no longer renders: deleted by name (it carries this resource's uid),
+    before the status that stops recording them is written."""
 
 
 @dataclass(frozen=True)

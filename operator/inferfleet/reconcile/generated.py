@@ -27,6 +27,8 @@ from inferfleet.kube import RefusedError
 from inferfleet.reconcile.desired import ObjectKey
 from inferfleet.render.multinode import GENERATED_DATA_ANNOTATION, SSH_KEYS
 
+logger = logging.getLogger(__name__)
+
 
 def ssh_keys(comment: str) -> dict[str, str]:
     """A multi-node group's keys: a client key pair (the leader's) and a host key pair (every
@@ -57,8 +59,6 @@ def with_generated_data(obj: Mapping[str, Any]) -> dict[str, Any]:
     comment = f"{metadata.get('namespace', '')}/{metadata['name']}"
     return {**obj, "stringData": ssh_keys(comment)}
 
-
-logger = logging.getLogger(__name__)
 
 RECREATE_CHECK_S: Final = 600.0
 """How often a Secret created (or found) is created again if it is gone: the operator does not
