@@ -418,7 +418,7 @@ def _rotate_engine_key(fleet: Fleet, namespace: str, router_ips: list[str]) -> N
     # The engine still takes only the old key; the routers present it when the new is refused:
     # no call is refused for its key (401, or 502 once every replica refused it). A 503 (no
     # replica ready: the engine's probe missed on a loaded machine) is not the key's doing.
-    assert not {401, 502} & set(answers), answers
+    assert not {401, 502} & set(answers), (answers, fleet.diagnostics())
     assert 200 in answers, answers
     assert all(_refused_keys(ip) > 0 for ip in router_ips)
     engine_ip = _serving_engine(fleet, namespace)
