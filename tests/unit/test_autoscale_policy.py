@@ -35,6 +35,7 @@ from inferfleet.autoscale.policy import (
     Recommendation,
     planning_slo,
 )
+from inferfleet.autoscale.policy.constraints import forecasts_held
 from inferfleet.autoscale.policy.demand import (
     Demand,
     burst_capacity,
@@ -919,6 +920,13 @@ def test_policy_spec_from_the_resources() -> None:
     assert spec.slo == Slo(ttft_p95_ms=800, tpot_p95_ms=60, attainment_target=0.95)
     assert (spec.attainment_target, spec.gpu_budget) == (0.95, 64)
     assert (spec.scale_down_stabilization_s, spec.cold_start_s) == (600, 240)
+    assert spec.shorten_stabilization
+    autoscaling = isvc.autoscaling.model_copy(
+        update={"shorten_stabilization_when_forecasts_hold": False}
+    )
+    assert not policy_spec(
+        isvc.model_copy(update={"autoscaling": autoscaling}), md
+    ).shorten_stabilization
     declared = InferenceServiceSpec.model_validate(
         {"deployments": [{"name": "llama"}], "slo": {"ttftP95Ms": 800}}
     )
@@ -1390,3 +1398,122 @@ def test_a_lesson_plans_for_more_load_not_for_a_tighter_latency() -> None:
     tighter_target = needed(Slo.in_seconds(ttft_p95_s=1.0, tpot_p95_s=0.035 / gain))
     assert untaught < taught <= math.ceil(untaught * gain)
     assert tighter_target - untaught > 2 * (taught - untaught)
+
+
+# --- Scale-down stabilisation shortened while the forecasts hold.
+
+TICK_S = 15.0
+
+
+def _forecast_history(
+    spec: PolicySpec,
+    *,
+    arrived: Callable[[float], float],
+    forecast: Callable[[float], float],
+    replicas: Callable[[float], Mapping[Role, int]],
+    attainment: float = 0.995,
+) -> PolicyHistory:
+    """Ticks every 15 s over the stabilisation window and a cold start before it: what arrived
+    and what was forecast at each (by its time), what each recommended, and a tally of 10,000
+    requests at `attainment`."""
+    since = NOW - spec.scale_down_stabilization_s - spec.cold_start_s - TICK_S
+    ticks = [since + i * TICK_S for i in range(int((NOW - since) / TICK_S))]
+    return PolicyHistory(
+        recommendations=tuple(
+            Recommendation(t, dict(replicas(t)))
+            for t in ticks
+            if t > NOW - spec.scale_down_stabilization_s
+        ),
+        demand=tuple(DemandSample(t, arrived(t), 0.0, arrived(t), forecast(t)) for t in ticks),
+        last_decision=LastDecision(ticks[-1], dict(replicas(ticks[-1])), Reason.STEADY),
+        outcomes=OutcomeTally(ticks[-1], 10_000.0, 10_000.0 * attainment),
+    )
+
+
+def _dropped(t: float) -> bool:
+    """The load fell from HIGH to LOW a little more than one rate window before NOW."""
+    return t > NOW - WINDOW_S - TICK_S
+
+
+def _load(t: float) -> float:
+    return LOW if _dropped(t) else HIGH
+
+
+def _fleet(t: float) -> Mapping[Role, int]:
+    return AGG_SHRUNK if _dropped(t) else AGG_HIGH
+
+
+def test_a_pool_shrinks_after_one_rate_window_when_the_forecasts_held() -> None:
+    """Every forecast of the window covered what came a cold start later (10% above it) and
+    the SLO was met: once demand has been lower for a rate window, the pool shrinks, where the
+    full window would hold the replicas the higher load needed four minutes longer."""
+    history = _forecast_history(
+        AGG, arrived=_load, forecast=lambda t: 1.1 * _load(t), replicas=_fleet
+    )
+    decision = decide(AGG, snapshot(LOW, AGG_HIGH), AGG_HIGH, history)
+    # Down to what it sizes for now, as it would after the whole window.
+    sized = decision.estimates[Role.AGGREGATED].needed
+    assert decision.replicas == {Role.AGGREGATED: sized}, decision.message
+    assert sized < AGG_HIGH[Role.AGGREGATED]
+    assert decision.reason == Reason.SCALE_DOWN_FORECASTS_HELD
+    assert "scale-down after 60 s of lower demand, not 300 s" in decision.message
+    assert "attainment (99.5%) met its target" in decision.message
+
+    held = decide(
+        replace(AGG, shorten_stabilization=False), snapshot(LOW, AGG_HIGH), AGG_HIGH, history
+    )
+    assert held.replicas == AGG_HIGH
+    assert held.reason == Reason.STABILIZING
+
+
+def test_a_load_above_its_forecast_or_a_missed_slo_keeps_the_whole_window() -> None:
+    """One tick whose arrivals stood above what was forecast a cold start before it (a burst
+    the forecast did not see), or attainment below its target: the model has not been right,
+    and the pool waits out the whole stabilisation window."""
+    burst_at = NOW - 210  # a tick of the window
+
+    def bursty(t: float) -> float:
+        return 3 * HIGH if t == burst_at else _load(t)
+
+    cases = {
+        "burst": _forecast_history(
+            AGG, arrived=bursty, forecast=lambda t: 1.1 * _load(t), replicas=_fleet
+        ),
+        "missed": _forecast_history(
+            AGG, arrived=_load, forecast=lambda t: 1.1 * _load(t), replicas=_fleet, attainment=0.98
+        ),
+    }
+    for name, history in cases.items():
+        assert history.outcomes is not None
+        assert not forecasts_held(AGG, history.demand, NOW, history.outcomes.attainment), name
+        decision = decide(AGG, snapshot(LOW, AGG_HIGH), AGG_HIGH, history)
+        assert decision.replicas == AGG_HIGH, name
+        assert decision.reason == Reason.STABILIZING, name
+
+
+def test_forecasts_held_reads_the_whole_window_and_the_forecast_a_cold_start_before() -> None:
+    spec = policy(scale_down_stabilization_s=60.0, cold_start_s=30.0)
+    # Ticks every 15 s from 0 to 150; the window at 150 is (90, 150]: its ticks are 105 to 150,
+    # each judged against the forecast of the tick at least 30 s before it.
+    rates = [10.0] * 11
+    assert forecasts_held(spec, _samples(rates, [10.0] * 11), 150.0, 0.995)
+    # Arrivals above the forecast a cold start before them, within the window: not held.
+    forecasts = [10.0] * 11
+    forecasts[5] = 9.0  # the tick at 75 forecast 9; 105 (two ticks later) had 10
+    assert not forecasts_held(spec, _samples(rates, forecasts), 150.0, 0.995)
+    # The same before the window no longer counts.
+    forecasts = [10.0] * 11
+    forecasts[2] = 9.0  # at 30: judged the tick at 60, outside the window
+    assert forecasts_held(spec, _samples(rates, forecasts), 150.0, 0.995)
+    # The arrivals beyond their counting noise are what is judged: a rate window reading above
+    # the forecast with a short window within it is noise.
+    noisy = [
+        DemandSample(s.at_s, 11.0, 0.0, 10.0, s.forecast_requests_per_s)
+        for s in _samples(rates, [10.0] * 11)
+    ]
+    assert forecasts_held(spec, noisy, 150.0, 0.995)
+    # No attainment, or one below the target: not held.
+    assert not forecasts_held(spec, _samples(rates, [10.0] * 11), 150.0, None)
+    assert not forecasts_held(spec, _samples(rates, [10.0] * 11), 150.0, 0.98)
+    # Samples that begin inside the window (a restart) do not cover it.
+    assert not forecasts_held(spec, _samples(rates, [10.0] * 11)[7:], 150.0, 0.995)

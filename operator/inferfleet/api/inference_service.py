@@ -136,6 +136,13 @@ class AutoscalingSpec(WireModel):
         le=86_400,
         description="How long demand must stay low before replicas are removed.",
     )
+    shorten_stabilization_when_forecasts_hold: bool = Field(
+        default=True,
+        description="Once the SLO has been met and no load arrived above what was forecast for "
+        "it a cold start before, for a whole scaleDownStabilizationSeconds, remove replicas "
+        "after one metrics window of lower demand. false: always wait "
+        "scaleDownStabilizationSeconds, as the HPA does.",
+    )
     cold_start_seconds: int = Field(
         default=180,
         ge=0,

@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import bisect
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from inferfleet.api.model_deployment import Role
-from inferfleet.autoscale.policy.history import Recommendation
+from inferfleet.autoscale.policy.history import DemandSample, Recommendation
 from inferfleet.autoscale.policy.spec import ROLE_ORDER, PolicySpec
 
 
@@ -23,6 +24,37 @@ def stabilised(
         return recommended
     highest = max((r.replicas.get(role, recommended) for r in window), default=recommended)
     return min(current, max(recommended, highest))
+
+
+def forecasts_held(
+    spec: PolicySpec, samples: Sequence[DemandSample], now: float, attainment: float | None
+) -> bool:
+    """Whether the model has been right for a whole stabilisation window, so that a pool may
+    shrink after one rate window: the SLO met (`attainment`, the decayed tally, at or above its
+    target), and no tick within the window saw arrivals above what the tick a cold start
+    before it forecast, when replicas for them had to be ordered. Arrivals are the short
+    window's beyond their counting noise (else the rate window's), so a load that only moves
+    as noise does keeps its trust. A window the samples (oldest first) do not cover from its
+    start is not trusted: after a restart, the full window applies.
+
+    Stabilisation guards against a forecast that falls short: replicas removed on a dip come
+    back a cold start late. Where every forecast of the window covered what came, the
+    forecast now (with its headroom for growth) is what the pool is sized for, and waiting
+    out the window holds replicas that nothing has needed."""
+    if attainment is None or attainment < spec.attainment_target:
+        return False
+    start = now - spec.scale_down_stabilization_s
+    if not samples or samples[0].at_s > start:
+        return False
+    times = [s.at_s for s in samples]
+    for sample in samples[bisect.bisect_right(times, start) :]:
+        ordered = bisect.bisect_right(times, sample.at_s - spec.cold_start_s)
+        if ordered == 0:
+            return False
+        arrived = sample.recent_requests_per_s or sample.requests_per_s
+        if arrived > samples[ordered - 1].forecast_requests_per_s:
+            return False
+    return True
 
 
 @dataclass(frozen=True)

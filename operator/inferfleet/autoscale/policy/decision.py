@@ -7,7 +7,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from inferfleet.api.model_deployment import Role
-from inferfleet.autoscale.policy.constraints import Constrained, constrain, stabilised
+from inferfleet.autoscale.policy.constraints import (
+    Constrained,
+    constrain,
+    forecasts_held,
+    stabilised,
+)
 from inferfleet.autoscale.policy.demand import (
     Demand,
     estimate_demand,
@@ -185,12 +190,12 @@ class _Sizer:
 
 
 def _stabilisation_window(
-    spec: PolicySpec, history: PolicyHistory, now: float, current: Mapping[Role, int]
+    history: PolicyHistory, now: float, current: Mapping[Role, int], span_s: float
 ) -> list[Recommendation]:
-    """The recommendations scale-down stabilisation reads. The first tick seeds the window with
-    the current replicas (as the HPA does), so a restart with an empty history never scales
-    down at once."""
-    window_start = now - spec.scale_down_stabilization_s
+    """The recommendations of the last `span_s` that scale-down stabilisation reads. The first
+    tick seeds the window with the current replicas (as the HPA does), so a restart with an
+    empty history never scales down at once."""
+    window_start = now - span_s
     seeded = history.recommendations or (Recommendation(now, dict(current)),)
     return [r for r in seeded if window_start < r.at_s <= now]
 
@@ -340,6 +345,45 @@ def _recommended(
     return recommended
 
 
+def _after_stabilisation(
+    spec: PolicySpec,
+    snapshot: MetricsSnapshot,
+    history: PolicyHistory,
+    tally: OutcomeTally,
+    *,
+    raw: Mapping[Role, int],
+    current: Mapping[Role, int],
+    past: Sequence[Recommendation],
+    note: str,
+) -> tuple[dict[Role, int], str, bool]:
+    """The recommendation after scale-down stabilisation, the decision's note, and whether the
+    window was shortened to reach it: to one rate window where the forecasts have held for the
+    whole stabilisation window (`forecasts_held`) and the spec allows it; the note then says
+    why."""
+    recommended = _recommended(spec, snapshot, history, raw=raw, current=current, past=past)
+    now = snapshot.taken_at_s
+    if not spec.shorten_stabilization or not forecasts_held(
+        spec, history.demand, now, tally.attainment
+    ):
+        return recommended, note, False
+    span_s = min(spec.scale_down_stabilization_s, snapshot.window_s)
+    recent = _stabilisation_window(history, now, current, span_s)
+    shortened = _recommended(spec, snapshot, history, raw=raw, current=current, past=recent)
+    if shortened == recommended:
+        return recommended, note, False
+    return shortened, "; ".join(filter(None, [note, _shortened_note(spec, snapshot, tally)])), True
+
+
+def _shortened_note(spec: PolicySpec, snapshot: MetricsSnapshot, tally: OutcomeTally) -> str:
+    attainment = tally.attainment or 0.0
+    window_s = min(spec.scale_down_stabilization_s, snapshot.window_s)
+    return (
+        f"scale-down after {window_s:.0f} s of lower demand, not "
+        f"{spec.scale_down_stabilization_s:.0f} s: over that window every forecast covered the "
+        f"load that came and attainment ({attainment:.1%}) met its target"
+    )
+
+
 def _decide_fresh(
     spec: PolicySpec,
     snapshot: MetricsSnapshot,
@@ -368,11 +412,14 @@ def _decide_fresh(
         missed=feedback.missed,
         tally=tally,
     )
-    past = _stabilisation_window(spec, history, now, current_counts)
+    past = _stabilisation_window(history, now, current_counts, spec.scale_down_stabilization_s)
     raw = {role: max(sizings[role].needed, floors_now[role]) for role in roles}
     # What stabilisation remembers: the sizing without what a queue or a trend adds.
     remembered = {role: max(steady[role].needed, floors_now[role]) for role in roles}
-    recommended = _recommended(spec, snapshot, history, raw=raw, current=current_counts, past=past)
+    recommended, note, shortening = _after_stabilisation(
+        spec, snapshot, history, tally, raw=raw, current=current_counts, past=past,
+        note=feedback.note,
+    )  # fmt: skip
 
     constrained = constrain(spec, recommended, pins, feedback.missed)
     replicas = constrained.replicas
@@ -382,7 +429,7 @@ def _decide_fresh(
     held_down = {r for r in roles if raw[r] < current_counts[r] and r not in shrank}
     reason = choose_reason(
         feedback.reason, feedback.missed, constrained=constrained,
-        grew=grew, shrank=shrank, held_down=held_down, learned=learned,
+        grew=grew, shrank=shrank, held_down=held_down, learned=learned, shortened=shortening,
     )  # fmt: skip
     estimates = {
         role: role_estimate(
@@ -398,7 +445,7 @@ def _decide_fresh(
     }
     message = explain(
         spec, demand=demand, current=current_counts, replicas=replicas, sizings=sizings,
-        estimates=estimates, note=feedback.note, constrained=constrained, pins=pins,
+        estimates=estimates, note=note, constrained=constrained, pins=pins,
     )  # fmt: skip
     new_history = replace(
         _next_history(spec, snapshot, history, demand, past=past, remembered=remembered),

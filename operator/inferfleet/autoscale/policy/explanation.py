@@ -83,6 +83,7 @@ def choose_reason(
     shrank: set[Role],
     held_down: set[Role],
     learned: frozenset[Role],
+    shortened: bool = False,
 ) -> Reason:
     if constrained.pinned:
         return Reason.PINNED
@@ -97,7 +98,7 @@ def choose_reason(
     if grew:
         return Reason.SCALE_UP_LOAD
     if shrank:
-        return Reason.SCALE_DOWN_STABLE
+        return Reason.SCALE_DOWN_FORECASTS_HELD if shortened else Reason.SCALE_DOWN_STABLE
     if held_down:
         return Reason.STABILIZING
     return Reason.STEADY

@@ -33,6 +33,9 @@ class Reason(StrEnum):
     """The prompt/output mix moved: one pool grows while the other shrinks."""
     SCALE_DOWN_STABLE = "ScaleDownStable"
     """Demand stayed lower for the whole stabilisation window."""
+    SCALE_DOWN_FORECASTS_HELD = "ScaleDownForecastsHeld"
+    """Demand stayed lower for one rate window, and over the whole stabilisation window every
+    forecast covered the load that came and the SLO was met (`shorten_stabilization`)."""
     STABILIZING = "HoldStabilizing"
     """Demand is lower, but not yet for the whole stabilisation window."""
     STEADY = "Steady"
@@ -91,6 +94,9 @@ class PolicySpec:
     """In words, the other services' claims on the quota served before this one
     (`autoscale.quota`): what the explanation of a cut names."""
     scale_down_stabilization_s: float = 300.0
+    shorten_stabilization: bool = True
+    """Whether a pool may shrink after one rate window, not a whole stabilisation window, while
+    the forecasts have held (`constraints.forecasts_held`)."""
     cold_start_s: float = 120.0
     enabled: bool = True
     expected_load: Workload | None = None
@@ -266,6 +272,7 @@ def policy_spec(
         slo=Slo.from_spec(isvc_spec.slo),
         gpu_budget=autoscaling.gpu_budget,
         scale_down_stabilization_s=float(autoscaling.scale_down_stabilization_seconds),
+        shorten_stabilization=autoscaling.shorten_stabilization_when_forecasts_hold,
         cold_start_s=float(autoscaling.cold_start_seconds),
         enabled=autoscaling.policy == "goodput",
         expected_load=None if load is None else Workload.from_spec(load),
