@@ -251,6 +251,27 @@ async def test_a_refused_call_goes_to_another_replica(servers: dict[str, Any]) -
     assert series(text, "inferfleet_router_upstream_errors_total", kind="status") >= 1
 
 
+async def test_when_every_replica_tried_fails_the_502_says_why_each_did(
+    servers: dict[str, Any],
+) -> None:
+    """One replica answers 503, one is not listening: the client reads what went wrong with
+    each, without their addresses."""
+    busy = await start_scripted(servers, "busy")
+    client = await start_router(servers, config(aggregated(busy, "http://127.0.0.1:9")))
+    app_router = servers["routers"][-1].router
+    for pooled in app_router.balancer.replicas[("d", Role.AGGREGATED)].values():
+        pooled.healthy = True  # as if both had passed their last health check
+    answer = await client.post("/v1/completions", json={"prompt": "w", "max_tokens": 2})
+    assert answer.status_code == 502, answer.text
+    message = answer.json()["error"]["message"]
+    assert message.startswith("every aggregated replica tried failed (2): "), message
+    assert sorted(message.split(": ", 1)[1].split("; ")) == [
+        "answered 503",
+        "the call broke (ClientConnectorError)",
+    ]
+    assert "127.0.0.1" not in message
+
+
 async def test_a_dead_replica_is_skipped_and_marked_down(servers: dict[str, Any]) -> None:
     engine = await start_engine(servers)
     client = await start_router(servers, config(aggregated("http://127.0.0.1:9", engine)))
@@ -578,6 +599,18 @@ async def test_engines_with_an_api_key_take_only_the_router_that_presents_it(
     keyless = await start_router(servers, config(aggregated(engine)))
     refused = await keyless.post("/v1/completions", json=body)
     assert refused.status_code == 502, refused.text
+    assert refused.json()["error"]["message"] == (
+        "every aggregated replica tried failed (1): refused the call (401)"
+    )
+    wrong_key = tmp_path / "wrong-key"
+    wrong_key.write_text("guess\n")
+    misconfigured = await start_router(
+        servers, config(aggregated(engine) + f",keyfile={wrong_key}")
+    )
+    refused = await misconfigured.post("/v1/completions", json=body)
+    assert refused.json()["error"]["message"] == (
+        "every aggregated replica tried failed (1): refused the router's engine key (401)"
+    )
     assert series(await metrics(keyless), "inferfleet_router_upstream_errors_total", kind="key")
 
 

@@ -17,7 +17,9 @@ Failures:
 * a replica that refuses the connection, breaks it or answers 502/503/504 before anything
   reached the client: the call goes to another replica (up to `max_attempts` replicas in
   all), and a refused or broken connection marks the replica unhealthy until its health check
-  passes again. Once a byte has been sent back, nothing is retried;
+  passes again. Once a byte has been sent back, nothing is retried. When every replica tried
+  failed: 502, its message saying why each did (the router's engine keys refused, the status
+  it answered, the call broken), without their addresses;
 * a stream cut after it started: the client gets an error event (vLLM's shape) and `[DONE]`,
   and the request counts as failed;
 * with tenants (`router.tenants`): no API key or one not theirs, 401; a model the tenant may
@@ -88,10 +90,28 @@ ROUTER: web.AppKey[Router] = web.AppKey("router")
 
 
 class _NoReplicaError(Exception):
-    def __init__(self, role: Role, tried: int) -> None:
-        super().__init__(role, tried)
+    """No replica of a role served the request: none healthy (`failures` empty), or each one
+    tried failed, for the reason its entry gives (no address: the client reads them)."""
+
+    def __init__(self, role: Role, failures: Sequence[str]) -> None:
+        super().__init__(role, failures)
         self.role = role
-        self.tried = tried
+        self.failures = tuple(failures)
+
+    def message(self) -> str:
+        return f"every {self.role.value} replica tried failed ({len(self.failures)}): " + "; ".join(
+            self.failures
+        )
+
+
+def _refused_keys(keys: int) -> str:
+    if keys > 1:
+        return f"refused each of the router's {keys} engine keys (401)"
+    return "refused the router's engine key (401)" if keys else "refused the call (401)"
+
+
+def _broke(error: BaseException) -> str:
+    return f"the call broke ({type(error).__name__})"
 
 
 class _ClientGoneError(Exception):
@@ -453,16 +473,12 @@ class Router:
             self.metrics.cancelled.labels(service, deployment).inc()
             return gone.response
         except _NoReplicaError as error:
-            if error.tried == 0:
+            if not error.failures:
                 return self._unavailable(
                     f"no {error.role.value} replica of {deployment} is healthy"
                 )
             judged = Outcome.FAILED
-            return error_response(
-                f"every {error.role.value} replica tried failed ({error.tried})",
-                502,
-                "BadGatewayError",
-            )
+            return error_response(error.message(), 502, "BadGatewayError")
         except _UpstreamFailedError as error:
             judged = Outcome.FAILED
             return error_response(error.message, error.status, "BadGatewayError")
@@ -551,6 +567,7 @@ class Router:
         payload = json.dumps(prefill_body(engine, body)).encode()
         labels = (self.config.service, deployment, Role.PREFILL.value)
         tried: list[str] = []
+        failures: list[str] = []
         loop = asyncio.get_running_loop()
         while len(tried) < self.config.max_attempts:
             replica = self.balancer.choose(deployment, Role.PREFILL, routed.prefix_blocks, tried)
@@ -565,9 +582,12 @@ class Router:
                 async with self._post(replica, replica.url + path, payload, labels) as response:
                     answer = await response.read()
                     if response.status == HTTPStatus.UNAUTHORIZED:
-                        continue  # never the client's fault: another replica may take the key
+                        # Never the client's fault: another replica may take the key.
+                        failures.append(_refused_keys(len(self._engine_keys.keys(deployment))))
+                        continue
                     if response.status in RETRYABLE_STATUSES:
                         self.metrics.upstream_errors.labels(*labels, "status").inc()
+                        failures.append(f"answered {response.status}")
                         continue
                     if response.status != 200:
                         raise _UpstreamFailedError(
@@ -584,9 +604,10 @@ class Router:
             except _CALL_ERRORS as error:
                 self.metrics.upstream_errors.labels(*labels, "connect").inc()
                 self._mark_down(replica, error)
+                failures.append(_broke(error))
             finally:
                 charge.close()
-        raise _NoReplicaError(Role.PREFILL, len(tried))
+        raise _NoReplicaError(Role.PREFILL, failures)
 
     def _charge(self, replica: Replica, tokens: int) -> _Charge:
         replica.outstanding_tokens += tokens
@@ -608,6 +629,7 @@ class Router:
         labels = (self.config.service, deployment, role.value)
         prompt_load = routed.prompt_tokens_estimate if role is Role.AGGREGATED else 0
         tried: list[str] = []
+        failures: list[str] = []
         loop = asyncio.get_running_loop()
         while len(tried) < self.config.max_attempts:
             replica = self.balancer.choose(deployment, role, routed.prefix_blocks, tried)
@@ -624,9 +646,12 @@ class Router:
                     replica, replica.url + request.path, payload, labels
                 ) as upstream:
                     if upstream.status == HTTPStatus.UNAUTHORIZED:
-                        continue  # never the client's fault: another replica may take the key
+                        # Never the client's fault: another replica may take the key.
+                        failures.append(_refused_keys(len(self._engine_keys.keys(deployment))))
+                        continue
                     if upstream.status in RETRYABLE_STATUSES:
                         self.metrics.upstream_errors.labels(*labels, "status").inc()
+                        failures.append(f"answered {upstream.status}")
                         continue
                     self.balancer.record_prefix(replica, routed.prefix_blocks)
                     if upstream.status != 200:
@@ -668,6 +693,7 @@ class Router:
                     if client is None:
                         # Nothing came: the replica ended the stream at once; try another.
                         self.metrics.upstream_errors.labels(*labels, "stream").inc()
+                        failures.append("ended its stream before any token")
                         continue
                     ok = stream.done and stream.error is None
                     if not stream.done:
@@ -683,6 +709,7 @@ class Router:
                 ).inc()
                 self._mark_down(replica, error)
                 if client is None:
+                    failures.append(_broke(error))
                     continue
                 timing.streamed = True
                 await self._write_stream_error(client, f"the replica's stream broke: {error}")
@@ -691,7 +718,7 @@ class Router:
                 return client, Outcome.FAILED
             finally:
                 charge.close()
-        raise _NoReplicaError(role, len(tried))
+        raise _NoReplicaError(role, failures)
 
     @staticmethod
     async def _write_stream_error(client: web.StreamResponse, message: str) -> None:
