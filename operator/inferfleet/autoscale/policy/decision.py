@@ -301,7 +301,6 @@ def _next_history(
     """The windows the next tick reads: the recommendations stabilisation remembers and the
     demand samples its trend and mix read, this tick's added (the rest is the caller's)."""
     now = snapshot.taken_at_s
-    in_flight = snapshot.service.in_flight_requests * spec.traffic_share
     keep_after = now - max(
         spec.scale_down_stabilization_s, trend_window_s(spec, snapshot), spec.growth_memory_s
     )
@@ -309,15 +308,20 @@ def _next_history(
         recommendations=(*past, Recommendation(now, remembered)),
         demand=(
             *(d for d in history.demand if keep_after <= d.at_s < now),
-            DemandSample(
-                now,
-                demand.requests_per_s,
-                in_flight,
-                demand.recent_requests_per_s,
-                demand.reactive_forecast_requests_per_s,
-            ),
+            _demand_sample(spec, snapshot, demand),
         ),
         mix=demand.mix,
+    )
+
+
+def _demand_sample(spec: PolicySpec, snapshot: MetricsSnapshot, demand: Demand) -> DemandSample:
+    """This tick's demand as the history keeps it."""
+    return DemandSample(
+        snapshot.taken_at_s,
+        demand.requests_per_s,
+        snapshot.service.in_flight_requests * spec.traffic_share,
+        demand.recent_requests_per_s,
+        demand.reactive_forecast_requests_per_s,
     )
 
 
@@ -351,6 +355,7 @@ def _after_stabilisation(
     history: PolicyHistory,
     tally: OutcomeTally,
     *,
+    demand: Demand,
     raw: Mapping[Role, int],
     current: Mapping[Role, int],
     past: Sequence[Recommendation],
@@ -362,9 +367,8 @@ def _after_stabilisation(
     why."""
     recommended = _recommended(spec, snapshot, history, raw=raw, current=current, past=past)
     now = snapshot.taken_at_s
-    if not spec.shorten_stabilization or not forecasts_held(
-        spec, history.demand, now, tally.attainment
-    ):
+    samples = (*history.demand, _demand_sample(spec, snapshot, demand))
+    if not spec.shorten_stabilization or not forecasts_held(spec, samples, now, tally.attainment):
         return recommended, note, False
     span_s = min(spec.scale_down_stabilization_s, snapshot.window_s)
     recent = _stabilisation_window(history, now, current, span_s)
@@ -417,8 +421,8 @@ def _decide_fresh(
     # What stabilisation remembers: the sizing without what a queue or a trend adds.
     remembered = {role: max(steady[role].needed, floors_now[role]) for role in roles}
     recommended, note, shortening = _after_stabilisation(
-        spec, snapshot, history, tally, raw=raw, current=current_counts, past=past,
-        note=feedback.note,
+        spec, snapshot, history, tally, demand=demand, raw=raw, current=current_counts,
+        past=past, note=feedback.note,
     )  # fmt: skip
 
     constrained = constrain(spec, recommended, pins, feedback.missed)
