@@ -39,10 +39,12 @@ from inferfleet.autoscale.policy.constraints import forecasts_held
 from inferfleet.autoscale.policy.demand import (
     Demand,
     burst_capacity,
+    estimate_demand,
     growth_headroom,
     prompt_spread,
     recent_arrivals,
 )
+from inferfleet.autoscale.policy.history import MixMemory
 from inferfleet.autoscale.policy.learning import planned_attainment
 from inferfleet.autoscale.policy.sizing import sequences_per_replica, size_role
 from inferfleet.planning.capacity import (
@@ -1517,3 +1519,24 @@ def test_forecasts_held_reads_the_whole_window_and_the_forecast_a_cold_start_bef
     assert not forecasts_held(spec, _samples(rates, [10.0] * 11), 150.0, 0.98)
     # Samples that begin inside the window (a restart) do not cover it.
     assert not forecasts_held(spec, _samples(rates, [10.0] * 11)[7:], 150.0, 0.995)
+
+
+def test_while_the_load_drains_longer_answers_completing_are_not_taken_as_a_shift() -> None:
+    """As a load falls, the requests still completing are those that live long: their mean
+    output reads long. Where completions outnumber arrivals beyond counting noise, a longer
+    mean is taken halfway with what was remembered (as a shorter one always is), and prompts
+    are read from the arrivals alone; where they do not, a longer mean is a shift, acted on at
+    once."""
+    history = PolicyHistory(mix=MixMemory(NOW - 15, 1000.0, 200.0))
+    base = snapshot(10.0, AGG_LOW, input_tokens=1300, output_tokens=400)
+
+    def arriving(per_s: float) -> MetricsSnapshot:
+        service = replace(base.service, arrivals_per_s=per_s, mean_arrival_prompt_tokens=1100.0)
+        return replace(base, service=service)
+
+    draining = estimate_demand(AGG, arriving(2.0), history)
+    assert (draining.input_tokens, draining.output_tokens) == (1050, 300)
+    steady = estimate_demand(AGG, arriving(10.0), history)
+    assert (steady.input_tokens, steady.output_tokens) == (1300, 400)
+    # 10 completed against 9 arrived a second, over a minute: within counting noise.
+    assert estimate_demand(AGG, arriving(9.0), history).output_tokens == 400

@@ -59,16 +59,31 @@ def _mean_tokens(
     return None
 
 
-def _remembered(window: float | None, memory: float | None) -> float | None:
+def _remembered(window: float | None, memory: float | None, *, draining: bool) -> float | None:
     """The length to plan for: the window's mean when it is longer than what was remembered (a
     shift to longer requests is acted on at once), else halfway between the two: the requests
     that complete first in a window are the short ones, so a window's mean reads low whenever
-    the load rises, and longer ones follow."""
+    the load rises, and longer ones follow. While the load drains (`_draining`) it is the
+    other way round: the requests still completing are the long ones, and a longer mean is
+    taken halfway too."""
     if window is None:
         return memory
-    if memory is None or window >= memory:
+    if memory is None or (window >= memory and not draining):
         return window
     return (window + memory) / 2
+
+
+def _draining(spec: PolicySpec, snapshot: MetricsSnapshot) -> bool:
+    """More requests completed over the rate window than arrived in it, beyond counting noise
+    (`recent_change_significance` standard errors of the difference of the two counts): the
+    load has fallen, and the requests completing are those that live long."""
+    service = snapshot.service
+    if service.arrivals_per_s is None:
+        return False
+    completed = service.requests_per_s * snapshot.window_s
+    arrived = service.arrivals_per_s * snapshot.window_s
+    noise = spec.recent_change_significance * math.sqrt(completed + arrived)
+    return completed - arrived > noise
 
 
 def _mix(
@@ -82,17 +97,23 @@ def _mix(
 ) -> tuple[int, int, MixMemory | None]:
     service = snapshot.service
     fallback = spec.expected_load or REFERENCE_REQUEST
+    draining = _draining(spec, snapshot)
     window_input = _mean_tokens(service.mean_prompt_tokens, prefill.prompt_tokens_per_s, completed)
     arriving_input = service.mean_arrival_prompt_tokens
     if arriving_input is not None and arriving_input >= 1:
-        # Prompts are known as they arrive: a shift to longer ones shows before they finish.
-        window_input = max(window_input or 0.0, arriving_input)
+        # Prompts are known as they arrive: a shift to longer ones shows before they finish,
+        # and the arrivals' mean is not skewed to the long ones a draining load leaves.
+        window_input = arriving_input if draining else max(window_input or 0.0, arriving_input)
     window_output = _mean_tokens(
         service.mean_output_tokens, decode.generation_tokens_per_s, completed
     )
     memory = history.mix
-    input_tokens = _remembered(window_input, memory.input_tokens if memory else None)
-    output_tokens = _remembered(window_output, memory.output_tokens if memory else None)
+    input_tokens = _remembered(
+        window_input, memory.input_tokens if memory else None, draining=draining
+    )
+    output_tokens = _remembered(
+        window_output, memory.output_tokens if memory else None, draining=draining
+    )
     remembered = memory
     if window_input is not None and window_output is not None:
         # An exponential moving average over `mix_memory_s`, weighted by elapsed time.
