@@ -381,10 +381,11 @@ def _after_stabilisation(
 def _shortened_note(spec: PolicySpec, snapshot: MetricsSnapshot, tally: OutcomeTally) -> str:
     attainment = tally.attainment or 0.0
     window_s = min(spec.scale_down_stabilization_s, snapshot.window_s)
+    stabilisation_s = spec.scale_down_stabilization_s
     return (
-        f"scale-down after {window_s:.0f} s of lower demand, not "
-        f"{spec.scale_down_stabilization_s:.0f} s: over that window every forecast covered the "
-        f"load that came and attainment ({attainment:.1%}) met its target"
+        f"scale-down after {window_s:.0f} s of lower demand, not {stabilisation_s:.0f} s: over "
+        f"the last {stabilisation_s:.0f} s every forecast covered the load that came and "
+        f"attainment ({attainment:.1%}) met its target"
     )
 
 
