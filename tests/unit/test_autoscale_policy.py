@@ -852,6 +852,26 @@ def test_calibration_skips_the_window_in_which_replicas_join() -> None:
     assert decision.history.calibration == Calibration()
 
 
+def test_calibration_skips_a_window_in_which_a_backlog_was_queued() -> None:
+    """A backlog that built while too few replicas served fills the window's TTFT percentiles
+    after it has drained: the model's error at the fleet serving now is not measured there.
+    The steady state at HIGH holds about the rate times its mean TTFT before a first token
+    (a few requests); a queue of 200 half a window ago is a backlog, a queue of that few is
+    not."""
+    ready = AGG_HIGH[Role.AGGREGATED]
+    ttft, tpot = predicted_latency(AGG, HIGH, ready)
+    observed = snapshot(HIGH, AGG_HIGH, ttft_p95_s=ttft * 1.3 + 20.0, tpot_p95_s=tpot)
+
+    def queued(backlog: float) -> PolicyHistory:
+        sample = DemandSample(NOW - WINDOW_S / 2, HIGH, 0.0, HIGH, HIGH, backlog)
+        return replace(recommended(NOW - WINDOW_S, AGG_HIGH), demand=(sample,))
+
+    after_backlog = decide(AGG, observed, AGG_HIGH, queued(200.0))
+    assert after_backlog.history.calibration == Calibration()
+    steady = decide(AGG, observed, AGG_HIGH, queued(2.0))
+    assert steady.history.calibration.ttft_offset_s > 0
+
+
 def test_a_load_at_the_edge_between_two_counts_does_not_shrink() -> None:
     """Hysteresis: the smaller count must hold the scale-down margin on top of the usual one."""
     count = AGG_HIGH[Role.AGGREGATED]

@@ -322,6 +322,7 @@ def _demand_sample(spec: PolicySpec, snapshot: MetricsSnapshot, demand: Demand) 
         snapshot.service.in_flight_requests * spec.traffic_share,
         demand.recent_requests_per_s,
         demand.reactive_forecast_requests_per_s,
+        demand.backlog_requests,
     )
 
 

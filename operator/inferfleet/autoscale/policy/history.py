@@ -30,6 +30,8 @@ class DemandSample:
     """The short window's arrivals beyond their counting noise (0: not measured)."""
     forecast_requests_per_s: float = 0.0
     """What the tick sized for from the load and its trend (bursts' capacity left out)."""
+    backlog_requests: float = 0.0
+    """Requests queued in the engines at the tick."""
 
 
 @dataclass(frozen=True)
@@ -152,6 +154,7 @@ class PolicyHistory:
                     "inFlight": d.in_flight_requests,
                     "recentRequestsPerS": d.recent_requests_per_s,
                     "forecastRequestsPerS": d.forecast_requests_per_s,
+                    "backlog": d.backlog_requests,
                 }
                 for d in self.demand
             ],
@@ -207,6 +210,7 @@ class PolicyHistory:
                     float(d["inFlight"]),
                     float(d.get("recentRequestsPerS", 0.0)),
                     float(d.get("forecastRequestsPerS", 0.0)),
+                    float(d.get("backlog", 0.0)),
                 )
                 for d in data.get("demand", [])
             ),

@@ -20,6 +20,7 @@ from inferfleet.autoscale.policy.history import (
 from inferfleet.autoscale.policy.sizing import operating_point_at, transfer_s
 from inferfleet.autoscale.policy.spec import DECODING_ROLES, PREFILLING_ROLES, PolicySpec, Reason
 from inferfleet.autoscale.snapshot import MetricsSnapshot
+from inferfleet.planning.load import OperatingPoint
 from inferfleet.slo import Slo
 
 
@@ -92,7 +93,9 @@ def calibrate(
     that served them (the ready ones) at the measured load, TTFT as the difference and TPOT as
     the ratio (`Calibration`), each within its limit. Skipped when too few requests completed,
     when the planner sees that fleet overloaded (a backlog drains; no steady state to compare
-    with), and while replicas that were asked for join (the window mixes two fleets)."""
+    with), while a backlog the steady state does not hold was queued within the window
+    (`_backlogged`), and while replicas that were asked for join (the window mixes two
+    fleets)."""
     previous = history.calibration
     service = snapshot.service
     now = snapshot.taken_at_s
@@ -126,6 +129,8 @@ def calibrate(
         if not point.stable:
             return previous
         if role in PREFILLING_ROLES:
+            if _backlogged(spec, snapshot, history, demand, point):
+                return previous
             ttft_predicted = point.ttft_p95_s + transfer_s(spec, policy, demand)
         if role in DECODING_ROLES:
             tpot_predicted = point.tpot_s
@@ -142,6 +147,27 @@ def calibrate(
         ttft_offset_s=blend(previous.ttft_offset_s, ttft_offset),
         tpot_ratio=blend(previous.tpot_ratio, tpot_ratio),
     )
+
+
+def _backlogged(
+    spec: PolicySpec,
+    snapshot: MetricsSnapshot,
+    history: PolicyHistory,
+    demand: Demand,
+    point: OperatingPoint,
+) -> bool:
+    """Whether more requests queued in the engines within the rate window than the planner's
+    steady state holds before their first token (Little's law: the rate times its mean TTFT),
+    beyond `recent_change_significance` standard errors of that count: a backlog that built
+    while too few replicas served. Its requests' waits fill the window's TTFT percentiles
+    after the backlog is gone, and are not the model's error at the fleet that serves now."""
+    since = snapshot.taken_at_s - snapshot.window_s
+    queued = max(
+        [demand.backlog_requests]
+        + [sample.backlog_requests for sample in history.demand if sample.at_s > since]
+    )
+    expected = demand.requests_per_s * point.ttft_mean_s
+    return queued > expected + spec.recent_change_significance * math.sqrt(max(expected, 1.0))
 
 
 def tally_outcomes(
