@@ -1544,9 +1544,8 @@ def test_forecasts_held_reads_the_whole_window_and_the_forecast_a_cold_start_bef
 def test_while_the_load_drains_longer_answers_completing_are_not_taken_as_a_shift() -> None:
     """As a load falls, the requests still completing are those that live long: their mean
     output reads long. Where completions outnumber arrivals beyond counting noise, a longer
-    mean is taken halfway with what was remembered (as a shorter one always is), and prompts
-    are read from the arrivals alone; where they do not, a longer mean is a shift, acted on at
-    once."""
+    mean is neither planned for nor learned (what was remembered holds), and prompts are read
+    from the arrivals alone; where they do not, a longer mean is a shift, acted on at once."""
     history = PolicyHistory(mix=MixMemory(NOW - 15, 1000.0, 200.0))
     base = snapshot(10.0, AGG_LOW, input_tokens=1300, output_tokens=400)
 
@@ -1555,7 +1554,9 @@ def test_while_the_load_drains_longer_answers_completing_are_not_taken_as_a_shif
         return replace(base, service=service)
 
     draining = estimate_demand(AGG, arriving(2.0), history)
-    assert (draining.input_tokens, draining.output_tokens) == (1050, 300)
+    assert (draining.input_tokens, draining.output_tokens) == (1100, 200)
+    assert draining.mix is not None
+    assert draining.mix.output_tokens == 200.0
     steady = estimate_demand(AGG, arriving(10.0), history)
     assert (steady.input_tokens, steady.output_tokens) == (1300, 400)
     # 10 completed against 9 arrived a second, over a minute: within counting noise.

@@ -64,12 +64,14 @@ def _remembered(window: float | None, memory: float | None, *, draining: bool) -
     shift to longer requests is acted on at once), else halfway between the two: the requests
     that complete first in a window are the short ones, so a window's mean reads low whenever
     the load rises, and longer ones follow. While the load drains (`_draining`) it is the
-    other way round: the requests still completing are the long ones, and a longer mean is
-    taken halfway too."""
+    other way round: the requests still completing are the long ones, and a longer mean says
+    nothing of the load: what was remembered holds."""
     if window is None:
         return memory
-    if memory is None or (window >= memory and not draining):
+    if memory is None:
         return window
+    if window >= memory:
+        return memory if draining else window
     return (window + memory) / 2
 
 
@@ -100,16 +102,18 @@ def _mix(
     draining = _draining(spec, snapshot)
     window_input = _mean_tokens(service.mean_prompt_tokens, prefill.prompt_tokens_per_s, completed)
     arriving_input = service.mean_arrival_prompt_tokens
+    # Completions skew to the long requests while the load drains; arrivals do not.
+    input_skewed = draining
     if arriving_input is not None and arriving_input >= 1:
-        # Prompts are known as they arrive: a shift to longer ones shows before they finish,
-        # and the arrivals' mean is not skewed to the long ones a draining load leaves.
+        # Prompts are known as they arrive: a shift to longer ones shows before they finish.
         window_input = arriving_input if draining else max(window_input or 0.0, arriving_input)
+        input_skewed = False
     window_output = _mean_tokens(
         service.mean_output_tokens, decode.generation_tokens_per_s, completed
     )
     memory = history.mix
     input_tokens = _remembered(
-        window_input, memory.input_tokens if memory else None, draining=draining
+        window_input, memory.input_tokens if memory else None, draining=input_skewed
     )
     output_tokens = _remembered(
         window_output, memory.output_tokens if memory else None, draining=draining
@@ -122,10 +126,13 @@ def _mix(
         else:
             elapsed = max(0.0, snapshot.taken_at_s - memory.at_s)
             keep = math.exp(-elapsed / spec.mix_memory_s)
+            # Requests completing while the load drains are the long ones: not learned.
+            learned_input = memory.input_tokens if input_skewed else window_input
+            learned_output = memory.output_tokens if draining else window_output
             remembered = MixMemory(
                 snapshot.taken_at_s,
-                keep * memory.input_tokens + (1 - keep) * window_input,
-                keep * memory.output_tokens + (1 - keep) * window_output,
+                keep * memory.input_tokens + (1 - keep) * learned_input,
+                keep * memory.output_tokens + (1 - keep) * learned_output,
             )
     return (
         fallback.input_tokens if input_tokens is None else max(1, round(input_tokens)),
