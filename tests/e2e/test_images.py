@@ -28,6 +28,7 @@ from inferfleet.devcluster.cluster import OPERATOR_IMAGE, DevCluster, Runtime, r
 from inferfleet.devcluster.images import ensure_images
 from inferfleet.devcluster.nodes import NodePool
 from inferfleet.devcluster.processes import wait_until
+from inferfleet.render.inference_service import ROUTER_REPLICAS
 from inferfleet.render.rbac import DEFAULT_NAMESPACE as OPERATOR_NAMESPACE
 from inferfleet.router.config import ADMIN_PORT
 from tests.e2e.conftest import Kubectl
@@ -326,26 +327,25 @@ def test_engines_with_an_api_key_answer_their_router_and_no_one_else(fleet: Flee
         "apply", "--server-side", "-n", namespace, "-f", "-", stdin=yaml.safe_dump_all(documents)
     )
 
-    routers = [
-        p
-        for p in fleet.kubectl.json("get", "pods", "-n", namespace, "-l", ROUTERS)["items"]
-        if p["status"].get("phase") == "Running" and p["status"].get("podIP")
-    ]
+    routers: list[dict[str, Any]] = []
 
     def serving() -> bool:
+        """Every router Ready, as the agent probes it, and answering through the engine."""
+        found = fleet.kubectl.json("get", "pods", "-n", namespace, "-l", ROUTERS)["items"]
+        routers[:] = [
+            p
+            for p in found
+            if p["status"].get("podIP")
+            and _condition(p, "Ready").get("status") == "True"
+            and not p["metadata"].get("deletionTimestamp")
+        ]
         try:
-            return all(_complete(p["status"]["podIP"], None) == 200 for p in routers)
+            return len(routers) == ROUTER_REPLICAS and all(
+                _complete(p["status"]["podIP"], None) == 200 for p in routers
+            )
         except httpx.HTTPError:
             return False
 
-    def routers_running() -> bool:
-        found = fleet.kubectl.json("get", "pods", "-n", namespace, "-l", ROUTERS)["items"]
-        routers[:] = [
-            p for p in found if p["status"].get("phase") == "Running" and p["status"].get("podIP")
-        ]
-        return bool(routers)
-
-    assert wait_until(routers_running, 180, 1.0), fleet.diagnostics()
     assert wait_until(serving, 240, 1.0), fleet.diagnostics()
     engine_ip = _serving_engine(fleet, namespace)
     assert _complete(engine_ip, None) == 401

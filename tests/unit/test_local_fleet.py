@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 import yaml
 
 from inferfleet.devcluster.cluster import State
-from inferfleet.devcluster.fleet import AgentContext, FleetAgent
+from inferfleet.devcluster.fleet import AgentContext, FleetAgent, PodSupervisor
 from inferfleet.devcluster.oci import (
     Bundle,
     ConfigMapKey,
@@ -820,3 +821,52 @@ def test_a_container_s_environment_keeps_the_secret_it_started_with(tmp_path: Pa
     assert secrets.reads == 1
     # A new pod (a rollout) reads the Secret as it is now.
     assert agent._secret("serving", "uid-2", "engine-key", "api-key") == "rotated"
+
+
+def test_a_pod_given_a_stopping_pods_ip_starts_when_that_process_has_ended(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # kwok hands a deleted pod's IP to the next pod at once; the old process may still drain
+    # on it. The new pod's process waits for it (not Ready meanwhile), as a kubelet keeps an
+    # IP until the sandbox is gone, instead of failing to bind in a crash loop.
+    monkeypatch.setattr(PodSupervisor, "start", lambda self: None)
+    agent = FleetAgent(
+        AgentContext(
+            kube=None,  # type: ignore[arg-type]
+            state_dir=tmp_path, api_server="https://127.0.0.1:6443",
+            ca_file=tmp_path / "ca.crt", executable=EXECUTABLE,
+        )
+    )  # fmt: skip
+    engine = deployment_of(rendered(), "aggregated")
+    draining = threading.Event()
+    agent._pods = {"uid-old": pod_of(engine, "old", ip="127.1.0.7")}
+    agent.reconcile()
+    old = agent.supervisors["uid-old"]
+    old.thread = threading.Thread(target=draining.wait)  # its process, draining
+    old.thread.start()
+    agent._pods = {
+        "uid-new": pod_of(engine, "new", ip="127.1.0.7"),
+        "uid-other": pod_of(engine, "other", ip="127.1.0.8"),
+    }
+    agent.reconcile()
+    new, other = agent.supervisors["uid-new"], agent.supervisors["uid-other"]
+    assert other._await_address()  # nothing holds its IP
+    reported: list[tuple[bool, str]] = []
+    new.report_ready = lambda pod, ready, reason, restarts: reported.append((ready, reason))
+    waited: list[bool] = []
+    waiter = threading.Thread(target=lambda: waited.append(new._await_address()))
+    waiter.start()
+    waiter.join(0.5)
+    assert waiter.is_alive()
+    assert reported == [(False, "PodIPHeld")]
+    draining.set()  # the old process ends
+    waiter.join(5.0)
+    assert waited == [True]
+    # A pod deleted while it waits never starts.
+    holding = threading.Thread(target=threading.Event().wait, daemon=True)
+    holding.start()
+    stopped = PodSupervisor(
+        new.pod, agent.context, new.report_ready, new.report_terminated, [holding]
+    )
+    stopped.stop()
+    assert stopped._await_address() is False

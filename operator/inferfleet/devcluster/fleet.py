@@ -12,7 +12,9 @@ does (from 1 s, doubling to 60 s: quicker than a kubelet's 10 s to 5 min, for a 
 unless the pod's `restartPolicy` says otherwise (Never, or OnFailure after a success): then its
 pod turns Succeeded or Failed by the exit status, as a `helm test` pod must.
 A pod deleted or no longer Running: SIGTERM to its process group, SIGKILL after the pod's
-termination grace period.
+termination grace period. kwok hands a deleted pod's IP to the next pod at once; a pod given
+the IP of one whose process still stops is started when that process has ended (not Ready
+until then, reason `PodIPHeld`), as a kubelet keeps an IP until the pod's sandbox is gone.
 
 Identity: a router pod's process gets its pod's ServiceAccount as a kubelet gives it: a token
 from the TokenRequest API, bound to the pod, in a kubeconfig for the dev cluster's API server
@@ -157,8 +159,11 @@ class PodSupervisor:
         context: AgentContext,
         report_ready: Callable[[PodProcess, bool, str, int], None],
         report_terminated: Callable[[PodProcess, int, int], None],
+        predecessors: Sequence[threading.Thread] = (),
     ) -> None:
         self.pod = pod
+        self._predecessors = list(predecessors)
+        """Supervisors' threads of deleted pods that had this pod's IP, still stopping."""
         self.context = context
         self.report_ready = report_ready
         self.report_terminated = report_terminated
@@ -178,7 +183,29 @@ class PodSupervisor:
             self.grace_s = min(self.grace_s, grace_s)
         self._stopping.set()
 
+    def _await_address(self) -> bool:
+        """Wait until the processes of deleted pods that had this pod's IP have ended; whether
+        to start (False: this pod was stopped meanwhile). kwok frees a pod's IP with the pod
+        object and hands it to the next pod at once, while the process of the pod deleted may
+        still drain within its grace, bound to that IP; a kubelet keeps an IP until the pod's
+        sandbox is gone. Started before, the new process could not bind (a crash loop that
+        counts restarts), and calls to the IP would reach the old pod's process."""
+        held = [thread for thread in self._predecessors if thread.is_alive()]
+        if not held:
+            return True
+        log.info("%s: its IP %s is held by a stopping pod's process", self.pod.key, self.pod.ip)
+        self.report_ready(self.pod, False, "PodIPHeld", self.restarts)
+        for thread in held:
+            while thread.is_alive():
+                if self._stopping.wait(PROBE_INTERVAL_S):
+                    return False
+        log.info("%s: its IP %s is free", self.pod.key, self.pod.ip)
+        return True
+
     def _run(self) -> None:
+        if not self._await_address():
+            self._cleanup()
+            return
         retrying = Retrying(
             retry=retry_if_exception_type(Exception),
             wait=wait_exponential(multiplier=1, min=1, max=60),
@@ -419,6 +446,8 @@ class FleetAgent:
         self.context = context
         self.stopped = threading.Event()
         self.supervisors: dict[str, PodSupervisor] = {}
+        # Supervisors of pods gone or changed whose processes may still be stopping.
+        self._stopping: list[PodSupervisor] = []
         self._pods: dict[str, Mapping[str, Any]] = {}
         self._lock = threading.Lock()
         # Pods left alone, each said once: (uid, why).
@@ -487,11 +516,14 @@ class FleetAgent:
                 if wanted.get(uid) != supervisor.pod:
                     supervisor.stop()
                     del self.supervisors[uid]
+                    self._stopping.append(supervisor)
+            self._stopping = [s for s in self._stopping if s.thread.is_alive()]
             for uid, process in wanted.items():
                 if uid not in self.supervisors:
                     supervisor = PodSupervisor(
-                        process, self.context, self._report_ready, self._report_terminated
-                    )
+                        process, self.context, self._report_ready, self._report_terminated,
+                        [s.thread for s in self._stopping if s.pod.ip == process.ip],
+                    )  # fmt: skip
                     self.supervisors[uid] = supervisor
                     supervisor.start()
 
@@ -550,7 +582,7 @@ class FleetAgent:
         """Stop every process (each within its grace, at most `grace_s`) and wait for them."""
         with self._lock:
             self.stopped.set()
-            supervisors = list(self.supervisors.values())
+            supervisors = [*self.supervisors.values(), *self._stopping]
             self.supervisors.clear()
         for supervisor in supervisors:
             supervisor.stop(grace_s)
