@@ -35,6 +35,11 @@ from inferfleet.autoscale.policy import (
     Recommendation,
     planning_slo,
 )
+from inferfleet.autoscale.policy.coldstart import (
+    PlannedColdStart,
+    planned_cold_start,
+    track_cold_starts,
+)
 from inferfleet.autoscale.policy.constraints import forecasts_held
 from inferfleet.autoscale.policy.demand import (
     Demand,
@@ -44,7 +49,7 @@ from inferfleet.autoscale.policy.demand import (
     prompt_spread,
     recent_arrivals,
 )
-from inferfleet.autoscale.policy.history import MixMemory
+from inferfleet.autoscale.policy.history import ColdStarts, MixMemory
 from inferfleet.autoscale.policy.learning import planned_attainment
 from inferfleet.autoscale.policy.sizing import sequences_per_replica, size_role
 from inferfleet.planning.capacity import (
@@ -1561,3 +1566,86 @@ def test_while_the_load_drains_longer_answers_completing_are_not_taken_as_a_shif
     assert (steady.input_tokens, steady.output_tokens) == (1300, 400)
     # 10 completed against 9 arrived a second, over a minute: within counting noise.
     assert estimate_demand(AGG, arriving(9.0), history).output_tokens == 400
+
+
+# The cold start planned for, measured per role (`policy.coldstart`).
+
+TICK_S = 15.0
+
+
+def _ticked(history: PolicyHistory, at_s: float, replicas: Mapping[Role, int]) -> PolicyHistory:
+    return replace(history, last_decision=LastDecision(at_s, dict(replicas), Reason.STEADY))
+
+
+def test_a_scale_up_is_timed_until_its_first_new_replica_serves() -> None:
+    grown = {Role.AGGREGATED: AGG_HIGH[Role.AGGREGATED] + 2}
+    ordered = snapshot(HIGH, AGG_HIGH, at_s=NOW)
+    history = _ticked(PolicyHistory(), NOW - TICK_S, AGG_HIGH)
+    tracked = track_cold_starts(history, ordered, AGG_HIGH, grown)
+    assert tracked[Role.AGGREGATED] == ColdStarts(NOW, AGG_HIGH[Role.AGGREGATED])
+    # Still starting a tick later: nothing measured yet.
+    history = replace(_ticked(history, NOW, grown), cold_starts=tracked)
+    later = snapshot(HIGH, AGG_HIGH, at_s=NOW + TICK_S)
+    tracked = track_cold_starts(history, later, grown, grown)
+    assert tracked[Role.AGGREGATED].measured_s == ()
+    # One more replica serves at the tick 300 s after the order: it came up within the last
+    # tick, so half a tick is taken off.
+    history = replace(_ticked(history, NOW + 300 - TICK_S, grown), cold_starts=tracked)
+    one_up = {Role.AGGREGATED: AGG_HIGH[Role.AGGREGATED] + 1}
+    tracked = track_cold_starts(history, snapshot(HIGH, one_up, at_s=NOW + 300), grown, grown)
+    assert tracked[Role.AGGREGATED] == ColdStarts(measured_s=(300 - TICK_S / 2,))
+
+
+def test_a_scale_up_cancelled_or_ordered_while_replicas_start_measures_nothing() -> None:
+    count = AGG_HIGH[Role.AGGREGATED]
+    history = replace(
+        _ticked(PolicyHistory(), NOW - TICK_S, AGG_HIGH),
+        cold_starts={Role.AGGREGATED: ColdStarts(NOW - 60, count, (200.0,))},
+    )
+    # Cancelled: the pool goes back to what served before the order came up.
+    tracked = track_cold_starts(history, snapshot(HIGH, AGG_HIGH), AGG_HIGH, AGG_HIGH)
+    assert tracked[Role.AGGREGATED] == ColdStarts(measured_s=(200.0,))
+    # Ordered while one of the current replicas still starts: the first to serve could be that
+    # one, so it is not timed.
+    starting = {Role.AGGREGATED: count - 1}
+    grown = {Role.AGGREGATED: count + 2}
+    tracked = track_cold_starts(PolicyHistory(), snapshot(HIGH, starting), AGG_HIGH, grown)
+    assert tracked[Role.AGGREGATED] == ColdStarts()
+
+
+@pytest.mark.parametrize(
+    ("measured", "planned_s", "role"),
+    [
+        ({}, 120.0, None),
+        ({Role.PREFILL: (140.0,)}, 120.0, None),  # within the loop's resolution
+        ({Role.PREFILL: (300.0, 240.0), Role.DECODE: (130.0,)}, 300.0, Role.PREFILL),
+        ({Role.PREFILL: (40.0,), Role.DECODE: (45.0, 50.0)}, 50.0, Role.DECODE),
+    ],
+)
+def test_the_slowest_roles_measurements_replace_a_configured_cold_start_they_contradict(
+    measured: Mapping[Role, tuple[float, ...]], planned_s: float, role: Role | None
+) -> None:
+    history = PolicyHistory(
+        cold_starts={r: ColdStarts(measured_s=times) for r, times in measured.items()}
+    )
+    assert planned_cold_start(DIS, history) == PlannedColdStart(planned_s, role)
+
+
+def test_a_measured_cold_start_sizes_the_forecast_and_says_so() -> None:
+    # 12 req/s within the configured 120 s, not a trend to act on; 30 req/s within 300 s is.
+    slope = 0.1
+    samples = tuple(
+        DemandSample(NOW - age, HIGH - slope * age, running_at(HIGH))
+        for age in (150, 120, 90, 60, 30)
+    )
+    history = replace(recommended(NOW - 30, AGG_HIGH), demand=samples)
+    configured = decide(AGG, snapshot(HIGH, AGG_HIGH), AGG_HIGH, history)
+    slow = replace(history, cold_starts={Role.AGGREGATED: ColdStarts(measured_s=(300.0,))})
+    measured = decide(AGG, snapshot(HIGH, AGG_HIGH), AGG_HIGH, slow)
+    assert "forecast in" not in configured.message
+    assert "forecast in 300 s" in measured.message
+    assert "as measured (aggregated), not the 120 s configured" in measured.message
+    assert measured.replicas[Role.AGGREGATED] > configured.replicas[Role.AGGREGATED]
+    # What was measured, and the scale-up now awaited, survive the history's wire form.
+    assert measured.history.cold_starts[Role.AGGREGATED].ordered_at_s == NOW
+    assert PolicyHistory.from_wire(measured.history.to_wire()) == measured.history

@@ -11,7 +11,9 @@ One tick, in order:
    replica ordered now serves only after a cold start, so the demand is sized that far ahead:
    a least-squares trend over recent ticks when the load keeps rising, and at least the
    `growth_quantile` of the growth this load showed within a cold start over
-   `growth_memory_s` (headroom measured, not assumed).
+   `growth_memory_s` (headroom measured, not assumed). The cold start is the configured one
+   until the roles' own, measured from the scale-ups they served, contradict it
+   (`coldstart`).
 2. Feed-forward. Each pool is sized with the planner (`inferfleet.planning.load`) for that
    demand: the prefill pool on TTFT (prefill service, queueing, KV transfer), the decode pool on
    TPOT, its batch limit and its KV cache, an aggregated pool on both. Measured concurrency and

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from inferfleet.api.model_deployment import Role
+from inferfleet.autoscale.policy.coldstart import planned_cold_start, track_cold_starts
 from inferfleet.autoscale.policy.constraints import (
     Constrained,
     constrain,
@@ -128,7 +129,21 @@ def decide(
             reason=Reason.STALE_METRICS,
             why=f"newest metrics {age_s:.0f} s old (limit {spec.stale_after_s:.0f} s)",
         )
-    return _decide_fresh(spec, snapshot, current, history, pins)
+    planned = planned_cold_start(spec, history)
+    decision = _decide_fresh(
+        replace(spec, cold_start_s=planned.seconds), snapshot, current, history, pins
+    )
+    message = decision.message
+    if planned.measured_role is not None:
+        message += (
+            f"; a cold start of {planned.seconds:.0f} s planned for, as measured "
+            f"({planned.measured_role.value}), not the {spec.cold_start_s:.0f} s configured"
+        )
+    counts = {r: max(0, current.get(r, 0)) for r in spec.role_names}
+    cold_starts = track_cold_starts(history, snapshot, counts, decision.replicas)
+    return replace(
+        decision, message=message, history=replace(decision.history, cold_starts=cold_starts)
+    )
 
 
 @dataclass(frozen=True)

@@ -110,6 +110,32 @@ class Calibration:
 
 
 @dataclass(frozen=True)
+class ColdStarts:
+    """One role's cold starts (`policy.coldstart`): the scale-up awaited, ordered at
+    `ordered_at_s` when `ready_before` replicas served, and the recent measurements."""
+
+    ordered_at_s: float | None = None
+    ready_before: int = 0
+    measured_s: tuple[float, ...] = ()
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "orderedAtS": self.ordered_at_s,
+            "readyBefore": self.ready_before,
+            "measuredS": list(self.measured_s),
+        }
+
+    @classmethod
+    def from_wire(cls, data: Mapping[str, Any]) -> ColdStarts:
+        ordered = data.get("orderedAtS")
+        return cls(
+            None if ordered is None else float(ordered),
+            int(data.get("readyBefore", 0)),
+            tuple(float(s) for s in data.get("measuredS", [])),
+        )
+
+
+@dataclass(frozen=True)
 class PolicyHistory:
     """Small and immutable: recent recommendations and demand, when each role last grew, what
     the policy learned about latency, and the last decision taken on fresh metrics."""
@@ -133,6 +159,7 @@ class PolicyHistory:
     last_decision: LastDecision | None = None
     mix: MixMemory | None = None
     outcomes: OutcomeTally | None = None
+    cold_starts: Mapping[Role, ColdStarts] = field(default_factory=dict)
 
     def to_wire(self) -> dict[str, Any]:
         """Plain JSON-able data (camelCase), for an annotation."""
@@ -184,6 +211,9 @@ class PolicyHistory:
             "outcomes": None
             if outcomes is None
             else {"atS": outcomes.at_s, "requests": outcomes.requests, "met": outcomes.met},
+            "coldStarts": {
+                role.value: starts.to_wire() for role, starts in sorted(self.cold_starts.items())
+            },
         }
 
     @classmethod
@@ -238,4 +268,8 @@ class PolicyHistory:
             else OutcomeTally(
                 float(outcomes["atS"]), float(outcomes["requests"]), float(outcomes["met"])
             ),
+            cold_starts={
+                Role(role): ColdStarts.from_wire(starts)
+                for role, starts in data.get("coldStarts", {}).items()
+            },
         )

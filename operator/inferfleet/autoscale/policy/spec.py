@@ -98,6 +98,12 @@ class PolicySpec:
     """Whether a pool may shrink after one rate window, not a whole stabilisation window, while
     the forecasts have held (`constraints.forecasts_held`)."""
     cold_start_s: float = 120.0
+    """The configured cold start; the policy plans with the measured one where they differ by
+    more than `cold_start_tolerance` (`policy.coldstart`)."""
+    cold_start_tolerance: float = 0.25
+    """How far, as a fraction of the configured cold start, a measured one may lie before it
+    replaces it: the loop sees a replica serving up to a tick and a scrape late (15 s each by
+    default, a quarter of the 120 s default)."""
     enabled: bool = True
     expected_load: Workload | None = None
     """The mix to assume before any request has completed."""
