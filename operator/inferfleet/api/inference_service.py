@@ -147,7 +147,9 @@ class AutoscalingSpec(WireModel):
         default=180,
         ge=0,
         le=86_400,
-        description="Expected time from a new replica to serving (image pull, weight load).",
+        description="Expected time from a new replica to serving (image pull, weight load). "
+        "The goodput policy measures each role's and plans with the slowest role's measured "
+        "one where they differ by more than a quarter.",
     )
 
 
