@@ -21,7 +21,13 @@ from inferfleet.autoscale.baselines import (
     role_capacity,
 )
 from inferfleet.autoscale.snapshot import MetricsSnapshot, RoleMetrics, ServiceMetrics
-from inferfleet.bench.autoscale import direction_changes, load_steps, parse_scenario
+from inferfleet.bench.autoscale import (
+    direction_changes,
+    load_steps,
+    parse_scenario,
+    slowest_cold_start_s,
+    with_cold_start,
+)
 from inferfleet.bench.references import Service, per_window_oracle, window_scores
 from inferfleet.planning.load import OperatingPoint, operating_point
 from inferfleet.sim.fleet import FleetConfig, FleetRun, ScaleDecision
@@ -208,6 +214,27 @@ def test_a_scenario_names_its_load_once() -> None:
         parse_scenario(body)
     assert math.isclose(parse_scenario(SCENARIO).rate, 1.0)
     assert Slo(1000, 50).attainment_target == 0.99
+
+
+def test_a_scenarios_replicas_may_start_slower_than_the_service_says() -> None:
+    body = SCENARIO.replace("coldStartS: 30", "coldStartS: 30, coldStartByRoleS: {prefill: 90}")
+    scenario = parse_scenario(body)
+    assert scenario.role_cold_start_s == {Role.PREFILL: 90.0}
+    assert slowest_cold_start_s(scenario) == 90.0
+    for bad, why in [
+        ("{router: 9}", "router"),
+        ("[90]", "must map roles"),
+        ("{decode: -1}", ">= 0"),
+    ]:
+        with pytest.raises(ValueError, match=why):
+            parse_scenario(SCENARIO.replace("coldStartS: 30", f"coldStartByRoleS: {bad}"))
+    every = with_cold_start(scenario, "300")
+    assert (every.cold_start_s, every.role_cold_start_s) == (300.0, {})
+    some = with_cold_start(scenario, "decode=45")
+    assert some.role_cold_start_s == {Role.PREFILL: 90.0, Role.DECODE: 45.0}
+    for bad in ("slow", "decode", "decode=45,", "inf"):
+        with pytest.raises(ValueError, match="--cold-start"):
+            with_cold_start(scenario, bad)
 
 
 def test_bench_autoscale_writes_the_table_the_json_and_the_plots(tmp_path: Path) -> None:

@@ -89,6 +89,10 @@ class Scenario:
     output_tokens: str = "200"
     seed: int = 0
     cold_start_s: float = 120.0
+    """How long the simulated fleet's replicas take to serve (the service's own
+    `coldStartSeconds` is what the policy is told)."""
+    role_cold_start_s: Mapping[Role, float] = field(default_factory=dict)
+    """Per role, where its replicas start faster or slower than `cold_start_s`."""
     scrape_interval_s: float = 15.0
     scrape_delay_s: float = 0.0
     metrics_window_s: float = 60.0
@@ -109,6 +113,7 @@ _SCENARIO_FIELDS = {
     "outputTokens": "output_tokens",
     "seed": "seed",
     "coldStartS": "cold_start_s",
+    "coldStartByRoleS": "role_cold_start_s",
     "scrapeIntervalS": "scrape_interval_s",
     "scrapeDelayS": "scrape_delay_s",
     "metricsWindowS": "metrics_window_s",
@@ -151,7 +156,44 @@ def parse_scenario(text: str, source: str = "<scenario>") -> Scenario:
     for key in ("input_tokens", "output_tokens"):
         if key in values:
             values[key] = str(values[key])
+    if "role_cold_start_s" in values:
+        values["role_cold_start_s"] = _role_seconds(values["role_cold_start_s"], source)
     return Scenario(deployment=deployment, service=service, **values)
+
+
+def _role_seconds(raw: object, source: str) -> dict[Role, float]:
+    if not isinstance(raw, Mapping):
+        raise ScenarioError(f"{source}: coldStartByRoleS must map roles to seconds")
+    try:
+        seconds = {Role(str(role)): float(value) for role, value in raw.items()}
+    except (ValueError, TypeError) as error:
+        raise ScenarioError(f"{source}: coldStartByRoleS: {error}") from None
+    if any(not 0 <= value < math.inf for value in seconds.values()):
+        raise ScenarioError(f"{source}: coldStartByRoleS: seconds must be finite and >= 0")
+    return seconds
+
+
+def with_cold_start(scenario: Scenario, text: str) -> Scenario:
+    """The scenario with its fleet's replicas starting as `text` says: `SECONDS` for every
+    role, or `ROLE=SECONDS[,ROLE=SECONDS]` for some (the others as the scenario says). What
+    the policy is told (the service's `coldStartSeconds`) is unchanged."""
+    try:
+        if "=" not in text:
+            every = float(text)
+            if not 0 <= every < math.inf:
+                raise ValueError(text)
+            return replace(scenario, cold_start_s=every, role_cold_start_s={})
+        pairs = dict(item.split("=", 1) for item in text.split(","))
+    except ValueError:
+        raise ScenarioError(
+            f"--cold-start: {text!r} is neither SECONDS nor ROLE=SECONDS[,ROLE=SECONDS]"
+        ) from None
+    roles = _role_seconds(pairs, "--cold-start")
+    return replace(scenario, role_cold_start_s={**scenario.role_cold_start_s, **roles})
+
+
+def slowest_cold_start_s(scenario: Scenario) -> float:
+    return max([scenario.cold_start_s, *scenario.role_cold_start_s.values()])
 
 
 def load_scenario(path: Path | str) -> Scenario:
@@ -239,6 +281,7 @@ def fleet_config(
         disaggregated=service.disaggregated,
         initial_replicas=dict(initial),
         cold_start_s=scenario.cold_start_s,
+        role_cold_start_s=dict(scenario.role_cold_start_s),
         prefix_caching=scenario.deployment.prefix_caching,
         scrape_interval_s=scenario.scrape_interval_s,
         scrape_delay_s=scenario.scrape_delay_s,
@@ -554,7 +597,7 @@ def run_scenario(
                 service,
                 clairvoyant=clairvoyant,
                 window_s=window_s,
-                cold_start_s=scenario.cold_start_s,
+                cold_start_s=slowest_cold_start_s(scenario),
                 mix=mix,
             )
             run = simulate(requests, replace(base, initial_replicas=initial), scaler)
@@ -597,6 +640,20 @@ def run_scenario(
 # Output.
 
 
+def _cold_starts(scenario: Scenario) -> str:
+    """The fleet's cold start in words, and what the policy is told where that differs."""
+    roles = scenario.role_cold_start_s
+    if roles:
+        words = ", ".join(f"{role.value} {seconds:g} s" for role, seconds in sorted(roles.items()))
+        words += f", else {scenario.cold_start_s:g} s"
+    else:
+        words = f"{scenario.cold_start_s:g} s"
+    told = scenario.service.autoscaling.cold_start_seconds
+    if roles or told != scenario.cold_start_s:
+        words += f" (the service's coldStartSeconds: {told:g} s)"
+    return words
+
+
 def _fmt(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
@@ -616,7 +673,7 @@ def markdown_table(result: ScenarioResult) -> str:
         "",
         f"Load: {load}, {result.requests} requests over {result.horizon_s:,.0f} s; SLO p95 TTFT "
         f"{_fmt(slo.ttft_p95_ms, 0)} ms, TPOT {_fmt(slo.tpot_p95_ms, 0)} ms, attainment target "
-        f"{slo.attainment_target:g}; cold start {scenario.cold_start_s:g} s; "
+        f"{slo.attainment_target:g}; cold start {_cold_starts(scenario)}; "
         f"{result.gpus_per_replica} GPU(s) per replica.",
         "",
         "| policy | attainment | meets target | goodput (req/s) | goodput / GPU-h | GPU-hours | "
@@ -675,6 +732,7 @@ def result_json(result: ScenarioResult) -> dict[str, Any]:
             "attainmentTarget": scenario.service.slo.attainment_target,
         },
         "coldStartS": scenario.cold_start_s,
+        "coldStartByRoleS": {r.value: t for r, t in sorted(scenario.role_cold_start_s.items())},
         "gpusPerReplica": result.gpus_per_replica,
         "oracleWindowS": scenario.oracle_window_s,
         "plannedPerWindow": per_window(result.oracle.planned),

@@ -284,7 +284,7 @@ def _search(
         return simulated_schedule(requests, config, schedule, window_s)
 
     def cost(schedule: Sequence[Mapping[Role, int]]) -> float:
-        return schedule_gpu_seconds(schedule, window_s, config.cold_start_s, gpus, horizon)
+        return schedule_gpu_seconds(schedule, window_s, config.slowest_cold_start_s, gpus, horizon)
 
     # The oracle meets every window but for what no count absorbs; raise those first.
     while misses(run) > allowed and simulations < budget:

@@ -312,7 +312,7 @@ def simulated_schedule(
     """The run of a per-window schedule, its first window's fleet warm at time 0; without
     `foresight`, each window's fleet is asked for as the window starts."""
     scaler = ClairvoyantScaler(
-        needs, window_s, config.cold_start_s, lead_s=None if foresight else 0.0
+        needs, window_s, config.slowest_cold_start_s, lead_s=None if foresight else 0.0
     )
     first = scaler.desired(0.0, None, {})
     return simulate(requests, replace(config, initial_replicas=dict(first)), scaler)

@@ -105,6 +105,13 @@ def bench_autoscale(
         "benchmarks/autoscale/results"
     ),
     plots: Annotated[bool, typer.Option(help="Write PNG plots (needs matplotlib).")] = True,
+    cold_start: Annotated[
+        str | None,
+        typer.Option(
+            help="How long the simulated replicas take to serve: SECONDS, or ROLE=SECONDS[,...] "
+            "for some roles; the service's coldStartSeconds (what the policy is told) is kept."
+        ),
+    ] = None,
 ) -> None:
     """Compare scaling policies on a scenario in the fleet simulator: attainment, goodput per
     GPU-hour, GPU-hours against a clairvoyant schedule and a fluid lower bound, reaction time,
@@ -116,6 +123,8 @@ def bench_autoscale(
         if trace is not None:
             scenario = dataclasses.replace(scenario, trace=trace.name, pattern=None)
             traces_dir = trace.parent
+        if cold_start is not None:
+            scenario = bench_autoscale_lib.with_cold_start(scenario, cold_start)
         result = bench_autoscale_lib.run_scenario(
             scenario,
             traces_dir,

@@ -12,7 +12,7 @@ What is modelled:
   would save counts against its load (a KV-aware cost, as Dynamo's KV router scores replicas).
   Disaggregated: prefill pool first; when a prompt's KV is ready it goes to the decode replica
   with the fewest outstanding tokens, which pulls it over the link (timed by the core);
-* scaling: a replica asked for holds its GPUs at once and serves after `cold_start_s`. One
+* scaling: a replica asked for holds its GPUs at once and serves after its role's cold start. One
   taken away is a replica still starting (cancelled at once), else the serving replica with
   the least outstanding work, which drains: it takes no new requests, finishes what it holds,
   then gives its GPUs back. GPUs are counted per second held;
@@ -81,6 +81,9 @@ class FleetConfig:
     initial_replicas: Mapping[Role, int] = field(default_factory=dict)
     """Replicas serving at time 0 (warm); 1 per role where not given."""
     cold_start_s: float = DEFAULT_COLD_START_S
+    role_cold_start_s: Mapping[Role, float] = field(default_factory=dict)
+    """Per role, where its replicas start faster or slower than `cold_start_s` (their weights
+    come from elsewhere, they wait for other GPUs)."""
     prefix_caching: bool = True
     kv_capacity_blocks: int | None = None
     """Overrides the memory plan's KV cache per replica (to study memory pressure)."""
@@ -110,6 +113,13 @@ class FleetConfig:
         if window is None:
             window = 2 * self.scrape_interval_s
         return min(window, self.metrics_window_s)
+
+    def cold_start(self, role: Role) -> float:
+        return self.role_cold_start_s.get(role, self.cold_start_s)
+
+    @property
+    def slowest_cold_start_s(self) -> float:
+        return max(self.cold_start(role) for role in self.roles)
 
     @property
     def entry_role(self) -> Role:
@@ -386,7 +396,7 @@ class FleetSimulator:
         if warm:
             self._make_ready(replica, now)
         else:
-            self._push(now + config.cold_start_s, _READY, replica)
+            self._push(now + config.cold_start(role), _READY, replica)
         return replica
 
     def _make_ready(self, replica: _Replica, now: float) -> None:
