@@ -1611,6 +1611,22 @@ def test_a_scale_up_cancelled_or_ordered_while_replicas_start_measures_nothing()
     grown = {Role.AGGREGATED: count + 2}
     tracked = track_cold_starts(PolicyHistory(), snapshot(HIGH, starting), AGG_HIGH, grown)
     assert tracked[Role.AGGREGATED] == ColdStarts()
+    # Nor while replicas taken away still drain (and are still counted).
+    draining = {Role.AGGREGATED: count + 1}
+    tracked = track_cold_starts(PolicyHistory(), snapshot(HIGH, draining), AGG_HIGH, grown)
+    assert tracked[Role.AGGREGATED] == ColdStarts()
+    # A replica lost while the scale-up starts: the first new one to serve ends the timing.
+    history = replace(
+        _ticked(PolicyHistory(), NOW - TICK_S, grown),
+        cold_starts={Role.AGGREGATED: ColdStarts(NOW - 100, count)},
+    )
+    lost = {Role.AGGREGATED: count - 1}
+    tracked = track_cold_starts(history, snapshot(HIGH, lost), grown, grown)
+    assert tracked[Role.AGGREGATED] == ColdStarts(NOW - 100, count - 1)
+    history = replace(_ticked(history, NOW, grown), cold_starts=tracked)
+    back = snapshot(HIGH, AGG_HIGH, at_s=NOW + TICK_S)
+    tracked = track_cold_starts(history, back, grown, grown)
+    assert tracked[Role.AGGREGATED] == ColdStarts(measured_s=(100 + TICK_S / 2,))
 
 
 @pytest.mark.parametrize(

@@ -5,14 +5,14 @@ serve depends on where its weights come from, the model's size, the node it land
 long it waits for GPUs, and differs between pools. The policy forecasts demand that far ahead,
 so a short guess orders capacity late and a long one holds it early.
 
-Measured: a scale-up ordered while every replica of the role was serving is timed from the
-tick that ordered it to the tick that first sees one more replica serving, less half the time
-between that tick and the one before (the replica came up somewhere between them). The loop
-sees a replica a tick and a scrape after it serves, so a measurement is trusted to within
-`PolicySpec.cold_start_tolerance` of the configured value: inside it, the configured value
-holds; beyond it, the slowest role's recent measurements replace it (each role's newest
-`MEASURED_KEPT`, their maximum: the forecast has to cover the slowest replica that may be
-ordered). A scale-up cancelled before it served measures nothing."""
+Measured: a scale-up ordered while the role served exactly the replicas it was asked for (none
+starting, none draining) is timed from the tick that ordered it to the tick that first sees one
+more replica serving, less half the time between that tick and the one before (the replica came
+up somewhere between them). The loop sees a replica a tick and a scrape after it serves, so a
+measurement is trusted to within `PolicySpec.cold_start_tolerance` of the configured value:
+inside it, the configured value holds; beyond it, the slowest role's recent measurements
+replace it (each role's newest `MEASURED_KEPT`, their maximum: the forecast has to cover the
+slowest replica that may be ordered). A scale-up cancelled before it served measures nothing."""
 
 from __future__ import annotations
 
@@ -67,6 +67,9 @@ def track_cold_starts(
         metrics = snapshot.roles.get(role)
         ready = metrics.ready_replicas if metrics is not None else 0
         if starts.ordered_at_s is not None:
+            # A replica lost meanwhile: the first new one serving brings the count back above
+            # what is left.
+            starts = replace(starts, ready_before=min(starts.ready_before, ready))
             if ready > starts.ready_before:
                 since = now - starts.ordered_at_s
                 came_up_within = 0.0 if previous_tick is None else max(0.0, now - previous_tick)
@@ -74,11 +77,9 @@ def track_cold_starts(
                 starts = ColdStarts(measured_s=(*starts.measured_s, measured)[-MEASURED_KEPT:])
             elif wanted <= starts.ready_before:
                 starts = ColdStarts(measured_s=starts.measured_s)  # cancelled
-        if (
-            starts.ordered_at_s is None
-            and wanted > current.get(role, 0)
-            and ready >= current.get(role, 0)
-        ):
+        # Timed only when the role serves exactly what it is asked for: with replicas still
+        # starting, or draining ones still counted, the next to serve says nothing of this one.
+        if starts.ordered_at_s is None and wanted > current.get(role, 0) == ready:
             starts = replace(starts, ordered_at_s=now, ready_before=ready)
         tracked[role] = starts
     return tracked
