@@ -66,12 +66,13 @@ def track_cold_starts(
         starts = tracked.get(role, ColdStarts())
         metrics = snapshot.roles.get(role)
         ready = metrics.ready_replicas if metrics is not None else 0
-        if starts.ordered_at_s is not None:
+        ordered_at_s = starts.ordered_at_s
+        if ordered_at_s is not None:
             # A replica lost meanwhile: the first new one serving brings the count back above
             # what is left.
             starts = replace(starts, ready_before=min(starts.ready_before, ready))
             if ready > starts.ready_before:
-                since = now - starts.ordered_at_s
+                since = now - ordered_at_s
                 came_up_within = 0.0 if previous_tick is None else max(0.0, now - previous_tick)
                 measured = max(0.0, since - came_up_within / 2)
                 starts = ColdStarts(measured_s=(*starts.measured_s, measured)[-MEASURED_KEPT:])
