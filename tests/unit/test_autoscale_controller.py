@@ -464,3 +464,36 @@ def test_a_shared_deployment_is_sized_for_every_service_s_traffic() -> None:
     )  # fmt: skip
     [held], [grown] = alone.deployments, shared.deployments
     assert grown.decision.replicas[Role.AGGREGATED] > held.decision.replicas[Role.AGGREGATED]
+
+
+def test_the_cold_starts_measured_and_planned_with_are_in_status() -> None:
+    md = model_deployment()
+    first = tick(
+        inference_service(), {"llama": md}, Scripted(busy(60.0, attainment=0.7)),
+        settings=SETTINGS, now=NOW,
+    )  # fmt: skip
+    [decided] = first.deployments
+    grown = decided.decision.replicas[Role.AGGREGATED]
+    assert grown > 2
+    # Ordered while both replicas served: awaited, nothing measured yet; planned as configured.
+    assert first.status["coldStarts"] == [
+        {"deployment": "llama", "role": "aggregated", "measuredSeconds": [], "plannedSeconds": 180}
+    ]
+    # The next tick, 200 s later, sees one more serving: it came up within those 200 s, so
+    # half of them are taken off, and 100 s, far from the 180 s configured, is planned with.
+    recorded = {
+        "autoscaling": {
+            "service": "chat",
+            "replicas": [{"role": "aggregated", "replicas": grown}],
+            "reason": decided.decision.reason.value,
+            "time": NOW.isoformat(),
+        }
+    }
+    later = tick(
+        inference_service(first.status), {"llama": model_deployment(recorded)},
+        Scripted(busy(60.0, ready_replicas=3.0)),
+        settings=SETTINGS, now=NOW + timedelta(seconds=200),
+    )  # fmt: skip
+    [cold_starts] = later.status["coldStarts"]
+    assert cold_starts["measuredSeconds"] == [100.0]
+    assert cold_starts["plannedSeconds"] == 100.0

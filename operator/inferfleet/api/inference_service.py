@@ -302,6 +302,23 @@ class RoleReplicas(StatusModel):
     replicas: int = Field(ge=0, description="Replicas.")
 
 
+class RoleColdStart(StatusModel):
+    deployment: str = Field(description="The ModelDeployment.")
+    role: Role = Field(description="aggregated, prefill or decode.")
+    measured_seconds: list[float] = Field(
+        default_factory=list,
+        max_length=16,
+        description="The cold starts the autoscaler measured, newest last: from the tick that "
+        "ordered a scale-up to the tick that saw one more replica serving, less half a tick.",
+    )
+    planned_seconds: float = Field(
+        ge=0,
+        description="The cold start the autoscaler plans this deployment with: the slowest "
+        "role's measured where it differs from coldStartSeconds by more than a quarter, else "
+        "coldStartSeconds.",
+    )
+
+
 class ScalingDecision(StatusModel):
     time: datetime = Field(description="When the decision was taken.")
     replicas: list[RoleReplicas] = Field(description="Replicas per deployment and role it chose.")
@@ -323,6 +340,11 @@ class InferenceServiceStatus(StatusModel):
         default=None, description="Live performance against the SLO."
     )
     replicas: list[RoleReplicas] = Field(default_factory=list, description="Replicas per role.")
+    cold_starts: list[RoleColdStart] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Per deployment and role, the cold starts measured and the one planned with.",
+    )
     last_decision: ScalingDecision | None = Field(
         default=None, description="The last scaling decision and its reason."
     )

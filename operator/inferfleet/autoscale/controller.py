@@ -471,6 +471,17 @@ def _tick_status(
         for d in decisions
         for role, n in sorted(d.decision.replicas.items())
     ]
+    status["coldStarts"] = [
+        {
+            "deployment": d.name,
+            "role": role.value,
+            "measuredSeconds": list(starts.measured_s),
+            "plannedSeconds": d.decision.cold_start_s,
+        }
+        for d in decisions
+        if d.decision.cold_start_s is not None
+        for role, starts in sorted(d.decision.history.cold_starts.items())
+    ]
     if reading.first_snapshot is not None:
         observed = observe(reading.first_snapshot.service, usage, reading.tenants)
         status["observed"] = observed.to_wire()

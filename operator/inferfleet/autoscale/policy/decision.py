@@ -58,6 +58,9 @@ class Decision:
     history: PolicyHistory
     """What the caller stores and passes to the next tick."""
     estimates: Mapping[Role, RoleEstimate] = field(default_factory=dict)
+    cold_start_s: float | None = None
+    """The cold start the policy plans with from now on, this tick's measurement included
+    (`coldstart`); None: autoscaling disabled."""
     unquoted: Mapping[Role, int] | None = None
     """The replicas it would choose were there no namespace quota (None: `replicas`): what
     it claims of the quota (`autoscale.quota`)."""
@@ -109,8 +112,9 @@ def decide(
         return Decision(
             replicas, Reason.DISABLED, "autoscaling policy is none: replicas as declared", history
         )
+    planned = planned_cold_start(spec, history)
     if snapshot is None:
-        return _hold(
+        held = _hold(
             spec,
             current=current,
             history=history,
@@ -118,10 +122,11 @@ def decide(
             reason=Reason.NO_METRICS,
             why="no metrics",
         )
+        return replace(held, cold_start_s=planned.seconds)
     since_taken_s = 0.0 if now_s is None else max(0.0, now_s - snapshot.taken_at_s)
     age_s = snapshot.newest_sample_age_s + since_taken_s
     if age_s > spec.stale_after_s:
-        return _hold(
+        held = _hold(
             spec,
             current=current,
             history=history,
@@ -129,7 +134,7 @@ def decide(
             reason=Reason.STALE_METRICS,
             why=f"newest metrics {age_s:.0f} s old (limit {spec.stale_after_s:.0f} s)",
         )
-    planned = planned_cold_start(spec, history)
+        return replace(held, cold_start_s=planned.seconds)
     decision = _decide_fresh(
         replace(spec, cold_start_s=planned.seconds), snapshot, current, history, pins
     )
@@ -141,8 +146,12 @@ def decide(
         )
     counts = {r: max(0, current.get(r, 0)) for r in spec.role_names}
     cold_starts = track_cold_starts(history, snapshot, counts, decision.replicas)
+    new_history = replace(decision.history, cold_starts=cold_starts)
     return replace(
-        decision, message=message, history=replace(decision.history, cold_starts=cold_starts)
+        decision,
+        message=message,
+        history=new_history,
+        cold_start_s=planned_cold_start(spec, new_history).seconds,
     )
 
 
