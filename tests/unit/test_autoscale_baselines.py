@@ -25,7 +25,6 @@ from inferfleet.bench.autoscale import (
     direction_changes,
     load_steps,
     parse_scenario,
-    slowest_cold_start_s,
     with_cold_start,
 )
 from inferfleet.bench.references import Service, per_window_oracle, window_scores
@@ -217,24 +216,25 @@ def test_a_scenario_names_its_load_once() -> None:
 
 
 def test_a_scenarios_replicas_may_start_slower_than_the_service_says() -> None:
-    body = SCENARIO.replace("coldStartS: 30", "coldStartS: 30, coldStartByRoleS: {prefill: 90}")
+    body = SCENARIO.replace("coldStartS: 30", "coldStartS: 30, coldStartByRoleS: {aggregated: 90}")
     scenario = parse_scenario(body)
-    assert scenario.role_cold_start_s == {Role.PREFILL: 90.0}
-    assert slowest_cold_start_s(scenario) == 90.0
+    assert scenario.role_cold_start_s == {Role.AGGREGATED: 90.0}
     for bad, why in [
         ("{router: 9}", "router"),
         ("[90]", "must map roles"),
-        ("{decode: -1}", ">= 0"),
+        ("{aggregated: -1}", ">= 0"),
+        ("{prefill: 9}", "not a role of the deployment"),
     ]:
         with pytest.raises(ValueError, match=why):
             parse_scenario(SCENARIO.replace("coldStartS: 30", f"coldStartByRoleS: {bad}"))
     every = with_cold_start(scenario, "300")
     assert (every.cold_start_s, every.role_cold_start_s) == (300.0, {})
-    some = with_cold_start(scenario, "decode=45")
-    assert some.role_cold_start_s == {Role.PREFILL: 90.0, Role.DECODE: 45.0}
-    for bad in ("slow", "decode", "decode=45,", "inf"):
+    assert with_cold_start(every, "aggregated=45").role_cold_start_s == {Role.AGGREGATED: 45.0}
+    for bad in ("slow", "aggregated", "aggregated=45,", "inf"):
         with pytest.raises(ValueError, match="--cold-start"):
             with_cold_start(scenario, bad)
+    with pytest.raises(ValueError, match="decode: not a role"):
+        with_cold_start(scenario, "decode=45")
 
 
 def test_bench_autoscale_writes_the_table_the_json_and_the_plots(tmp_path: Path) -> None:

@@ -52,6 +52,7 @@ from inferfleet.bench.references import (
     window_scores,
 )
 from inferfleet.bench.report import percentile
+from inferfleet.engines import roles_of
 from inferfleet.planning.replica import ReplicaConfig
 from inferfleet.sim.fleet import FleetConfig, FleetRun, Scaler, simulate
 from inferfleet.sim.workload import TraceRequest
@@ -99,6 +100,15 @@ class Scenario:
     oracle_window_s: float = DEFAULT_ORACLE_WINDOW_S
     pattern_options: Mapping[str, Any] = field(default_factory=dict)
     """Further options of `traces.synthetic` (rate_after, burst_rate, switch_s...)."""
+
+    def __post_init__(self) -> None:
+        roles = roles_of(self.deployment)
+        stray = sorted(role.value for role in self.role_cold_start_s if role not in roles)
+        if stray:
+            raise ScenarioError(
+                f"cold start given for {', '.join(stray)}: not a role of the deployment "
+                f"({', '.join(role.value for role in roles)})"
+            )
 
 
 _SCENARIO_FIELDS = {
@@ -190,10 +200,6 @@ def with_cold_start(scenario: Scenario, text: str) -> Scenario:
         ) from None
     roles = _role_seconds(pairs, "--cold-start")
     return replace(scenario, role_cold_start_s={**scenario.role_cold_start_s, **roles})
-
-
-def slowest_cold_start_s(scenario: Scenario) -> float:
-    return max([scenario.cold_start_s, *scenario.role_cold_start_s.values()])
 
 
 def load_scenario(path: Path | str) -> Scenario:
@@ -597,7 +603,7 @@ def run_scenario(
                 service,
                 clairvoyant=clairvoyant,
                 window_s=window_s,
-                cold_start_s=slowest_cold_start_s(scenario),
+                cold_start_s=base.slowest_cold_start_s,
                 mix=mix,
             )
             run = simulate(requests, replace(base, initial_replicas=initial), scaler)
