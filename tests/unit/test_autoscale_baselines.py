@@ -21,13 +21,9 @@ from inferfleet.autoscale.baselines import (
     role_capacity,
 )
 from inferfleet.autoscale.snapshot import MetricsSnapshot, RoleMetrics, ServiceMetrics
-from inferfleet.bench.autoscale import (
-    direction_changes,
-    load_steps,
-    parse_scenario,
-    with_cold_start,
-)
+from inferfleet.bench.autoscale import direction_changes, load_steps
 from inferfleet.bench.references import Service, per_window_oracle, window_scores
+from inferfleet.bench.scenario import parse_scenario, with_cold_start
 from inferfleet.planning.load import OperatingPoint, operating_point
 from inferfleet.sim.fleet import FleetConfig, FleetRun, ScaleDecision
 from inferfleet.slo import Slo
@@ -178,7 +174,7 @@ SCENARIO = tiny_scenario()
 
 
 def test_the_oracle_meets_the_slo_in_every_window_with_few_replicas() -> None:
-    from inferfleet.bench.autoscale import scenario_requests, service_of  # noqa: PLC0415
+    from inferfleet.bench.scenario import scenario_requests, service_of  # noqa: PLC0415
 
     scenario = parse_scenario(SCENARIO)
     requests = scenario_requests(scenario, ".")

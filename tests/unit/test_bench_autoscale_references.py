@@ -9,14 +9,7 @@ from dataclasses import replace
 import pytest
 
 from inferfleet.api.model_deployment import Role
-from inferfleet.bench.autoscale import (
-    fleet_config,
-    horizon_s,
-    parse_scenario,
-    policy_names,
-    scenario_requests,
-    service_of,
-)
+from inferfleet.bench.autoscale import policy_names
 from inferfleet.bench.clairvoyant import (
     LATE_HEADROOM_MAX,
     LATE_HEADROOM_PRECISION,
@@ -36,6 +29,13 @@ from inferfleet.bench.references import (
     simulated_schedule,
     static_best,
     static_counts,
+)
+from inferfleet.bench.scenario import (
+    fleet_config,
+    horizon_s,
+    parse_scenario,
+    scenario_requests,
+    service_of,
 )
 from inferfleet.planning.memory import kv_bytes_per_token, plan_memory, weight_bytes_per_gpu
 from inferfleet.planning.performance import DEFAULT_EFFICIENCY

@@ -14,8 +14,9 @@ import pytest
 from inferfleet.api.model_deployment import Role
 from inferfleet.autoscale.snapshot import MetricsSnapshot
 from inferfleet.bench import traces
-from inferfleet.bench.autoscale import GoodputScaler, load_scenario, service_of
+from inferfleet.bench.autoscale import GoodputScaler
 from inferfleet.bench.references import planner_needs, windows_of
+from inferfleet.bench.scenario import load_scenario, service_of
 from inferfleet.sim.fleet import (
     FleetConfig,
     FleetRun,

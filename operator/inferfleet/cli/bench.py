@@ -117,14 +117,15 @@ def bench_autoscale(
     GPU-hour, GPU-hours against a clairvoyant schedule and a fluid lower bound, reaction time,
     oscillation."""
     from inferfleet.bench import autoscale as bench_autoscale_lib
+    from inferfleet.bench import scenario as bench_scenario
 
     try:
-        scenario = bench_autoscale_lib.load_scenario(spec)
+        scenario = bench_scenario.load_scenario(spec)
         if trace is not None:
             scenario = dataclasses.replace(scenario, trace=trace.name, pattern=None)
             traces_dir = trace.parent
         if cold_start is not None:
-            scenario = bench_autoscale_lib.with_cold_start(scenario, cold_start)
+            scenario = bench_scenario.with_cold_start(scenario, cold_start)
         result = bench_autoscale_lib.run_scenario(
             scenario,
             traces_dir,
