@@ -22,6 +22,7 @@ import httpx
 import pytest
 import yaml
 
+from inferfleet.autoscale.policy import Reason
 from inferfleet.bench import loadgen, traces
 from inferfleet.bench.report import RequestResult
 from inferfleet.devcluster.binaries import ensure_binaries
@@ -245,7 +246,8 @@ def test_a_load_step_scales_the_pool_and_attainment_recovers(fleet: Fleet) -> No
     results, timeline = replay(fleet, namespace, name, f"http://{router}:{PORT}", requests)
     attainment = windows(results, origin_s=step_at)
     print(f"\nreplicas: {timeline.describe()}")
-    print("decisions:\n" + "\n".join(_decisions(fleet, namespace, name)))
+    decisions = _decisions(fleet, namespace, name)
+    print("decisions:\n" + "\n".join(decisions))
     print(
         "attainment per window: " + ", ".join(f"{t:.0f}s {a:.2f} (n={n})" for t, a, n in attainment)
     )
@@ -287,26 +289,49 @@ def test_a_load_step_scales_the_pool_and_attainment_recovers(fleet: Fleet) -> No
         f"(windows of {WINDOW_S:.0f}s); peak {peak} replicas"
     )
     service = fleet.get("infsvc", name, namespace)
-    # The last change went up: a scale-up, a rebalance, or one that reached maxReplicas (after a
-    # step, the policy holds headroom for the growth it has just seen).
-    assert service["status"]["lastDecision"]["reason"].startswith(
-        ("ScaleUp", "Rebalance", "LimitedByMaxReplicas")
-    )
+    # The step's scale-up is said with its reason. A later change may go either way: a replica
+    # a lesson added on a miss is released once the load that missed is gone, and the windows
+    # after it were judged above.
+    assert any(line.split(" ", 1)[1].startswith("ScaleUp") for line in decisions), decisions
+    assert service["status"]["lastDecision"]["reason"] in {reason.value for reason in Reason}
     assert service["status"]["observed"]["attainment"] is not None
     assert any(
         c["type"] == "MetricsAvailable" and c["status"] == "True"
         for c in service["status"]["conditions"]
     )
-    # The loop timed its scale-up, from the tick that ordered it to the tick that saw one more
-    # replica serve, and says what it measured in status: a sim engine serves within seconds
-    # of its pod's creation, seen a scrape and a tick later at most.
+    # The loop timed its scale-ups, from the tick that ordered one to the tick that saw one
+    # more replica serve, and says what it measured in status. Against what the API server
+    # saw of the pods it added (created -> Ready, to the second): the order comes before the
+    # pods are created (the operator applies it) and the loop sees a replica serve up to a
+    # scrape and a tick after it does, less the half tick it takes off.
     [cold_starts] = service["status"]["coldStarts"]
     measured = cold_starts["measuredSeconds"]
-    print(f"cold starts: {cold_starts} (configured {COLD_START_S} s)")
+    started = _added_pods_cold_starts(fleet, namespace, name)
+    print(f"cold starts: {cold_starts} (configured {COLD_START_S} s); pods: {started}")
     assert (cold_starts["deployment"], cold_starts["role"]) == (name, "aggregated")
     assert measured, cold_starts
-    assert all(0 < m <= COLD_START_S + SCRAPE_INTERVAL_S + TICK_S for m in measured), measured
+    assert started, fleet.diagnostics()
+    low, high = min(started) - TICK_S - 1.0, max(started) + SCRAPE_INTERVAL_S + 2 * TICK_S + 1.0
+    assert all(low <= m <= high for m in measured), (measured, started)
     assert cold_starts["plannedSeconds"] in (COLD_START_S, max(measured)), cold_starts
+
+
+def _added_pods_cold_starts(fleet: Fleet, namespace: str, deployment: str) -> list[float]:
+    """Seconds from creation to Ready of the deployment's engine pods, the first one left out
+    (it served before the load), as the API server records them."""
+    pods = fleet.kubectl.json(
+        "get", "pods", "-n", namespace, "-l", f"inferfleet.io/model-deployment={deployment}"
+    )["items"]  # fmt: skip
+    pods.sort(key=lambda pod: pod["metadata"]["creationTimestamp"])
+    seconds = []
+    for pod in pods[1:]:
+        ready = next((c for c in pod["status"].get("conditions", []) if c["type"] == "Ready"), None)
+        if ready is not None and ready["status"] == "True":
+            created = datetime.fromisoformat(pod["metadata"]["creationTimestamp"])
+            seconds.append(
+                (datetime.fromisoformat(ready["lastTransitionTime"]) - created).total_seconds()
+            )
+    return seconds
 
 
 class Background:
