@@ -25,7 +25,8 @@ from inferfleet.bench.autoscale import direction_changes, load_steps
 from inferfleet.bench.references import Service, per_window_oracle, window_scores
 from inferfleet.bench.scenario import parse_scenario, with_cold_start
 from inferfleet.planning.load import OperatingPoint, operating_point
-from inferfleet.sim.fleet import FleetConfig, FleetRun, ScaleDecision
+from inferfleet.sim.fleet import FleetConfig
+from inferfleet.sim.run import FleetRun, ScaleDecision
 from inferfleet.slo import Slo
 from tests.unit.bench_fixtures import tiny_scenario
 from tests.unit.planning_fixtures import replica

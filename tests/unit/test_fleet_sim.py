@@ -17,13 +17,9 @@ from inferfleet.bench import traces
 from inferfleet.bench.autoscale import GoodputScaler
 from inferfleet.bench.references import planner_needs, windows_of
 from inferfleet.bench.scenario import load_scenario, service_of
-from inferfleet.sim.fleet import (
-    FleetConfig,
-    FleetRun,
-    RequestRecord,
-    simulate,
-)
+from inferfleet.sim.fleet import FleetConfig, simulate
 from inferfleet.sim.rates import histogram_quantile
+from inferfleet.sim.run import FleetRun, RequestRecord
 from inferfleet.sim.scheduler import EngineCore, EngineRequest
 from inferfleet.sim.workload import TraceRequest
 from inferfleet.slo import TTFT_BUCKETS_S, Outcome, Slo

@@ -52,7 +52,8 @@ from inferfleet.bench.scenario import (
     scenario_requests,
     service_of,
 )
-from inferfleet.sim.fleet import FleetRun, Scaler, simulate
+from inferfleet.sim.fleet import Scaler, simulate
+from inferfleet.sim.run import FleetRun
 from inferfleet.slo import Outcome, Slo
 
 BASELINES = ("static-best", "static-peak", "static-mean", "hpa", "keda", "planner")

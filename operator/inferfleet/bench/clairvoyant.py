@@ -29,7 +29,8 @@ from inferfleet.bench.references import (
     simulated_schedule,
     window_scores,
 )
-from inferfleet.sim.fleet import FleetConfig, FleetRun
+from inferfleet.sim.fleet import FleetConfig
+from inferfleet.sim.run import FleetRun
 from inferfleet.sim.workload import TraceRequest
 
 MISS_BUDGET_MARGIN = 0.1

@@ -28,7 +28,8 @@ from inferfleet.planning import capacity
 from inferfleet.planning.memory import plan_memory
 from inferfleet.planning.performance import StepLoad, step_time
 from inferfleet.planning.replica import ReplicaConfig
-from inferfleet.sim.fleet import FleetConfig, FleetRun, simulate
+from inferfleet.sim.fleet import FleetConfig, simulate
+from inferfleet.sim.run import FleetRun
 from inferfleet.sim.workload import TraceRequest
 from inferfleet.slo import Outcome, Slo
 
