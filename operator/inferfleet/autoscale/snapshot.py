@@ -189,6 +189,10 @@ class ServiceMetrics:
     happens, where the rate window `$w` still averages it with the load before it:
     `sum(rate(inferfleet_router_arrivals_total{service="$S"}[$r]))`; None from a router
     without the counter."""
+    waiting_for_replicas: float = 0.0
+    """Requests the router holds because a pool they need has no replica (a service scaled
+    to zero, while it wakes), as the router last pushed the count to the operator: not read
+    from Prometheus, so that a wake does not wait for a scrape."""
 
     def __post_init__(self) -> None:
         _check_non_negative(
@@ -206,6 +210,7 @@ class ServiceMetrics:
             arrivals_per_s=self.arrivals_per_s,
             mean_arrival_prompt_tokens=self.mean_arrival_prompt_tokens,
             recent_arrivals_per_s=self.recent_arrivals_per_s,
+            waiting_for_replicas=self.waiting_for_replicas,
         )
         if self.attainment is not None and self.attainment > 1:
             raise ValueError(f"attainment is a fraction, 0..1 (got {self.attainment})")

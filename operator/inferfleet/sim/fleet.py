@@ -34,7 +34,7 @@ import heapq
 import math
 from collections import OrderedDict, deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Protocol
 
@@ -98,6 +98,10 @@ class FleetConfig:
     recent_window_s: float | None = None
     """The short window of the recent arrival rate; default: two scrape intervals (the
     shortest a rate can be read over), within `metrics_window_s`."""
+    wake_timeout_s: float | None = None
+    """How long the router holds a request that arrived while no replica of its first pool
+    served (a service scaled to zero, waking) before it answers 503: it fails. None: no
+    limit."""
     horizon_s: float | None = None
     """GPUs are counted over [0, horizon_s]; default: until the last arrival."""
     drain_limit_s: float = 1800.0
@@ -176,6 +180,9 @@ _STEP_END = 1
 _WAKE = 2
 _SCRAPE = 3
 _TICK = 4
+_PUSHED_TICK = 5
+PUSH_INTERVAL_S = 1.0
+"""The router pushes the requests it holds for want of a replica at most this often."""
 
 
 @dataclass(slots=True)
@@ -240,6 +247,7 @@ class FleetSimulator:
         self._decisions: list[ScaleDecision] = []
         self._samples: list[_Sample] = []
         self._snapshots = 0
+        self._pushed_at_s = -math.inf
         self._open = 0
         """Requests arrived and not yet ended."""
         # Counters of replicas already released, so sums over the role stay monotonic.
@@ -298,8 +306,14 @@ class FleetSimulator:
         replica.state = ReplicaState.SERVING
         replica.ready_s = now
         pending = self._pending[replica.role]
+        timeout = self.config.wake_timeout_s
         while pending:
-            self._dispatch(pending.popleft(), replica.role, now)
+            index = pending.popleft()
+            record = self._records[index]
+            if timeout is not None and now - record.arrival_s > timeout:
+                self._end(record, record.arrival_s + timeout, failed=True)
+                continue
+            self._dispatch(index, replica.role, now)
 
     def _release(self, replica: _Replica, now: float) -> None:
         replica.state = ReplicaState.RELEASED
@@ -317,7 +331,7 @@ class FleetSimulator:
         ]
 
     def _scale(self, role: Role, wanted: int, now: float) -> None:
-        wanted = max(1, wanted)
+        wanted = max(0, wanted)
         asked = self._asked_for(role)
         if wanted == len(asked):
             return
@@ -385,6 +399,7 @@ class FleetSimulator:
         replica = self._route(role, index)
         if replica is None:
             self._pending[role].append(index)
+            self._push_held(now)
             return
         record = self._records[index]
         request = self._requests[index]
@@ -600,10 +615,25 @@ class FleetSimulator:
             taken_at_s=now,
             window_s=window,
             newest_sample_age_s=max(0.0, now - newest.time_s),
-            service=service,
+            service=replace(service, waiting_for_replicas=float(self._held())),
             roles=roles,
             recent_window_s=recent_window,
         )
+
+    def _held(self) -> int:
+        """Requests waiting for a replica of a pool that has none: what the router pushes."""
+        return sum(len(pending) for pending in self._pending.values())
+
+    def _push_held(self, now: float) -> None:
+        """A request waits for a pool with no replica asked for: the router pushes its count,
+        and the scaler ticks at once (at most every `PUSH_INTERVAL_S`), not at its next
+        interval."""
+        if self.scaler is None or now - self._pushed_at_s < PUSH_INTERVAL_S:
+            return
+        if all(self._asked_for(role) for role in self.config.roles):
+            return
+        self._pushed_at_s = now
+        self._push(now, _PUSHED_TICK)
 
     def _tick(self, now: float) -> None:
         scaler = self.scaler
@@ -650,6 +680,8 @@ class FleetSimulator:
                 elif kind == _TICK and self.scaler is not None:
                     self._tick(now)
                     self._push(now + self.scaler.interval_s, _TICK)
+                elif kind == _PUSHED_TICK:
+                    self._tick(now)
             elif arrival_s is not None:
                 now = arrival_s
                 self._arrive(next_arrival, now)

@@ -41,7 +41,10 @@ One tick, in order:
    need. Calibration and tightening together
    never ask for more than `max_calibrated_growth` times the planner's own count.
 5. Constraints, in one place: bounds, pins (the pinned count wins), GPU budget (given first to
-   roles whose SLO is missed), never below one replica.
+   roles whose SLO is missed), never below one replica while the service serves.
+6. Scale to zero, on purpose only (`idle`): where every pool allows zero replicas, all go to
+   zero after `idle_before_zero_s` without a request, and all come back at once when the
+   router shows one.
 
 Stale or missing metrics hold the last decision.
 """

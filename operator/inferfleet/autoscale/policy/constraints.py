@@ -1,5 +1,5 @@
 """Step 4 and 5 of a tick: scale-down stabilisation, and every constraint in one place
-(bounds, pins, the GPU budget and quota, at least one replica)."""
+(bounds, pins, the GPU budget and quota)."""
 
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ def constrain(
     priority: frozenset[Role],
 ) -> Constrained:
     """Every constraint, in one place: bounds, pins, the GPU budget and the namespace's GPU
-    quota, at least one replica."""
+    quota; zero only where minReplicas allows it (`policy.idle` decides when)."""
     replicas: dict[Role, int] = {}
     max_cut: set[Role] = set()
     pinned: set[Role] = set()
@@ -89,7 +89,7 @@ def constrain(
             continue
         if want > policy.max_replicas:
             max_cut.add(role)
-        replicas[role] = max(1, policy.min_replicas, min(want, policy.max_replicas))
+        replicas[role] = max(policy.min_replicas, min(want, policy.max_replicas))
 
     budget_cut: set[Role] = set()
     if spec.gpu_limit is not None:

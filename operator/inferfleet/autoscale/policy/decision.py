@@ -36,6 +36,13 @@ from inferfleet.autoscale.policy.history import (
     PolicyHistory,
     Recommendation,
 )
+from inferfleet.autoscale.policy.idle import (
+    idle_state,
+    wake_progress,
+    waking,
+    woken,
+    zero_decision,
+)
 from inferfleet.autoscale.policy.learning import (
     Feedback,
     attainment_feedback,
@@ -80,7 +87,7 @@ def _hold(
     last = history.last_decision
     held = dict(last.replicas) if last is not None else dict(current)
     for role in spec.role_names:
-        held[role] = max(1, held.get(role, current.get(role, 1)))
+        held[role] = max(0 if spec.scales_to_zero else 1, held.get(role, current.get(role, 1)))
     constrained = constrain(spec, held, pins, frozenset())
     counts = ", ".join(f"{r.value} {constrained.replicas[r]}" for r in spec.role_names)
     source = "the last decision" if last is not None else "the current replicas"
@@ -135,8 +142,24 @@ def decide(
             why=f"newest metrics {age_s:.0f} s old (limit {spec.stale_after_s:.0f} s)",
         )
         return replace(held, cold_start_s=planned.seconds)
-    decision = _decide_fresh(
-        replace(spec, cold_start_s=planned.seconds), snapshot, current, history, pins
+    counts = {r: max(0, current.get(r, 0)) for r in spec.role_names}
+    idle = idle_state(snapshot, counts, history)
+    zero = zero_decision(spec, snapshot, idle, history, pins)
+    if zero is not None:
+        decision = Decision(zero[0], zero[1], zero[2], zero[3])
+    else:
+        awake = replace(spec.awake(), cold_start_s=planned.seconds)
+        decision = _decide_fresh(awake, snapshot, current, history, pins)
+        wake = woken(spec, idle, decision.replicas)
+        if wake is not None:
+            decision = replace(
+                decision, reason=Reason.WAKE_FROM_ZERO, message=f"{wake}; {decision.message}"
+            )
+        seen = replace(decision.history, requests_seen_at_s=idle.idle_since_s)
+        decision = replace(decision, history=seen)
+    woke, served = wake_progress(spec, snapshot, history, decision.reason)
+    decision = replace(
+        decision, history=replace(decision.history, woke_at_s=woke, wake_caught_up_at_s=served)
     )
     message = decision.message
     if planned.measured_role is not None:
@@ -144,7 +167,6 @@ def decide(
             f"; a cold start of {planned.seconds:.0f} s planned for, as measured "
             f"({planned.measured_role.value}), not the {spec.cold_start_s:.0f} s configured"
         )
-    counts = {r: max(0, current.get(r, 0)) for r in spec.role_names}
     cold_starts = track_cold_starts(history, snapshot, counts, decision.replicas)
     new_history = replace(decision.history, cold_starts=cold_starts)
     return replace(
@@ -414,6 +436,23 @@ def _shortened_note(spec: PolicySpec, snapshot: MetricsSnapshot, tally: OutcomeT
     )
 
 
+def _observe(
+    spec: PolicySpec,
+    snapshot: MetricsSnapshot,
+    current: Mapping[Role, int],
+    history: PolicyHistory,
+    demand: Demand,
+) -> tuple[OutcomeTally, Feedback, Calibration]:
+    """What the window's outcomes say: the decayed tally, the attainment's feedback and the
+    latency calibration; unchanged while requests held through a wake may fill them."""
+    if waking(snapshot, history):
+        tally = history.outcomes or OutcomeTally(snapshot.taken_at_s, 0.0, 0.0)
+        return tally, Feedback(frozenset(), history.tightening, None, None, ""), history.calibration
+    tally = tally_outcomes(spec, snapshot, history)
+    feedback = attainment_feedback(spec, snapshot, current, history, tally)
+    return tally, feedback, calibrate(spec, snapshot, current, history, demand)
+
+
 def _decide_fresh(
     spec: PolicySpec,
     snapshot: MetricsSnapshot,
@@ -425,9 +464,7 @@ def _decide_fresh(
     roles = spec.role_names
     current_counts = {r: max(0, current.get(r, 0)) for r in roles}
     demand = estimate_demand(spec, snapshot, history)
-    tally = tally_outcomes(spec, snapshot, history)
-    feedback = attainment_feedback(spec, snapshot, current_counts, history, tally)
-    calibration = calibrate(spec, snapshot, current_counts, history, demand)
+    tally, feedback, calibration = _observe(spec, snapshot, current_counts, history, demand)
     untaught = _Sizer(spec, snapshot, demand, calibration, feedback.tightening, current_counts)
     lesson, sizings = _learn(untaught, feedback, history)
     sizer, learned = lesson.sizer, lesson.learned

@@ -278,8 +278,13 @@ def estimate_demand(spec: PolicySpec, snapshot: MetricsSnapshot, history: Policy
     arriving = max(arriving, recent)
     # Queued requests are drained within `backlog_drain_s`: everyone queued behind them waits
     # until then. (The growth of the requests in flight is not a queue: more arrive per second,
-    # so more are in flight at once.)
-    backlog = prefill.waiting_requests + (decode.waiting_requests if spec.disaggregated else 0.0)
+    # so more are in flight at once.) The router's requests held for want of a replica (a
+    # wake) are queued too, and reach the engines all at once when the first replicas serve.
+    backlog = (
+        prefill.waiting_requests
+        + (decode.waiting_requests if spec.disaggregated else 0.0)
+        + service.waiting_for_replicas * share
+    )
     drain = backlog / spec.backlog_drain_s
     current = arriving
 

@@ -160,6 +160,13 @@ class PolicyHistory:
     mix: MixMemory | None = None
     outcomes: OutcomeTally | None = None
     cold_starts: Mapping[Role, ColdStarts] = field(default_factory=dict)
+    requests_seen_at_s: float | None = None
+    """The last tick whose metrics showed a request (`policy.idle`)."""
+    woke_at_s: float | None = None
+    """When the pools were last ordered back from zero, while that wake lasts."""
+    wake_caught_up_at_s: float | None = None
+    """When every pool served again after that wake, with no request queued in its engines
+    (None: not yet)."""
 
     def to_wire(self) -> dict[str, Any]:
         """Plain JSON-able data (camelCase), for an annotation."""
@@ -214,6 +221,9 @@ class PolicyHistory:
             "coldStarts": {
                 role.value: starts.to_wire() for role, starts in sorted(self.cold_starts.items())
             },
+            "requestsSeenAtS": self.requests_seen_at_s,
+            "wokeAtS": self.woke_at_s,
+            "wakeCaughtUpAtS": self.wake_caught_up_at_s,
         }
 
     @classmethod
@@ -228,6 +238,9 @@ class PolicyHistory:
         outcomes = data.get("outcomes")
         tightened = data.get("tightenedAtS")
         taught = data.get("attainmentWhenTightened")
+        seen = data.get("requestsSeenAtS")
+        woke = data.get("wokeAtS")
+        served = data.get("wakeCaughtUpAtS")
         return cls(
             recommendations=tuple(
                 Recommendation(float(r["atS"]), counts(r["replicas"]))
@@ -272,4 +285,7 @@ class PolicyHistory:
                 Role(role): ColdStarts.from_wire(starts)
                 for role, starts in data.get("coldStarts", {}).items()
             },
+            requests_seen_at_s=None if seen is None else float(seen),
+            woke_at_s=None if woke is None else float(woke),
+            wake_caught_up_at_s=None if served is None else float(served),
         )

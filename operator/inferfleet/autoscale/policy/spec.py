@@ -4,7 +4,7 @@ the ModelDeployment (`policy_spec`); and the reasons it gives."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from inferfleet.api.catalog import GpuCatalog
@@ -54,6 +54,12 @@ class Reason(StrEnum):
     """No metrics at all: the last decision holds."""
     DISABLED = "AutoscalingDisabled"
     """autoscaling.policy is none: replicas come from the ModelDeployment."""
+    SCALE_TO_ZERO = "ScaleToZeroIdle"
+    """No request for the idle period: every pool to zero (`policy.idle`)."""
+    IDLE_AT_ZERO = "HoldAtZero"
+    """At zero replicas and no request arriving."""
+    WAKE_FROM_ZERO = "WakeFromZero"
+    """Requests arrived at zero replicas: every pool ordered back."""
 
 
 @dataclass(frozen=True)
@@ -66,9 +72,9 @@ class RolePolicy:
     max_replicas: int = 10
 
     def __post_init__(self) -> None:
-        if not 1 <= self.min_replicas <= self.max_replicas:
+        if not (0 <= self.min_replicas <= self.max_replicas and self.max_replicas >= 1):
             raise ValueError(
-                f"{self.role.value}: need 1 <= min_replicas <= max_replicas "
+                f"{self.role.value}: need 0 <= min_replicas <= max_replicas, max_replicas >= 1 "
                 f"(got {self.min_replicas}, {self.max_replicas})"
             )
 
@@ -104,6 +110,9 @@ class PolicySpec:
     """How far, as a fraction of the configured cold start, a measured one may lie before it
     replaces it: the loop sees a replica serving up to a tick and a scrape late (15 s each by
     default, a quarter of the 120 s default)."""
+    idle_before_zero_s: float = 600.0
+    """How long no request may reach a service whose pools all allow zero replicas before
+    they go to zero (`policy.idle`)."""
     enabled: bool = True
     expected_load: Workload | None = None
     """The mix to assume before any request has completed."""
@@ -211,6 +220,18 @@ class PolicySpec:
             raise ValueError(f"gpu_quota must be >= 0 (got {self.gpu_quota})")
         if not 0 < self.traffic_share <= 1:
             raise ValueError(f"traffic_share must be in (0, 1] (got {self.traffic_share})")
+
+    @property
+    def scales_to_zero(self) -> bool:
+        """Whether every pool allows zero replicas (one pool alone at zero serves nothing)."""
+        return all(r.min_replicas == 0 for r in self.roles)
+
+    def awake(self) -> PolicySpec:
+        """This spec as sized while the service serves: at least one replica per pool."""
+        if all(r.min_replicas >= 1 for r in self.roles):
+            return self
+        roles = tuple(replace(r, min_replicas=max(1, r.min_replicas)) for r in self.roles)
+        return replace(self, roles=roles)
 
     @property
     def disaggregated(self) -> bool:
