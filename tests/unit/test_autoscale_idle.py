@@ -26,8 +26,8 @@ IDLE_S = 600.0
 START_S = 50_000.0
 
 
-def zero_policy(roles: tuple[Role, ...] = AGGREGATED, **settings: object) -> PolicySpec:
-    return policy(roles, min_replicas=0, idle_before_zero_s=IDLE_S, **settings)
+def zero_policy(roles: tuple[Role, ...] = AGGREGATED) -> PolicySpec:
+    return policy(roles, min_replicas=0, idle_before_zero_s=IDLE_S)
 
 
 def idle_snapshot(at_s: float, replicas: Mapping[Role, int]) -> MetricsSnapshot:
