@@ -110,4 +110,4 @@ def test_a_scaler_that_never_wakes_leaves_held_requests_failed_not_lost() -> Non
         (WAKE_AT_S + 600.0 + 60.0) / scaler.interval_s + 20.0 / PUSH_INTERVAL_S + 2
     )
     pushed = [s for s in scaler.snapshots if s is not None and s.service.waiting_for_replicas]
-    assert pushed and max(s.service.waiting_for_replicas for s in pushed) == 10
+    assert max((s.service.waiting_for_replicas for s in pushed), default=0) == 10
