@@ -185,6 +185,11 @@ class RouterConfig:
     """Requests that may wait for the engines when they are full (`fairness.FairGate`)."""
     max_queue_wait_s: float = 30.0
     """How long a request may wait for the engines before a 503 with Retry-After."""
+    wake_timeout_s: float | None = None
+    """Set where the service may be at zero replicas on purpose: a request that finds no
+    replica of a deployment it may go to is held up to this long for one to serve
+    (`inferfleet_router_waiting_for_replicas` counts them, and `Router.on_waiting` hears each
+    change), then gets 503 with Retry-After. None: 503 at once."""
     affinity_slack_tokens: int = 8192
     """How many more outstanding tokens a replica holding a request's prefix may carry than
     the least loaded one and still be chosen for it."""
@@ -219,6 +224,8 @@ class RouterConfig:
             self.max_in_flight_requests,
             self.max_in_flight_bytes,
         )
+        if self.wake_timeout_s is not None and not self.wake_timeout_s > 0:
+            raise RouterConfigError("the wake timeout must be positive")
         if min(limits) < 1 or min(self.idle_timeout_s, self.body_read_timeout_s) <= 0:
             raise RouterConfigError("attempts, limits and timeouts must be positive")
 

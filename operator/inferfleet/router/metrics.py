@@ -138,6 +138,13 @@ class RouterMetrics:
             ("service",),
             registry=self.registry,
         )
+        self.waiting_for_replicas = Gauge(
+            "inferfleet_router_waiting_for_replicas",
+            "Requests held because no replica of a deployment they may go to serves (a service "
+            "scaled to zero, while it wakes): the autoscaler wakes the service on it.",
+            ("service",),
+            registry=self.registry,
+        )
         self.upstream = Histogram(
             "inferfleet_router_upstream_seconds",
             "Per role: a prefill call's duration, or the time to first token of a serving call.",
@@ -185,6 +192,7 @@ class RouterMetrics:
             registry=self.registry,
         )
         self.in_flight.labels(service).set(0)
+        self.waiting_for_replicas.labels(service).set(0)
 
     def declare_tenant(self, tenant: str) -> None:
         """Create a tenant's series at zero (see `declare`)."""

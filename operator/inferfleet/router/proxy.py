@@ -2,10 +2,10 @@
 
 Endpoints: `POST /v1/completions` and `/v1/chat/completions` (JSON or server-sent events,
 passed through as the engine writes them), `GET /v1/models` (the served models of the
-backends), `GET /health` (200 while some deployment can take requests and the router is not
-draining, else 503). On the admin port only (`server.create_admin_app`), never the users': `GET
-/metrics` (see `router.metrics`), `GET /debug/replicas` (what the router knows of each
-replica, as JSON), and `/health` again.
+backends), `GET /health` (200 while some deployment can take requests, or the router holds
+them for one to wake, and it is not draining; else 503). On the admin port only
+(`server.create_admin_app`), never the users': `GET /metrics` (see `router.metrics`), `GET
+/debug/replicas` (what the router knows of each replica, as JSON), and `/health` again.
 
 Per request: choose a deployment and replicas (`router.balancer`); for a disaggregated
 deployment, call a prefill replica, then hand its answer over to a decode replica
@@ -13,7 +13,9 @@ deployment, call a prefill replica, then hand its answer over to a decode replic
 as they pass (`inferfleet.streaming`), and count the SLO outcome.
 
 Failures:
-* no replica healthy for a role the request needs: 503 with `Retry-After`;
+* no replica healthy for a role the request needs: 503 with `Retry-After`; where the service
+  may be at zero on purpose (`RouterConfig.wake_timeout_s`), held until one serves
+  (`router.wake`), and 503 with `Retry-After` only past that timeout or with the hold full;
 * a replica that refuses the connection, breaks it or answers 502/503/504 before anything
   reached the client: the call goes to another replica (up to `max_attempts` replicas in
   all), and a refused or broken connection marks the replica unhealthy until its health check
@@ -62,6 +64,13 @@ from inferfleet.api.model_deployment import EngineName, Role
 from inferfleet.router.answers import error_body, error_response, message_of
 from inferfleet.router.balancer import Balancer, Replica
 from inferfleet.router.config import Backend, RouterConfig
+from inferfleet.router.failures import (
+    ClientGoneError,
+    NoReplicaError,
+    UpstreamFailedError,
+    broke,
+    refused_keys,
+)
 from inferfleet.router.fairness import FairGate, ShedError
 from inferfleet.router.keyfiles import EngineKeys, load_keys, reload_engine_keys, reload_keys
 from inferfleet.router.metrics import Finished, RouterMetrics
@@ -76,6 +85,7 @@ from inferfleet.router.requests import (
     upstream_body,
 )
 from inferfleet.router.tenants import Refusal, Tenants
+from inferfleet.router.wake import WakeHold, WakeRefusedError
 from inferfleet.slo import Outcome
 from inferfleet.streaming import DONE_EVENT, TokenStream
 
@@ -87,48 +97,6 @@ HEALTH_TIMEOUT_S = 2.0
 _SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 
 ROUTER: web.AppKey[Router] = web.AppKey("router")
-
-
-class _NoReplicaError(Exception):
-    """No replica of a role served the request: none healthy (`failures` empty), or each one
-    tried failed, for the reason its entry gives (no address: the client reads them)."""
-
-    def __init__(self, role: Role, failures: Sequence[str]) -> None:
-        super().__init__(role, failures)
-        self.role = role
-        self.failures = tuple(failures)
-
-    def message(self) -> str:
-        return f"every {self.role.value} replica tried failed ({len(self.failures)}): " + "; ".join(
-            self.failures
-        )
-
-
-def _refused_keys(keys: int) -> str:
-    if keys > 1:
-        return f"refused each of the router's {keys} engine keys (401)"
-    return "refused the router's engine key (401)" if keys else "refused the call (401)"
-
-
-def _broke(error: BaseException) -> str:
-    return f"the call broke ({type(error).__name__})"
-
-
-class _ClientGoneError(Exception):
-    """Writing to the client failed: it hung up. The replica did nothing wrong."""
-
-    def __init__(self, response: web.StreamResponse) -> None:
-        super().__init__("the client hung up")
-        self.response = response
-
-
-class _UpstreamFailedError(Exception):
-    """A replica call failed after the retries, before anything reached the client."""
-
-    def __init__(self, message: str, status: int = 502) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
 
 
 @dataclass(slots=True)
@@ -183,6 +151,13 @@ class Router:
         )
         for tenant in config.tenants:
             self.metrics.declare_tenant(tenant.name)
+        self.on_waiting: Callable[[int], None] | None = None
+        """Told each change of the requests held for want of a replica (the wake's push)."""
+        self.wake = (
+            None
+            if config.wake_timeout_s is None
+            else WakeHold(config.wake_timeout_s, config.max_queued_requests, self._waiting)
+        )
         self.draining = False
         self._held_requests = 0
         self._held_bytes = 0
@@ -265,6 +240,8 @@ class Router:
     def _publish_replicas(self) -> None:
         # No healthy replica: nothing to wait for (requests get their 503 at once).
         self.gate.set_capacity(self._engine_capacity() or None)
+        if self.wake is not None:
+            self.wake.replicas_changed()
         for (deployment, role), pool in self.balancer.replicas.items():
             healthy = sum(1 for replica in pool.values() if replica.healthy)
             series = self.metrics.replicas
@@ -317,8 +294,15 @@ class Router:
         replica.healthy = False
         self._publish_replicas()
 
-    def routable(self) -> bool:
-        return any(self.balancer.routable(name) for name in self.config.deployments())
+    def routable(self, among: Sequence[str] | None = None) -> bool:
+        """Whether some deployment (of `among`, when given) has a healthy replica per role."""
+        names = self.config.deployments() if among is None else among
+        return any(self.balancer.routable(name) for name in names)
+
+    def _waiting(self, count: int) -> None:
+        self.metrics.waiting_for_replicas.labels(self.config.service).set(count)
+        if self.on_waiting is not None:
+            self.on_waiting(count)
 
     # Requests.
 
@@ -441,14 +425,18 @@ class Router:
             refused = self.tenants.charge(tenant, charged, loop.time())
             if refused is not None:
                 return self._refuse(refused, "rate_limited", tenant)
-        try:  # wait while the engines are full; the wait is part of the TTFT
+        try:  # wait for a replica, and while the engines are full: part of the TTFT
+            if self.wake is not None:
+                await self.wake.until(lambda: self.routable(among))
             ticket = await self.gate.enter(
                 tenant or "", self.tenants.priority(tenant), routed.prompt_tokens_estimate
             )
-        except ShedError as shed:
+        except (ShedError, WakeRefusedError) as refused:
             if tenant is not None:
                 self.tenants.refund(tenant, charged, loop.time())
-            return self._shed(shed, tenant)
+            if isinstance(refused, WakeRefusedError):
+                return self._unavailable(str(refused), refused.reason)
+            return self._shed(refused, tenant)
         deployment = self.balancer.choose_deployment(among)
         if deployment is None:
             self.gate.leave(ticket, 0)
@@ -469,17 +457,17 @@ class Router:
         except asyncio.CancelledError:
             self.metrics.cancelled.labels(service, deployment).inc()
             raise
-        except _ClientGoneError as gone:
+        except ClientGoneError as gone:
             self.metrics.cancelled.labels(service, deployment).inc()
             return gone.response
-        except _NoReplicaError as error:
+        except NoReplicaError as error:
             if not error.failures:
                 return self._unavailable(
                     f"no {error.role.value} replica of {deployment} is healthy"
                 )
             judged = Outcome.FAILED
             return error_response(error.message(), 502, "BadGatewayError")
-        except _UpstreamFailedError as error:
+        except UpstreamFailedError as error:
             judged = Outcome.FAILED
             return error_response(error.message, error.status, "BadGatewayError")
         finally:
@@ -501,8 +489,8 @@ class Router:
             message, 503, "ServiceUnavailableError", headers={"Retry-After": retry}
         )
 
-    def _unavailable(self, message: str) -> web.Response:
-        self.metrics.rejected.labels(self.config.service, "no_replica").inc()
+    def _unavailable(self, message: str, reason: str = "no_replica") -> web.Response:
+        self.metrics.rejected.labels(self.config.service, reason).inc()
         return error_response(
             message,
             503,
@@ -583,14 +571,14 @@ class Router:
                     answer = await response.read()
                     if response.status == HTTPStatus.UNAUTHORIZED:
                         # Never the client's fault: another replica may take the key.
-                        failures.append(_refused_keys(len(self._engine_keys.keys(deployment))))
+                        failures.append(refused_keys(len(self._engine_keys.keys(deployment))))
                         continue
                     if response.status in RETRYABLE_STATUSES:
                         self.metrics.upstream_errors.labels(*labels, "status").inc()
                         failures.append(f"answered {response.status}")
                         continue
                     if response.status != 200:
-                        raise _UpstreamFailedError(
+                        raise UpstreamFailedError(
                             message_of(answer, f"prefill answered {response.status}"),
                             response.status,
                         )
@@ -600,14 +588,14 @@ class Router:
                     return decode_body(engine, body, json.loads(answer))
                 except (ValueError, HandoffError) as error:
                     self.metrics.upstream_errors.labels(*labels, "handoff").inc()
-                    raise _UpstreamFailedError(f"prefill -> decode hand-off: {error}") from error
+                    raise UpstreamFailedError(f"prefill -> decode hand-off: {error}") from error
             except _CALL_ERRORS as error:
                 self.metrics.upstream_errors.labels(*labels, "connect").inc()
                 self._mark_down(replica, error)
-                failures.append(_broke(error))
+                failures.append(broke(error))
             finally:
                 charge.close()
-        raise _NoReplicaError(Role.PREFILL, failures)
+        raise NoReplicaError(Role.PREFILL, failures)
 
     def _charge(self, replica: Replica, tokens: int) -> _Charge:
         replica.outstanding_tokens += tokens
@@ -647,7 +635,7 @@ class Router:
                 ) as upstream:
                     if upstream.status == HTTPStatus.UNAUTHORIZED:
                         # Never the client's fault: another replica may take the key.
-                        failures.append(_refused_keys(len(self._engine_keys.keys(deployment))))
+                        failures.append(refused_keys(len(self._engine_keys.keys(deployment))))
                         continue
                     if upstream.status in RETRYABLE_STATUSES:
                         self.metrics.upstream_errors.labels(*labels, "status").inc()
@@ -709,7 +697,7 @@ class Router:
                 ).inc()
                 self._mark_down(replica, error)
                 if client is None:
-                    failures.append(_broke(error))
+                    failures.append(broke(error))
                     continue
                 timing.streamed = True
                 await self._write_stream_error(client, f"the replica's stream broke: {error}")
@@ -718,7 +706,7 @@ class Router:
                 return client, Outcome.FAILED
             finally:
                 charge.close()
-        raise _NoReplicaError(role, failures)
+        raise NoReplicaError(role, failures)
 
     @staticmethod
     async def _write_stream_error(client: web.StreamResponse, message: str) -> None:
@@ -741,6 +729,8 @@ class Router:
         if self.draining:
             return web.Response(status=503, text="draining\n")
         if not self.routable():
+            if self.wake is not None:  # at zero on purpose: it holds requests while they wake
+                return web.Response(text="ok: no replica serves; requests wait for one\n")
             return web.Response(status=503, text="no healthy replica\n")
         return web.Response(text="ok\n")
 
@@ -770,13 +760,13 @@ class Router:
 
 
 async def _to_client(client: web.StreamResponse, sending: Awaitable[object]) -> None:
-    """Send to the client; a failure here is the client's hang-up (`_ClientGoneError`), which
+    """Send to the client; a failure here is the client's hang-up (`ClientGoneError`), which
     must not be taken for the replica's (aiohttp raises the same connection errors for both
     sides)."""
     try:
         await sending
     except (ConnectionError, aiohttp.ClientConnectionError) as error:
-        raise _ClientGoneError(client) from error
+        raise ClientGoneError(client) from error
 
 
 def _usage_into(timing: _Timing, answer: bytes) -> None:
