@@ -179,6 +179,34 @@ def test_an_slo_target_left_out_is_not_passed() -> None:
 
 
 @pytest.mark.parametrize(
+    ("spec", "autoscaling", "wake"),
+    [
+        (aggregated_spec, {"policy": "goodput", "aggregated": {"minReplicas": 0}}, True),
+        (aggregated_spec, {"policy": "goodput", "wakeTimeoutSeconds": 900}, False),
+        (aggregated_spec, {"policy": "none", "aggregated": {"minReplicas": 0}}, False),
+        (
+            disaggregated_spec,
+            {"policy": "goodput", "prefill": {"minReplicas": 0}, "decode": {"minReplicas": 0}},
+            True,
+        ),
+        # The aggregated bounds say nothing of a disaggregated deployment's pools.
+        (disaggregated_spec, {"policy": "goodput", "aggregated": {"minReplicas": 0}}, False),
+    ],
+    ids=["aggregated", "min-one", "not-autoscaled", "disaggregated", "bounds-of-another-topology"],
+)
+def test_a_router_holds_requests_for_a_wake_only_where_its_service_may_go_to_zero(
+    spec: Any, autoscaling: dict[str, Any], wake: bool
+) -> None:
+    md = model_deployment(spec(), name="llama")
+    isvc = service([{"name": "llama"}], autoscaling=autoscaling | {"wakeTimeoutSeconds": 900})
+    args = router_args(render_inference_service(isvc, {"llama": md}))
+    if wake:
+        assert args[args.index("--wake-timeout") + 1] == "900"
+    else:
+        assert "--wake-timeout" not in args
+
+
+@pytest.mark.parametrize(
     ("available", "missing"),
     [
         ({}, ["a", "b"]),

@@ -92,7 +92,12 @@ class LoadSpec(WireModel):
 
 class ReplicaBounds(WireModel):
     min_replicas: int = Field(
-        default=1, ge=1, le=MAX_REPLICAS, description="Fewest replicas of the role (never zero)."
+        default=1,
+        ge=0,
+        le=MAX_REPLICAS,
+        description="Fewest replicas of the role. 0 (with the goodput policy; on both pools "
+        "of a disaggregated deployment): after scaleToZeroIdleSeconds without a request the "
+        "pools go to zero, and the router holds the next requests while they wake.",
     )
     max_replicas: int = Field(
         default=10, ge=1, le=MAX_REPLICAS, description="Most replicas of the role."
@@ -151,6 +156,56 @@ class AutoscalingSpec(WireModel):
         "The goodput policy measures each role's and plans with the slowest role's measured "
         "one where they differ by more than a quarter.",
     )
+    scale_to_zero_idle_seconds: int = Field(
+        default=600,
+        ge=60,
+        le=604_800,
+        description="Where every pool has minReplicas 0: how long no request may arrive "
+        "before the pools go to zero.",
+    )
+    wake_timeout_seconds: int = Field(
+        default=600,
+        ge=1,
+        le=3_600,
+        description="Where every pool has minReplicas 0: how long the router holds a request "
+        "that arrives at zero replicas for the pools to wake, before a 503 with Retry-After. "
+        "Longer than coldStartSeconds.",
+    )
+
+    @property
+    def zero_allowed(self) -> bool:
+        """Whether some pool's bounds allow zero replicas."""
+        return any(b is not None and b.min_replicas == 0 for b in (self.aggregated, self.prefill))
+
+    def scales_to_zero(self, *, disaggregated: bool) -> bool:
+        """Whether the goodput policy may take a deployment of this topology to zero."""
+        pools = (self.prefill, self.decode) if disaggregated else (self.aggregated,)
+        zero = all(bounds is not None and bounds.min_replicas == 0 for bounds in pools)
+        return self.policy == AutoscalingPolicy.GOODPUT and zero
+
+
+AUTOSCALING_RULES: tuple[CrossFieldRule[AutoscalingSpec], ...] = (
+    CrossFieldRule(
+        cel="(has(self.prefill) && self.prefill.minReplicas == 0) == "
+        "(has(self.decode) && self.decode.minReplicas == 0)",
+        message="prefill and decode go to zero together: set minReplicas 0 on both or neither",
+        holds=lambda a: (
+            (a.prefill is not None and a.prefill.min_replicas == 0)
+            == (a.decode is not None and a.decode.min_replicas == 0)
+        ),
+        field_path=".prefill",
+    ),
+    CrossFieldRule(
+        cel="!((has(self.aggregated) && self.aggregated.minReplicas == 0) || "
+        "(has(self.prefill) && self.prefill.minReplicas == 0)) || "
+        "self.wakeTimeoutSeconds > self.coldStartSeconds",
+        message="requests held while the pools wake would time out before a replica starts: "
+        "wakeTimeoutSeconds must exceed coldStartSeconds",
+        holds=lambda a: not a.zero_allowed or a.wake_timeout_seconds > a.cold_start_seconds,
+        field_path=".wakeTimeoutSeconds",
+    ),
+)
+AutoscalingSpec.cross_field_rules = AUTOSCALING_RULES
 
 
 class TenantPriority(StrEnum):

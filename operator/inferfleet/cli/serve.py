@@ -185,6 +185,13 @@ def router_command(
     drain_timeout: Annotated[
         float, typer.Option(help="Seconds in-flight streams may run on after that.")
     ] = 120.0,
+    wake_timeout: Annotated[
+        float | None,
+        typer.Option(
+            help="The service may be at zero replicas: hold a request that finds none this "
+            "many seconds for one to serve (default: 503 at once)."
+        ),
+    ] = None,
 ) -> None:
     """Serve an InferenceService's router: an OpenAI-compatible streaming proxy that picks
     replicas by outstanding tokens and prefix, hands prefill over to decode, and counts each
@@ -207,6 +214,7 @@ def router_command(
             max_attempts=max_attempts,
             drain_delay_s=drain_delay,
             drain_timeout_s=drain_timeout,
+            wake_timeout_s=wake_timeout,
         )
         engine_keys(config.backends)  # readable now, or said so before anything starts
     except ValueError as error:

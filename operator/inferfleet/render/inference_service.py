@@ -40,7 +40,7 @@ from inferfleet.api.inference_service import (
     Tenant,
     TenantPriority,
 )
-from inferfleet.api.model_deployment import ENGINE_API_KEY, ModelDeployment
+from inferfleet.api.model_deployment import ENGINE_API_KEY, ModelDeployment, TopologyMode
 from inferfleet.engines import ENGINE_PORT, PORT_NAME, roles_of
 from inferfleet.render.common import (
     LABEL_COMPONENT,
@@ -170,6 +170,14 @@ def router_args(
     if slo.tpot_p95_ms is not None:
         args += ["--slo-tpot-p95-ms", f"{slo.tpot_p95_ms:g}"]
     args += ["--slo-attainment-target", f"{slo.attainment_target:g}"]
+    autoscaling = isvc.spec.autoscaling
+    if any(
+        autoscaling.scales_to_zero(
+            disaggregated=md.spec.topology.mode == TopologyMode.DISAGGREGATED
+        )
+        for _, md in resolved
+    ):
+        args += ["--wake-timeout", str(autoscaling.wake_timeout_seconds)]
     return args + tenant_args(isvc.spec.tenants)
 
 

@@ -301,6 +301,7 @@ def policy_spec(
         scale_down_stabilization_s=float(autoscaling.scale_down_stabilization_seconds),
         shorten_stabilization=autoscaling.shorten_stabilization_when_forecasts_hold,
         cold_start_s=float(autoscaling.cold_start_seconds),
+        idle_before_zero_s=float(autoscaling.scale_to_zero_idle_seconds),
         enabled=autoscaling.policy == "goodput",
         expected_load=None if load is None else Workload.from_spec(load),
         traffic_share=traffic_share,
