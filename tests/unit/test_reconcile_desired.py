@@ -160,6 +160,22 @@ def test_the_owner_decision_replaces_the_spec_replicas() -> None:
     assert released.status["autoscaling"] is None
 
 
+def test_a_decision_of_zero_applies_only_where_the_owners_bounds_allow_zero() -> None:
+    body = _example("ModelDeployment")
+    zero = {Role.AGGREGATED: 0}
+    allowed = Claim("chat", "2026-11-23T10:00:00Z", True, zero, zero_roles=frozenset(zero))
+    outcome = _md_outcome(body, claims=[allowed])
+    assert _deployment(outcome)["spec"]["replicas"] == 0
+    children = _settled(body, outcome)
+    idle = _md_outcome(body, claims=[allowed], children=children)
+    ready = _condition(idle.status, "Ready")
+    assert (ready["status"], ready["reason"]) == ("True", "ScaledToZero")
+    # A zero its bounds do not allow (a status an older schema wrote) is not applied.
+    refused = Claim("chat", "2026-11-23T10:00:00Z", True, zero)
+    kept = _md_outcome(_example("ModelDeployment"), claims=[refused])
+    assert _deployment(kept)["spec"]["replicas"] == body["spec"]["replicas"]
+
+
 def test_one_owner_among_claimants_and_it_keeps_ownership() -> None:
     older = Claim("a-older", "2026-11-23T09:00:00Z", True, {Role.AGGREGATED: 2})
     newer = Claim("b-newer", "2026-11-23T10:00:00Z", True, {Role.AGGREGATED: 5})

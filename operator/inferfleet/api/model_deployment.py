@@ -683,7 +683,9 @@ class RoleStatus(StatusModel):
 
 class AutoscaledRole(StatusModel):
     role: Role = Field(description="aggregated, prefill or decode.")
-    replicas: int = Field(ge=1, description="Replicas the autoscaler chose for the role.")
+    replicas: int = Field(
+        ge=0, description="Replicas the autoscaler chose for the role (0: scaled to zero)."
+    )
 
 
 class AutoscalingStatus(StatusModel):

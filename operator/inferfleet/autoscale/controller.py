@@ -209,7 +209,7 @@ def current_replicas(
             counts |= {
                 r.role: r.replicas for r in md.status.autoscaling.replicas if r.role in roles
             }
-    counts |= {role: n for role, n in (decided or {}).items() if role in roles and n > 0}
+    counts |= {role: n for role, n in (decided or {}).items() if role in roles and n >= 0}
     return counts
 
 

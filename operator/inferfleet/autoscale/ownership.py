@@ -42,7 +42,18 @@ class Claim:
     time: str | None = None
     max_replicas: Mapping[Role, int] = field(default_factory=dict)
     """Its autoscaling bounds per role (a pin may not exceed them)."""
+    zero_roles: frozenset[Role] = frozenset()
+    """Roles its bounds let go to zero replicas (minReplicas 0): a decision of zero for them
+    is applied, any other is taken for a reading of an older status and ignored."""
     gpu_budget: int | None = None
+
+    def decided(self, roles: Iterable[Role]) -> dict[Role, int]:
+        """Its decision for `roles`: zero only where its bounds allow it."""
+        return {
+            role: n
+            for role, n in self.replicas.items()
+            if role in roles and (n > 0 or role in self.zero_roles)
+        }
 
     def pin_limits(self, gpus_per_replica: int) -> PinLimits:
         return PinLimits(self.service, self.max_replicas, gpus_per_replica, self.gpu_budget)
@@ -80,6 +91,7 @@ def claims_of(service: Mapping[str, Any]) -> dict[str, Claim]:
             reason=str(last["reason"]) if last.get("reason") else None,
             time=str(last["time"]) if last.get("time") else None,
             max_replicas=_max_replicas(autoscaling),
+            zero_roles=_zero_roles(autoscaling),
             gpu_budget=budget if isinstance(budget, int) and not isinstance(budget, bool) else None,
         )
     return claims
@@ -93,6 +105,12 @@ def _max_replicas(autoscaling: Mapping[str, Any]) -> dict[Role, int]:
         if isinstance(found, int) and not isinstance(found, bool):
             most[role] = found
     return most
+
+
+def _zero_roles(autoscaling: Mapping[str, Any]) -> frozenset[Role]:
+    return frozenset(
+        role for role in Role if _mapping(autoscaling.get(role.value)).get("minReplicas") == 0
+    )
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:

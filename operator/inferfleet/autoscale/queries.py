@@ -228,6 +228,7 @@ def snapshot_from_answers(
         arrivals_per_s=answer("arrivals_per_s"),
         mean_arrival_prompt_tokens=answer("mean_arrival_prompt_tokens"),
         recent_arrivals_per_s=answer("recent_arrivals_per_s"),
+        waiting_for_replicas=answer("waiting_for_replicas") or 0.0,
     )
     roles = {}
     for role, answers in role_answers.items():

@@ -73,6 +73,7 @@ SERVICE_QUERIES: Mapping[str, str] = {
         f" / sum(rate(inferfleet_router_requests_total{{{ROUTER_SELECTOR}}}[$w]))"
     ),
     "arrivals_per_s": f"sum(rate(inferfleet_router_arrivals_total{{{ROUTER_SELECTOR}}}[$w]))",
+    "waiting_for_replicas": (f"sum(inferfleet_router_waiting_for_replicas{{{ROUTER_SELECTOR}}})"),
     "recent_arrivals_per_s": (
         f"sum(rate(inferfleet_router_arrivals_total{{{ROUTER_SELECTOR}}}[$r]))"
     ),
@@ -191,8 +192,9 @@ class ServiceMetrics:
     without the counter."""
     waiting_for_replicas: float = 0.0
     """Requests the router holds because a pool they need has no replica (a service scaled
-    to zero, while it wakes), as the router last pushed the count to the operator: not read
-    from Prometheus, so that a wake does not wait for a scrape."""
+    to zero, while it wakes): `sum(inferfleet_router_waiting_for_replicas{service="$S"})`, or
+    the count a router pushed since the last scrape when it is larger (a wake does not wait
+    for a scrape)."""
 
     def __post_init__(self) -> None:
         _check_non_negative(

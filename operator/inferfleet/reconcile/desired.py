@@ -440,7 +440,7 @@ def model_deployment_outcome(
     roles = set(roles_of(md.spec))
     capacity = _plan_of(md.spec.model_dump_json(by_alias=True, exclude_none=True), install.gpus)
     owner = autoscaling_owner(recorded_autoscaler(body), claims)
-    decided = {r: n for r, n in owner.replicas.items() if r in roles and n > 0} if owner else {}
+    decided = owner.decided(roles) if owner else {}
     annotations = metadata.get("annotations")
     pin, pin_problem = read_pin(
         annotations if isinstance(annotations, dict) else {}, roles=roles, now=now,

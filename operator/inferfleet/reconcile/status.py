@@ -195,6 +195,10 @@ def model_deployment_status(
     if blocked:
         ready = cond("Ready", False, blocked.reason, blocked.message)
         progressing = cond("Progressing", False, blocked.reason, blocked.message)
+    elif rolled_out and all(p.desired == 0 for p in roles.values()):
+        idle = "no replica runs; the service's router holds requests while the pools wake"
+        ready = cond("Ready", True, "ScaledToZero", idle)
+        progressing = cond("Progressing", False, "RolloutComplete", _replicas_message(roles))
     elif rolled_out:
         ready = cond("Ready", True, "AllReplicasReady", _replicas_message(roles))
         progressing = cond("Progressing", False, "RolloutComplete", _replicas_message(roles))
