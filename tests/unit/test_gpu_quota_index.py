@@ -3,16 +3,15 @@ the index entries, as the API server stores the objects."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
 
 from inferfleet.api.model_deployment import ModelDeployment, Role
-from inferfleet.autoscale.quota import GpuClaim, Priorities
-from inferfleet.reconcile.controller import Controller, Indices
+from inferfleet.autoscale.quota import GpuClaim, GpuQuota, Priorities
+from inferfleet.reconcile.controller import Indices
 from inferfleet.reconcile.entries import child_entries, gpu_quota_entry
-from inferfleet.render import InstallSettings
+from inferfleet.reconcile.quotas import QuotaBook
 
 
 def quota(hard: str | None, used: str | None = None, *, counted: bool = True) -> dict[str, Any]:
@@ -80,47 +79,51 @@ def _deployment(name: str, priority_class: str | None) -> ModelDeployment:
     )
 
 
+INTERVAL_S = 15.0
+
+
+def _quota(
+    book: QuotaBook, namespace: str, name: str, priority_class: str | None, *, left: int | None
+) -> GpuQuota | None:
+    return book.quota(
+        namespace, name, {name: _deployment(name, priority_class)}, left=left,
+        pods={name: {}}, now_s=NOW_S, interval_s=INTERVAL_S,
+    )  # fmt: skip
+
+
+NOW_S = 1000.0
+
+
 def test_a_tick_sees_the_quota_less_what_live_claims_of_higher_priority_wait_for() -> None:
-    indices = {"gpu_quotas": {("gpus", "team-a"): [4]}}
-    controller = Controller(indices, install=InstallSettings(), autoscaler=None)
-    controller._priorities = (time.monotonic(), Priorities({"interactive": 100000, "batch": 1000}))
-    interval = controller.autoscaler.interval_s
-    now = 1000.0
-    waiting = GpuClaim("chat", 100000, True, held=1, wanted=4, at_s=now - interval)
-    stale = GpuClaim("gone", 100000, True, held=0, wanted=8, at_s=now - 4 * interval)
-    controller._gpu_claims["team-a"] = {"chat": waiting, "gone": stale}
-    quota = controller._gpu_quota("team-a", "etl", {"etl": _deployment("etl", "batch")}, now)
+    book = QuotaBook(lambda: Priorities({"interactive": 100000, "batch": 1000}))
+    waiting = GpuClaim("chat", 100000, True, held=1, wanted=4, at_s=NOW_S - INTERVAL_S)
+    stale = GpuClaim("gone", 100000, True, held=0, wanted=8, at_s=NOW_S - 4 * INTERVAL_S)
+    book.record("team-a", "chat", waiting)
+    book.record("team-a", "gone", stale)
+    quota = _quota(book, "team-a", "etl", "batch", left=4)
     assert quota is not None
     # Four GPUs are free and the interactive service waits for three: the batch one may add 1.
     assert (quota.left, quota.priority, quota.yields_to) == (1, 1000, (waiting,))
-    # A claim three ticks old is dropped (a service deleted or no longer autoscaled).
-    assert set(controller._gpu_claims["team-a"]) == {"chat"}
-    # The interactive service itself may take all four.
-    chat = controller._gpu_quota(
-        "team-a", "chat", {"chat": _deployment("chat", "interactive")}, now
-    )
+    # The interactive service itself may take all four; the claim three ticks old was dropped.
+    chat = _quota(book, "team-a", "chat", "interactive", left=4)
     assert chat is not None
     assert (chat.left, chat.priority, chat.yields_to) == (4, 100000, ())
     # A namespace without a quota has none, and keeps no claims.
-    controller._gpu_claims["team-b"] = {"web": waiting}
-    assert controller._gpu_quota("team-b", "web", {"web": _deployment("web", None)}, now) is None
-    assert "team-b" not in controller._gpu_claims
+    book.record("team-b", "web", waiting)
+    assert _quota(book, "team-b", "web", None, left=None) is None
+    # ... so that once it has one, no claim from before holds GPUs back.
+    later = _quota(book, "team-b", "web", None, left=8)
+    assert later is not None
+    assert later.yields_to == ()
 
 
-def test_priority_classes_that_cannot_be_read_leave_every_service_at_priority_zero(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_priority_classes_that_cannot_be_read_leave_every_service_at_priority_zero() -> None:
     """An install without the grant (manifests of an older version): the quota is served
     unordered, and nothing else stops."""
 
-    class Refusing:
-        def list(self, *_: Any) -> list[dict[str, Any]]:
-            raise PermissionError("priorityclasses is forbidden")
+    def refusing() -> Priorities:
+        raise PermissionError("priorityclasses is forbidden")
 
-    monkeypatch.setattr("inferfleet.reconcile.controller.kube", Refusing)
-    controller = Controller(
-        {"gpu_quotas": {("gpus", "team-a"): [2]}}, install=InstallSettings(), autoscaler=None
-    )
-    quota = controller._gpu_quota("team-a", "etl", {"etl": _deployment("etl", "batch")}, 0.0)
+    quota = _quota(QuotaBook(refusing), "team-a", "etl", "batch", left=2)
     assert quota is not None
     assert (quota.left, quota.priority) == (2, 0)

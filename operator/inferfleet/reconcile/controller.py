@@ -47,7 +47,7 @@ from inferfleet.api.model_deployment import KIND as MODEL_DEPLOYMENT
 from inferfleet.api.model_deployment import ModelDeployment, Role
 from inferfleet.autoscale.controller import AutoscalerSettings, PrometheusSource, tick
 from inferfleet.autoscale.ownership import Claim, claims_of
-from inferfleet.autoscale.quota import PRIORITIES_TTL_S, GpuClaim, GpuQuota, Priorities, quota_share
+from inferfleet.autoscale.quota import Priorities
 from inferfleet.kube import AlreadyExistsError, Kube, RefusedError, StaleObjectError
 from inferfleet.reconcile.desired import (
     UNSERVED_RECHECK_S,
@@ -64,6 +64,7 @@ from inferfleet.reconcile.entries import child_entries, child_of
 from inferfleet.reconcile.events import Event, event_object
 from inferfleet.reconcile.generated import GeneratedSecrets
 from inferfleet.reconcile.held import RECHECK_S, HeldBack
+from inferfleet.reconcile.quotas import QuotaBook
 from inferfleet.reconcile.workqueue import WorkQueue
 from inferfleet.render import InstallSettings
 from inferfleet.render.common import (
@@ -259,13 +260,9 @@ class Controller:
         """What the indices held of each created object when its owner was last queued."""
         self._after_reconcile: dict[Key, list[Callable[[], bool]]] = {}
         """Per object, events that arrived while its reconcile ran (`_add_unless_echo`)."""
-        # Per namespace, each service's last claim on the namespace's GPU quota
-        # (`autoscale.quota`): held on the leader only, rebuilt by one round of ticks.
-        self._gpu_claims: dict[str, dict[str, GpuClaim]] = {}
-        self._gpu_claims_lock = threading.Lock()
-        # The PriorityClasses as last read, and when (monotonic): read only where a namespace
-        # has a GPU quota, so an install without the grant works but for the arbitration.
-        self._priorities: tuple[float, Priorities] | None = None
+        self._quotas = QuotaBook(
+            lambda: Priorities.of(kube().list("scheduling.k8s.io/v1", "PriorityClass"))
+        )
         # Per ModelDeployment, the ConfigMap key it reads its architecture from and that
         # ConfigMap's data as its reconcile last fetched it (None: not found).
         self._model_configs: dict[tuple[str, str], tuple[ConfigMapKey, dict[str, Any] | None]] = {}
@@ -718,67 +715,25 @@ class Controller:
         )
         claims = {d: self.indices.claims(namespace, d) for d in deployments}
         now = _now()
-        quota = self._gpu_quota(namespace, name, deployments, now.timestamp())
+        quota = self._quotas.quota(
+            namespace, name, deployments, left=self.indices.gpu_quota_left(namespace),
+            pods={
+                d: self.indices.pods_created(namespace, str(md.metadata.get("uid")))
+                for d, md in deployments.items()
+            },
+            now_s=now.timestamp(), interval_s=self.autoscaler.interval_s,
+        )  # fmt: skip
         result = tick(
             service, deployments, source,
             settings=settings, now=now, claims=claims, catalog=self.install.gpus,
             gpu_quota=quota,
         )  # fmt: skip
         if result.gpu_claim is not None:
-            with self._gpu_claims_lock:
-                self._gpu_claims.setdefault(namespace, {})[name] = result.gpu_claim
+            self._quotas.record(namespace, name, result.gpu_claim)
         self._post(body, (Event(*event) for event in result.events))
         self._write_status(service_key, body, result.status)
         self._ticked[key] = time.monotonic()
         return Done()
-
-    def _gpu_quota(
-        self, namespace: str, name: str, deployments: Mapping[str, ModelDeployment], now_s: float
-    ) -> GpuQuota | None:
-        """What the namespace's GPU quota leaves service `name` this tick: the GPUs no pod
-        holds, less those the other services' live claims ahead of it wait for (None: no quota
-        on GPUs)."""
-        left = self.indices.gpu_quota_left(namespace)
-        # A claim lives three ticks: a service deleted or no longer autoscaled stops holding.
-        expired = now_s - 3 * self.autoscaler.interval_s
-        with self._gpu_claims_lock:
-            live = {
-                service: claim
-                for service, claim in self._gpu_claims.pop(namespace, {}).items()
-                if claim.at_s >= expired
-            }
-            if left is not None:
-                self._gpu_claims[namespace] = live
-            claims = list(live.values())
-        if left is None:
-            return None
-        own = live.get(name)
-        priorities = self._read_priorities()
-        priority = max(
-            (priorities.of_deployment(md) for md in deployments.values()),
-            default=priorities.default,
-        )
-        share = quota_share(name, priority, own is not None and own.slo_missed, left, claims)
-        pods = {
-            d: self.indices.pods_created(namespace, str(md.metadata.get("uid")))
-            for d, md in deployments.items()
-        }
-        return GpuQuota(share.left, pods, priority, share.yields_to)
-
-    def _read_priorities(self) -> Priorities:
-        """The PriorityClasses, read again when `PRIORITIES_TTL_S` old; what was read before
-        (none at first: every service of priority 0) when they cannot be read (logged)."""
-        now = time.monotonic()
-        cached = self._priorities
-        if cached is not None and now - cached[0] < PRIORITIES_TTL_S:
-            return cached[1]
-        try:
-            read = Priorities.of(kube().list("scheduling.k8s.io/v1", "PriorityClass"))
-        except Exception as error:  # not granted, or the API server away: tried again later
-            logger.warning("cannot read PriorityClasses (%s): GPU quota served unordered", error)
-            read = cached[1] if cached is not None else Priorities()
-        self._priorities = (now, read)
-        return read
 
 
 Model = TypeVar("Model", InferenceService, ModelDeployment)
