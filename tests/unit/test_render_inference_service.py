@@ -199,11 +199,25 @@ def test_a_router_holds_requests_for_a_wake_only_where_its_service_may_go_to_zer
 ) -> None:
     md = model_deployment(spec(), name="llama")
     isvc = service([{"name": "llama"}], autoscaling=autoscaling | {"wakeTimeoutSeconds": 900})
-    args = router_args(render_inference_service(isvc, {"llama": md}))
+    objects = render_inference_service(isvc, {"llama": md})
+    args = router_args(objects)
+    (role,) = [o for o in objects if o["kind"] == "Role"]
+    pushed_to = [o for o in objects if o["kind"] == "ConfigMap"]
     if wake:
         assert args[args.index("--wake-timeout") + 1] == "900"
+        assert args[args.index("--wake-config-map") + 1] == "chat-router-wake"
+        # The router may write that one ConfigMap, by name, and no other.
+        assert [o["metadata"]["name"] for o in pushed_to] == ["chat-router-wake"]
+        assert "data" not in pushed_to[0]
+        assert role["rules"][1] == {
+            "apiGroups": [""], "resources": ["configmaps"],
+            "resourceNames": ["chat-router-wake"], "verbs": ["get", "patch"],
+        }  # fmt: skip
     else:
         assert "--wake-timeout" not in args
+        assert "--wake-config-map" not in args
+        assert pushed_to == []
+        assert len(role["rules"]) == 1
 
 
 @pytest.mark.parametrize(

@@ -192,6 +192,13 @@ def router_command(
             "many seconds for one to serve (default: 503 at once)."
         ),
     ] = None,
+    wake_config_map: Annotated[
+        str | None,
+        typer.Option(
+            help="ConfigMap (in --namespace) to push the count of requests held for a replica "
+            "to, so that the autoscaler wakes the service at once."
+        ),
+    ] = None,
 ) -> None:
     """Serve an InferenceService's router: an OpenAI-compatible streaming proxy that picks
     replicas by outstanding tokens and prefix, hands prefill over to decode, and counts each
@@ -199,6 +206,7 @@ def router_command(
     from inferfleet.router import server as router_server
     from inferfleet.router.discovery import discovery_for
     from inferfleet.router.keyfiles import engine_keys
+    from inferfleet.router.wake_push import with_wake_push
 
     try:
         config = RouterConfig(
@@ -215,6 +223,7 @@ def router_command(
             drain_delay_s=drain_delay,
             drain_timeout_s=drain_timeout,
             wake_timeout_s=wake_timeout,
+            wake_config_map=wake_config_map,
         )
         engine_keys(config.backends)  # readable now, or said so before anything starts
     except ValueError as error:
@@ -226,9 +235,8 @@ def router_command(
     if admin_port == port:
         typer.echo("error: --admin-port must differ from --port", err=True)
         raise typer.Exit(EXIT_INVALID)
-    router_server.run(
-        config, host=host, port=port, admin_port=admin_port, discovery=discovery_for(config)
-    )
+    discovery_task = with_wake_push(config, discovery_for(config))
+    router_server.run(config, host=host, port=port, admin_port=admin_port, discovery=discovery_task)
 
 
 # Options of `inferfleet run` that the chart sets, named here to keep the command short.

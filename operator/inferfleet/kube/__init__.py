@@ -240,6 +240,23 @@ class Kube:
             raise
         return _wire(stored)
 
+    def merge_patch(
+        self, api_version: str, kind: str, name: str, namespace: str | None, body: dict[str, Any]
+    ) -> None:
+        """Merge `body` into one object (JSON merge patch: lists are replaced whole)."""
+        try:
+            self.resource(api_version, kind).patch(
+                body=body,
+                name=name,
+                namespace=namespace,
+                content_type="application/merge-patch+json",
+                serialize=False,
+            )
+        except ApiException as error:
+            if (refused := _refusal(error)) is not None:
+                raise refused from error
+            raise
+
     def _resource_of(self, obj: dict[str, Any]) -> tuple[Any, str | None]:
         """The object's resource, and its namespace where the kind has one."""
         resource = self.resource(obj["apiVersion"], obj["kind"])

@@ -67,6 +67,7 @@ from inferfleet.render.common import (
 )
 from inferfleet.render.model_deployment import engine_name, served_model_name
 from inferfleet.render.network import NetworkIsolation, router_network_policies
+from inferfleet.render.wake import wake_config_map_name
 from inferfleet.router.config import ADMIN_PORT, DiscoveryMode
 
 ROUTER_PORT: Final = 8000
@@ -170,15 +171,34 @@ def router_args(
     if slo.tpot_p95_ms is not None:
         args += ["--slo-tpot-p95-ms", f"{slo.tpot_p95_ms:g}"]
     args += ["--slo-attainment-target", f"{slo.attainment_target:g}"]
+    if may_sleep(isvc, resolved):
+        args += ["--wake-timeout", str(isvc.spec.autoscaling.wake_timeout_seconds)]
+        args += ["--wake-config-map", wake_config_map_name(str(isvc.metadata["name"]))]
+    return args + tenant_args(isvc.spec.tenants)
+
+
+def may_sleep(
+    isvc: InferenceService, resolved: Sequence[tuple[DeploymentRef, ModelDeployment]]
+) -> bool:
+    """Whether the autoscaler may take one of the service's deployments to zero replicas:
+    then its router holds requests while they wake, and pushes their count (`render.wake`)."""
     autoscaling = isvc.spec.autoscaling
-    if any(
+    return any(
         autoscaling.scales_to_zero(
             disaggregated=md.spec.topology.mode == TopologyMode.DISAGGREGATED
         )
         for _, md in resolved
-    ):
-        args += ["--wake-timeout", str(autoscaling.wake_timeout_seconds)]
-    return args + tenant_args(isvc.spec.tenants)
+    )
+
+
+def wake_config_map(owner: Owner) -> dict[str, Any]:
+    """The ConfigMap the router pushes its held requests to (`render.wake`); the operator
+    sets only its metadata, the router its data."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": object_meta(wake_config_map_name(owner.name), owner, router_labels(owner.name)),
+    }
 
 
 TENANT_KEYS_DIR: Final = "/etc/inferfleet/tenants"
@@ -393,18 +413,29 @@ def router_service_account(owner: Owner) -> dict[str, Any]:
 
 
 def router_role(
-    owner: Owner, discovery: DiscoveryMode = DiscoveryMode.ENDPOINT_SLICES
+    owner: Owner, discovery: DiscoveryMode = DiscoveryMode.ENDPOINT_SLICES, *, wakes: bool = False
 ) -> dict[str, Any]:
-    """Read access to what the router's discovery watches in its namespace, nothing else."""
+    """Read access to what the router's discovery watches in its namespace; and where the
+    service may go to zero, its own wake ConfigMap to push to (by name); nothing else."""
     if discovery == DiscoveryMode.PODS:
         rule = {"apiGroups": [""], "resources": ["pods", "services"]}
     else:
         rule = {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"]}
+    rules = [rule | {"verbs": ["get", "list", "watch"]}]
+    if wakes:
+        rules.append(
+            {
+                "apiGroups": [""],
+                "resources": ["configmaps"],
+                "resourceNames": [wake_config_map_name(owner.name)],
+                "verbs": ["get", "patch"],
+            }
+        )
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
         "metadata": object_meta(router_name(owner.name), owner, router_labels(owner.name)),
-        "rules": [rule | {"verbs": ["get", "list", "watch"]}],
+        "rules": rules,
     }
 
 
@@ -446,10 +477,12 @@ def render_inference_service(
     Raises `MissingReferenceError` when a referenced ModelDeployment is not among them."""
     owner = Owner.of(f"{API_GROUP}/{API_VERSION}", KIND, isvc.metadata)
     resolved = resolve_deployments(isvc, owner, deployments)
+    wakes = may_sleep(isvc, resolved)
     objects = [
         router_service_account(owner),
-        router_role(owner, router_discovery),
+        router_role(owner, router_discovery, wakes=wakes),
         router_role_binding(owner),
+        *([wake_config_map(owner)] if wakes else []),
         router_service(owner),
         router_pod_disruption_budget(owner),
         router_deployment(owner, isvc, resolved, router_image, router_discovery),

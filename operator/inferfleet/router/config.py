@@ -190,6 +190,9 @@ class RouterConfig:
     replica of a deployment it may go to is held up to this long for one to serve
     (`inferfleet_router_waiting_for_replicas` counts them, and `Router.on_waiting` hears each
     change), then gets 503 with Retry-After. None: 503 at once."""
+    wake_config_map: str | None = None
+    """The ConfigMap, in the router's namespace, that it pushes its held requests' count to
+    (`render.wake`, `router.wake_push`), so that the autoscaler wakes the service at once."""
     affinity_slack_tokens: int = 8192
     """How many more outstanding tokens a replica holding a request's prefix may carry than
     the least loaded one and still be chosen for it."""

@@ -248,7 +248,7 @@ class PodWatcher(_Watcher):
                 self._publish_changed()
 
 
-def _own_namespace(config: RouterConfig) -> str:
+def own_namespace(config: RouterConfig) -> str:
     if config.namespace:
         return config.namespace
     if _SERVICE_ACCOUNT_NAMESPACE.exists():
@@ -271,7 +271,7 @@ def discovery_for(config: RouterConfig, kube: Kube | None = None) -> Discovery |
             loop.call_soon_threadsafe(router.set_replicas, backend.deployment, role, urls)
 
         watching = PodWatcher if config.discovery == DiscoveryMode.PODS else EndpointSliceWatcher
-        watcher = watching(client, _own_namespace(config), backends, publish)
+        watcher = watching(client, own_namespace(config), backends, publish)
         thread = threading.Thread(target=watcher.run, name=f"{config.discovery}-watch", daemon=True)
         thread.start()
         try:
