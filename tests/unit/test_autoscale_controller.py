@@ -20,7 +20,7 @@ from inferfleet.autoscale.controller import (
     current_replicas,
     tick,
 )
-from inferfleet.autoscale.policy import policy_spec
+from inferfleet.autoscale.policy import Reason, policy_spec
 from inferfleet.autoscale.queries import (
     STALENESS,
     DeploymentUsage,
@@ -497,3 +497,24 @@ def test_the_cold_starts_measured_and_planned_with_are_in_status() -> None:
     [cold_starts] = later.status["coldStarts"]
     assert cold_starts["measuredSeconds"] == [100.0]
     assert cold_starts["plannedSeconds"] == 100.0
+
+
+def test_a_service_at_zero_wakes_on_the_requests_its_router_pushed_before_a_scrape() -> None:
+    """Prometheus has not scraped the held requests yet: the count the router pushed wakes
+    the service in this tick; without it, the service stays at zero."""
+    body = inference_service().to_wire()
+    body["spec"]["autoscaling"]["aggregated"] = {"minReplicas": 0, "maxReplicas": 20}
+    body["status"] = {"replicas": [{"deployment": "llama", "role": "aggregated", "replicas": 0}]}
+    service = InferenceService.model_validate(body)
+    idle = Scripted(busy(0.0, in_flight_requests=0.0, attainment=None, ready_replicas=0.0))
+    md = model_deployment()
+    asleep = tick(service, {"llama": md}, idle, settings=SETTINGS, now=NOW)
+    [held] = asleep.deployments
+    assert held.decision.replicas == {Role.AGGREGATED: 0}
+    assert held.decision.reason is Reason.IDLE_AT_ZERO
+
+    woken = tick(service, {"llama": md}, idle, settings=SETTINGS, now=NOW, waiting=3)
+    [decided] = woken.deployments
+    assert decided.decision.reason is Reason.WAKE_FROM_ZERO
+    assert decided.decision.replicas[Role.AGGREGATED] >= 1
+    assert woken.status["replicas"][0]["replicas"] >= 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import threading
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import kopf
@@ -13,6 +14,7 @@ from inferfleet.autoscale.ownership import Claim, claims_of
 from inferfleet.reconcile import handlers
 from inferfleet.reconcile.controller import Controller, Done
 from inferfleet.render import InstallSettings
+from inferfleet.render.wake import push_body
 
 
 def test_every_object_reaches_the_one_controller_and_cleanup_stops_it() -> None:
@@ -330,6 +332,50 @@ def test_a_router_deployment_queues_its_service_when_its_endpoint_starts_or_stop
         assert not await _drained(controller)
         controller.child_changed("llm", _router_deployment(0), gone=False)
         assert await _drained(controller)
+        await controller.stop()
+
+    asyncio.run(scenario())
+
+
+def _wake_config_map(waiting: int | None, pushed_at: datetime) -> dict[str, Any]:
+    data = {} if waiting is None else push_body(waiting, "chat-router-x", pushed_at)
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": "chat-router-wake",
+            "namespace": "llm",
+            "uid": "wake-uid",
+            "labels": dict(handlers.MANAGED_BY_SELECTOR),
+            "ownerReferences": [
+                {"kind": "InferenceService", "name": "chat", "uid": "chat-uid", "controller": True}
+            ],
+        },
+    } | data
+
+
+def test_a_router_that_holds_requests_queues_its_services_tick_at_once() -> None:
+    async def scenario() -> None:
+        controller = Controller({}, install=InstallSettings(), autoscaler=None)
+        now = datetime.now(UTC)
+
+        async def ticked() -> set[tuple[str, str]]:
+            keys = set()
+            while len(controller.ticks):
+                key = await controller.ticks.get()
+                controller.ticks.done(key)
+                keys.add(key)
+            return keys
+
+        controller.child_changed("llm", _wake_config_map(None, now), gone=False)
+        assert await ticked() == set(), "rendered, nothing pushed yet"
+        controller.child_changed("llm", _wake_config_map(3, now), gone=False)
+        assert await ticked() == {("llm", "chat")}
+        controller.child_changed("llm", _wake_config_map(0, now), gone=False)
+        assert await ticked() == set(), "none held: no tick before the next interval"
+        stale = now - timedelta(minutes=5)
+        controller.child_changed("llm", _wake_config_map(3, stale), gone=False)
+        assert await ticked() == set(), "a router that stopped pushing is not believed"
         await controller.stop()
 
     asyncio.run(scenario())

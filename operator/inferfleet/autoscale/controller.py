@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -352,10 +352,13 @@ def tick(
     claims: Mapping[str, Sequence[Claim]] | None = None,
     catalog: GpuCatalog | None = None,
     gpu_quota: GpuQuota | None = None,
+    waiting: int = 0,
 ) -> TickResult:
     """One autoscaling tick of `service` over the `deployments` it references found in its
     namespace; `claims`: per deployment, every service's claim on it (None: it owns all it
-    autoscales); `gpu_quota`: what the namespace's GPU quota leaves it (None: no quota)."""
+    autoscales); `gpu_quota`: what the namespace's GPU quota leaves it (None: no quota);
+    `waiting`: the requests its router pushed that it holds for want of a replica, where that
+    is more than Prometheus has scraped yet (`render.wake`)."""
     catalog = catalog or GpuCatalog.builtin()
     name = str(service.metadata.get("name"))
     namespace = str(service.metadata.get("namespace"))
@@ -380,6 +383,9 @@ def tick(
             reading, source, namespace, deployment, spec.role_names,
             settings=settings, now_s=now_s,
         )  # fmt: skip
+        if snapshot is not None and waiting > snapshot.service.waiting_for_replicas:
+            pushed = replace(snapshot.service, waiting_for_replicas=float(waiting))
+            snapshot = replace(snapshot, service=pushed)
         current = current_replicas(md, before.get(deployment))
         decision = decide(
             spec, snapshot, current, _history(service, deployment),

@@ -72,6 +72,7 @@ from inferfleet.render.common import (
     label_value,
 )
 from inferfleet.render.multinode import LWS_API_VERSION, LWS_KIND
+from inferfleet.render.wake import PushedWait, pushed_wait
 
 CHILD_KINDS = (
     ("apps/v1", "Deployment"),
@@ -260,6 +261,8 @@ class Controller:
         """What the indices held of each created object when its owner was last queued."""
         self._after_reconcile: dict[Key, list[Callable[[], bool]]] = {}
         """Per object, events that arrived while its reconcile ran (`_add_unless_echo`)."""
+        self._pushed: dict[tuple[str, str], PushedWait] = {}
+        """Per service, what its router last pushed of the requests it holds (`render.wake`)."""
         self._quotas = QuotaBook(
             lambda: Priorities.of(kube().list("scheduling.k8s.io/v1", "PriorityClass"))
         )
@@ -367,6 +370,8 @@ class Controller:
         child = child_of(namespace, obj)
         if child is None:
             return
+        if child.key.kind == "ConfigMap" and not gone:
+            self._heard_wake(namespace, obj)
         seen = (namespace, str((obj.get("metadata") or {}).get("uid", "")))
 
         def news() -> bool:
@@ -389,6 +394,24 @@ class Controller:
             news()
         else:
             self._add_unless_echo(owner, news)
+
+    def _heard_wake(self, namespace: str, obj: Mapping[str, Any]) -> None:
+        """A router pushed the requests it holds for want of a replica (`render.wake`): kept
+        for the next tick of its service, which is queued at once when any wait."""
+        pushed = pushed_wait(obj)
+        owner = next(
+            (
+                str(ref.get("name"))
+                for ref in (obj.get("metadata") or {}).get("ownerReferences") or []
+                if ref.get("kind") == INFERENCE_SERVICE and ref.get("controller")
+            ),
+            None,
+        )
+        if pushed is None or owner is None:
+            return
+        self._pushed[(namespace, owner)] = pushed
+        if pushed.waiting > 0 and pushed.fresh(_now()):
+            self.ticks.add((namespace, owner))
 
     def _add_unless_echo(self, key: Key, news: Callable[[], bool]) -> None:
         """Queue `key` when `news()` says its event shows what the operator did not write.
@@ -723,10 +746,11 @@ class Controller:
             },
             now_s=now.timestamp(), interval_s=self.autoscaler.interval_s,
         )  # fmt: skip
+        pushed = self._pushed.get(key)
         result = tick(
             service, deployments, source,
             settings=settings, now=now, claims=claims, catalog=self.install.gpus,
-            gpu_quota=quota,
+            gpu_quota=quota, waiting=pushed.waiting if pushed and pushed.fresh(now) else 0,
         )  # fmt: skip
         if result.gpu_claim is not None:
             self._quotas.record(namespace, name, result.gpu_claim)
