@@ -55,9 +55,12 @@ COLD_START_S = 10
 TICK_S = 5.0
 METRICS_WINDOW_S = 30.0
 """The autoscaler reads rates over this many seconds."""
+IDLE_S = 60
+"""The shortest idle period the API allows before a service goes to zero."""
+WAKE_TIMEOUT_S = 120
 
 
-def manifests(name: str, *, disaggregated: bool = False) -> str:
+def manifests(name: str, *, disaggregated: bool = False, to_zero: bool = False) -> str:
     deployment: dict[str, Any] = {
         "apiVersion": "inferfleet.io/v1alpha1",
         "kind": "ModelDeployment",
@@ -70,12 +73,18 @@ def manifests(name: str, *, disaggregated: bool = False) -> str:
             "replicas": 1,
         },
     }
-    bounds = {"minReplicas": 1, "maxReplicas": 6}
+    bounds = {"minReplicas": 0 if to_zero else 1, "maxReplicas": 6}
     autoscaling: dict[str, Any] = {
         "policy": "goodput",
         "coldStartSeconds": COLD_START_S,
         "scaleDownStabilizationSeconds": 600,
     }
+    if to_zero:
+        autoscaling |= {
+            "scaleToZeroIdleSeconds": IDLE_S,
+            "wakeTimeoutSeconds": WAKE_TIMEOUT_S,
+            "scaleDownStabilizationSeconds": 60,
+        }
     if disaggregated:
         deployment["spec"]["topology"] = {"mode": "disaggregated", "prefill": {"replicas": 1}}
         autoscaling |= {"prefill": bounds, "decode": bounds}
@@ -469,3 +478,89 @@ def test_longer_prompts_at_the_same_rate_shift_the_prefill_decode_ratio(fleet: F
     assert max(ratio(c) for c in before) <= 1.0, timeline.describe()
     assert ratio(after[-1]) > max(ratio(c) for c in before), timeline.describe()
     assert after[-1]["prefill"] >= 2, timeline.describe()
+
+
+def _first_token_s(url: str) -> tuple[int, float]:
+    """A streamed request's status and the seconds to its first token (wall clock)."""
+    started = time.monotonic()
+    body = {"model": MODEL, "prompt": "wake up " * 50, "max_tokens": 8, "stream": True}
+    with (
+        httpx.Client(timeout=WAKE_TIMEOUT_S + 30) as client,
+        client.stream("POST", f"{url}/v1/completions", json=body) as response,
+    ):
+        first = None
+        for line in response.iter_lines():
+            if first is None and line.startswith("data: {"):
+                first = time.monotonic() - started
+        return response.status_code, first if first is not None else math.inf
+
+
+def test_an_idle_service_goes_to_zero_and_a_request_wakes_every_pool(fleet: Fleet) -> None:
+    """Aggregated and disaggregated, side by side: no request for the idle period takes every
+    pool to zero (the router stays); a request held at zero wakes them through the router's
+    push, and is answered, its wait counted in its TTFT."""
+    namespace = "idle"
+    names = {"solo": False, "split": True}
+    for name, disaggregated in names.items():
+        fleet.apply(namespace, manifests(name, disaggregated=disaggregated, to_zero=True))
+    routers = {name: fleet.router(namespace, name) for name in names}
+
+    def at_zero() -> bool:
+        return all(
+            set(fleet.replicas(namespace, name).values()) == {0}
+            and not fleet.kubectl.json(
+                "get", "pods", "-n", namespace, "-l", f"inferfleet.io/model-deployment={name}"
+            )["items"]
+            for name in names
+        )
+
+    started = time.monotonic()
+    assert wait_until(at_zero, IDLE_S + 120, 2), (
+        {name: fleet.replicas(namespace, name) for name in names},
+        fleet.diagnostics(),
+    )
+    print(f"\nat zero {time.monotonic() - started:.0f} s after the services were Ready")
+    for name in names:
+        md = fleet.get("modeldeployment", name, namespace)
+        ready = next(c for c in md["status"]["conditions"] if c["type"] == "Ready")
+        assert (ready["status"], ready["reason"]) == ("True", "ScaledToZero"), ready
+        assert any("ScaleToZeroIdle" in line for line in _decisions(fleet, namespace, name))
+        # The router stays, and says it is ready to hold requests.
+        health = httpx.get(f"http://{routers[name]}:{PORT}/health", timeout=5.0)
+        assert health.status_code == 200, health.text
+
+    answered: dict[str, tuple[int, float]] = {}
+
+    def ask(name: str) -> None:
+        answered[name] = _first_token_s(f"http://{routers[name]}:{PORT}")
+
+    callers = [threading.Thread(target=ask, args=(name,)) for name in names]
+    for caller in callers:
+        caller.start()
+    for caller in callers:
+        caller.join()
+    print(f"first token after a wake from zero (s): {answered}")
+    for name, (status, ttft_s) in answered.items():
+        assert status == 200, (name, status, fleet.diagnostics())
+        # Held for an engine to start (kwok pod, emulator process, readiness, discovery):
+        # seconds here, the cold start on a cluster; within the router's wake timeout.
+        assert 0.5 < ttft_s < WAKE_TIMEOUT_S, (name, ttft_s)
+        assert all(n >= 1 for n in fleet.replicas(namespace, name).values())
+        decisions = _decisions(fleet, namespace, name)
+        assert any("WakeFromZero" in line for line in decisions), decisions
+        # The router pushed what it held, and once it was answered, that none is left.
+        wake = fleet.get("configmap", f"{name}-router-wake", namespace)
+        assert wake["data"]["waitingForReplicas"] == "0", wake
+        assert wake["data"]["router"].startswith(f"{name}-router-"), wake
+    roles = fleet.replicas(namespace, "split")
+    assert set(roles) == {"prefill", "decode"}, roles
+    # The held requests are counted against the SLO as any request is, their wait included:
+    # the p95 TTFT the loop reads back lies in the router's histogram bucket of that wait.
+
+    def observed_ttft_ms(name: str) -> float:
+        status = fleet.get("infsvc", name, namespace).get("status") or {}
+        return float((status.get("observed") or {}).get("ttftP95Ms") or 0.0)
+
+    assert wait_until(
+        lambda: all(observed_ttft_ms(n) >= 500 * answered[n][1] for n in names), 60, 2
+    ), {name: observed_ttft_ms(name) for name in names}

@@ -288,7 +288,9 @@ def _router_container(image: str, args: list[str]) -> dict[str, Any]:
             {
                 "name": "POD_NAMESPACE",
                 "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
-            }
+            },
+            # Who pushed the held requests (`render.wake`).
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         ],
         # No CPU limit: the proxy's CPU need follows the request rate, and a limit would
         # throttle streaming responses. Memory is bounded by the router's own caps on what

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import socket
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -36,7 +37,7 @@ Patch = Callable[[dict[str, Any]], None]
 class WakePush:
     def __init__(self, patch: Patch, router: str | None = None) -> None:
         self._patch = patch
-        self._router = router or socket.gethostname()
+        self._router = router or os.environ.get("POD_NAME") or socket.gethostname()
         self._waiting = 0
         self._pushed: int | None = None
         self._changed = asyncio.Event()
