@@ -21,7 +21,13 @@ from inferfleet.autoscale.baselines import (
     role_capacity,
 )
 from inferfleet.autoscale.snapshot import MetricsSnapshot, RoleMetrics, ServiceMetrics
-from inferfleet.bench.autoscale import direction_changes, load_steps
+from inferfleet.bench.autoscale import (
+    direction_changes,
+    load_steps,
+    markdown_table,
+    result_json,
+    run_scenario,
+)
 from inferfleet.bench.references import Service, per_window_oracle, window_scores
 from inferfleet.bench.scenario import parse_scenario, with_cold_start
 from inferfleet.planning.load import OperatingPoint, operating_point
@@ -259,3 +265,46 @@ def test_bench_autoscale_writes_the_table_the_json_and_the_plots(tmp_path: Path)
     assert (out / "tiny.md").read_text().startswith("### tiny")
     for name in ("tiny_replicas.png", "tiny_attainment.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+IDLE_SCENARIO = (
+    SCENARIO.replace(
+        "pattern: step, rate: 1, durationS: 240",
+        "pattern: sessions, rate: 1, durationS: 3000",
+    )
+    .replace(
+        "patternOptions: {rate_after: 16, switch_s: 100}",
+        "patternOptions: {session_every_s: 500, session_s: 120}",
+    )
+    .replace(
+        "aggregated: {minReplicas: 1, maxReplicas: 8}}",
+        "aggregated: {minReplicas: 0, maxReplicas: 8}, scaleToZeroIdleSeconds: 60, "
+        "coldStartSeconds: 30}",
+    )
+)
+
+
+def test_a_service_that_scales_to_zero_is_compared_with_its_one_replica_floor() -> None:
+    scenario = parse_scenario(IDLE_SCENARIO)
+    result = run_scenario(scenario, ".", ["goodput", "goodput-floor", "static-peak"])
+    by_policy = {r.policy: r for r in result.results}
+    assert list(by_policy) == ["goodput", "goodput-floor", "static-peak"]
+    zero, floor = by_policy["goodput"], by_policy["goodput-floor"]
+    assert zero.gpu_hours < floor.gpu_hours
+    assert zero.attainment < floor.attainment  # the requests held while it wakes
+    wake = result.wake
+    assert wake is not None
+    assert wake.wakes >= 2
+    assert wake.requests > 0
+    assert wake.failed == 0
+    # Held for a cold start (30 s) at most, and the first of each wake for about that long.
+    assert wake.ttft_max_s is not None
+    assert 20.0 <= wake.ttft_max_s <= 30.0 + 5.0
+    text = markdown_table(result)
+    assert "held at one replica per pool" in text
+    assert f"Wakes: {wake.wakes};" in text
+    assert result_json(result)["wake"]["requests"] == wake.requests
+    # A service held at one replica or more has no floor to compare with.
+    steady = run_scenario(parse_scenario(SCENARIO), ".", ["goodput", "goodput-floor"])
+    assert [r.policy for r in steady.results] == ["goodput"]
+    assert steady.wake is None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,8 @@ from inferfleet.bench.traces import (
     poisson,
     requests_from_trace,
     scaled,
+    session_segments,
+    sessions,
     step,
     summarize,
     synthetic,
@@ -298,6 +301,36 @@ def test_burst_segments_and_rates() -> None:
         burst_segments(1.0, 2.0, 10.0, burst_every_s=5.0, burst_s=6.0)
 
 
+def test_sessions_come_apart_at_random_and_nothing_arrives_between_them() -> None:
+    segments = session_segments(
+        2.0, 200_000.0, session_every_s=2700.0, session_s=600.0, rng=random.Random(3)
+    )
+    assert all(rate == 2.0 for _, _, rate in segments)
+    assert all(end - start == pytest.approx(600.0) for start, end, _ in segments[:-1])
+    gaps = [later[0] - earlier[1] for earlier, later in itertools.pairwise(segments)]
+    assert all(gap > 0 for gap in gaps)
+    # Exponential gaps: their mean near the one asked for, and as spread as the mean.
+    mean = statistics.fmean(gaps)
+    assert abs(mean - 2700.0) < 4 * 2700.0 / math.sqrt(len(gaps))
+    assert statistics.stdev(gaps) > 0.5 * mean
+    requests = sessions(
+        0.5, 36_000.0, session_every_s=2700.0, session_s=600.0,
+        input_tokens=5, output_tokens=5, seed=1,
+    )  # fmt: skip
+    assert requests == sessions(
+        0.5, 36_000.0, session_every_s=2700.0, session_s=600.0,
+        input_tokens=5, output_tokens=5, seed=1,
+    )  # fmt: skip
+    # Nothing arrives between sessions: arrivals come in clusters under 600 s long.
+    arrivals = [r.arrival_s for r in requests]
+    starts = [arrivals[0]] + [b for a, b in itertools.pairwise(arrivals) if b - a > 600.0]
+    assert 5 <= len(starts) <= 25
+    for first, last in itertools.pairwise(starts):
+        assert max(t for t in arrivals if first <= t < last) - first < 600.0
+    with pytest.raises(ValueError, match="session_s"):
+        session_segments(1.0, 10.0, session_every_s=0.0, session_s=5.0, rng=random.Random(0))
+
+
 def test_mix_shift_keeps_the_rate_and_switches_lengths() -> None:
     requests = mix_shift(
         10.0,
@@ -333,6 +366,9 @@ def test_synthetic_dispatches_by_pattern_name_and_checks_options() -> None:
     )
     assert synthetic("burst", burst_rate=30.0, burst_every_s=10.0, burst_s=2.0, **common) == burst(
         4.0, 30.0, 30.0, burst_every_s=10.0, burst_s=2.0, input_tokens=50, output_tokens=20, seed=9
+    )
+    assert synthetic("sessions", session_every_s=5.0, session_s=3.0, **common) == sessions(
+        4.0, 30.0, session_every_s=5.0, session_s=3.0, input_tokens=50, output_tokens=20, seed=9
     )
     shifted = synthetic("mix-shift", output_tokens_after=99, **common)
     assert {r.output_tokens for r in shifted if r.arrival_s >= 15.0} == {99}

@@ -58,7 +58,10 @@ from inferfleet.slo import Outcome, Slo
 
 BASELINES = ("static-best", "static-peak", "static-mean", "hpa", "keda", "planner")
 """The policies the goodput policy has to beat (the clairvoyant schedule is a reference)."""
-POLICIES = ("goodput", *BASELINES, "clairvoyant")
+FLOOR = "goodput-floor"
+"""The goodput policy held at one replica per pool: run only where the service scales to zero,
+as what scaling to zero saves against."""
+POLICIES = ("goodput", FLOOR, *BASELINES, "clairvoyant")
 POLICY_ALIASES = {"oracle": "clairvoyant"}
 """Names the command line still takes for a policy."""
 GOODPUT_INTERVAL_S = 15.0
@@ -222,6 +225,47 @@ def score(
     )
 
 
+@dataclass(frozen=True)
+class Wakes:
+    """The requests that arrived while the entry pool had no replica serving (held by the
+    router until one did), and their TTFT, the wait included."""
+
+    wakes: int
+    """Times the pools were ordered back from zero."""
+    requests: int
+    ttft_p50_s: float | None
+    ttft_p95_s: float | None
+    ttft_max_s: float | None
+    failed: int
+
+    def to_dict(self) -> dict[str, Any]:
+        def ms(value: float | None) -> float | None:
+            return None if value is None else value * 1e3
+
+        return {
+            "wakes": self.wakes,
+            "requests": self.requests,
+            "ttftP50Ms": ms(self.ttft_p50_s),
+            "ttftP95Ms": ms(self.ttft_p95_s),
+            "ttftMaxMs": ms(self.ttft_max_s),
+            "failed": self.failed,
+        }
+
+
+def wakes(run: FleetRun, entry_role: Role) -> Wakes:
+    held = [r for r in run.records if run.accepting(entry_role, r.arrival_s) == 0]
+    ttfts = sorted(t for r in held if (t := r.ttft_s) is not None)
+    woken = sum(1 for d in run.decisions if d.role is entry_role and d.before == 0 and d.after)
+    return Wakes(
+        wakes=woken,
+        requests=len(held),
+        ttft_p50_s=percentile(ttfts, 50) if ttfts else None,
+        ttft_p95_s=percentile(ttfts, 95) if ttfts else None,
+        ttft_max_s=ttfts[-1] if ttfts else None,
+        failed=sum(1 for r in held if r.outcome is Outcome.FAILED),
+    )
+
+
 def cheapest_baseline(results: Sequence[PolicyResult]) -> PolicyResult | None:
     """The baseline with the fewest GPU-hours among those that meet the target."""
     meeting = [r for r in results if r.policy in BASELINES and r.meets_target]
@@ -246,6 +290,8 @@ class ScenarioResult:
     static_best: StaticBest | None = None
     goodput_decisions: list[tuple[float, str, str]] = field(default_factory=list)
     """The goodput policy's changes: time, reason and message."""
+    wake: Wakes | None = None
+    """Where the service scales to zero: the goodput policy's wakes."""
 
     @property
     def oracle(self) -> Oracle:
@@ -273,6 +319,8 @@ def build_scaler(
     tpot = None if slo.tpot_p95_ms is None else slo.tpot_p95_ms / 1e3
     if policy == "goodput":
         return GoodputScaler(service.policy), first
+    if policy == FLOOR:
+        return GoodputScaler(service.policy.awake()), first
     if policy in ("static-peak", "static-mean"):
         served = clairvoyant.served(window_s)
         counts = static_counts(served, service.roles, peak=policy == "static-peak")
@@ -361,7 +409,10 @@ def run_scenario(
     runs: dict[str, FleetRun] = {}
     results: list[PolicyResult] = []
     goodput_decisions: list[tuple[float, str, str]] = []
+    wake: Wakes | None = None
     for policy in names:
+        if policy == FLOOR and not service.policy.scales_to_zero:
+            continue
         started = clock()
         if policy == "clairvoyant":
             run = clairvoyant.run
@@ -377,11 +428,13 @@ def run_scenario(
                 mix=mix,
             )
             run = simulate(requests, replace(base, initial_replicas=initial), scaler)
-            if isinstance(scaler, GoodputScaler):
+            if isinstance(scaler, GoodputScaler) and policy == "goodput":
                 goodput_decisions = [
                     (at, decision.reason.value, decision.message)
                     for at, decision in scaler.decisions
                 ]
+                if service.policy.scales_to_zero:
+                    wake = wakes(run, base.entry_role)
         if policy not in ("clairvoyant", "static-best"):
             cpu[policy] = clock() - started
         runs[policy] = run
@@ -410,6 +463,7 @@ def run_scenario(
         cpu_s=cpu,
         static_best=best,
         goodput_decisions=goodput_decisions,
+        wake=wake,
     )
 
 
@@ -490,6 +544,23 @@ def summary_lines(result: ScenarioResult) -> list[str]:
             f"{goodput.gpu_hours / cheapest.gpu_hours:.2f}x its GPU-hours"
             f"{'' if goodput.meets_target else ' and misses the target'}."
         )
+    floor = next((r for r in result.results if r.policy == FLOOR), None)
+    if goodput is not None and floor is not None:
+        lines += [
+            "",
+            f"Scaled to zero, goodput uses {goodput.gpu_hours / floor.gpu_hours:.2f}x the "
+            f"GPU-hours of the same policy held at one replica per pool ({floor.gpu_hours:.2f} "
+            f"GPU-h, attainment {floor.attainment:.4f}).",
+        ]
+    wake = result.wake
+    if wake is not None:
+        lines += [
+            "",
+            f"Wakes: {wake.wakes}; {wake.requests} requests arrived with no replica serving and "
+            f"waited for one: TTFT p50 {_fmt(wake.ttft_p50_s, 1)} s, p95 "
+            f"{_fmt(wake.ttft_p95_s, 1)} s, max {_fmt(wake.ttft_max_s, 1)} s, the wait "
+            f"included; {wake.failed} failed.",
+        ]
     return lines
 
 
@@ -529,6 +600,7 @@ def result_json(result: ScenarioResult) -> dict[str, Any]:
             {"atS": at, "reason": reason, "message": message}
             for at, reason, message in result.goodput_decisions
         ],
+        "wake": None if result.wake is None else result.wake.to_dict(),
     }
 
 

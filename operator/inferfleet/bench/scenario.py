@@ -260,4 +260,7 @@ def fleet_config(
         scrape_delay_s=scenario.scrape_delay_s,
         metrics_window_s=scenario.metrics_window_s,
         horizon_s=horizon,
+        wake_timeout_s=float(scenario.service.autoscaling.wake_timeout_seconds)
+        if service.policy.scales_to_zero
+        else None,
     )

@@ -415,6 +415,7 @@ class Pattern(enum.StrEnum):
     STEP = "step"
     BURST = "burst"
     MIX_SHIFT = "mix-shift"
+    SESSIONS = "sessions"
 
 
 Segment = tuple[float, float, float]
@@ -612,6 +613,51 @@ def burst(
     return _build(arrivals, lengths_rng, sizes)
 
 
+def session_segments(
+    rate: float,
+    duration_s: float,
+    *,
+    session_every_s: float,
+    session_s: float,
+    rng: random.Random,
+) -> list[Segment]:
+    """Sessions of `session_s` at `rate` with nothing between them: each starts an
+    exponentially distributed gap (mean `session_every_s`) after the last one ended, the first
+    after such a gap from the start; a service idle most of the time, used now and then."""
+    if not (session_s > 0 and session_every_s > 0):
+        raise ValueError(
+            f"need session_s > 0 and session_every_s > 0, got {session_s}, {session_every_s}"
+        )
+    segments: list[Segment] = []
+    moment = rng.expovariate(1 / session_every_s)
+    while moment < duration_s:
+        end = min(moment + session_s, duration_s)
+        segments.append((moment, end, rate))
+        moment = end + rng.expovariate(1 / session_every_s)
+    return segments
+
+
+def sessions(
+    rate: float,
+    duration_s: float,
+    *,
+    session_every_s: float = 3600.0,
+    session_s: float = 300.0,
+    input_tokens: Lengths,
+    output_tokens: Lengths,
+    seed: int = 0,
+) -> list[TraceRequest]:
+    """Poisson arrivals at `rate` within sessions (`session_segments`), none between them."""
+    _check_duration(duration_s)
+    arrivals_rng, lengths_rng = _rngs(seed)
+    segments = session_segments(
+        rate, duration_s, session_every_s=session_every_s, session_s=session_s, rng=arrivals_rng
+    )
+    arrivals = _arrivals(segments, arrivals_rng)
+    sizes = [(0.0, _distribution(input_tokens), _distribution(output_tokens))]
+    return _build(arrivals, lengths_rng, sizes)
+
+
 def mix_shift(
     rate: float,
     duration_s: float,
@@ -652,13 +698,16 @@ def synthetic(
     burst_s: float = 10.0,
     input_tokens_after: Lengths | None = None,
     output_tokens_after: Lengths | None = None,
+    session_every_s: float = 3600.0,
+    session_s: float = 300.0,
 ) -> list[TraceRequest]:
     """One of the patterns by name, with one flat set of options (a command line's):
     * poisson: `rate`;
     * step: `rate`, then `rate_after` from `switch_s`;
     * burst: `rate`, with bursts at `burst_rate` for `burst_s` every `burst_every_s`;
     * mix-shift: `rate`; lengths switch to `input_tokens_after` (and `output_tokens_after`,
-      if given) at `switch_s`."""
+      if given) at `switch_s`;
+    * sessions: `rate` within sessions of `session_s`, a mean `session_every_s` apart."""
     kind = Pattern(pattern)
     if kind is Pattern.POISSON:
         return poisson(
@@ -685,6 +734,16 @@ def synthetic(
             duration_s,
             burst_every_s=burst_every_s,
             burst_s=burst_s,
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            seed=seed,
+        )
+    if kind is Pattern.SESSIONS:
+        return sessions(
+            rate,
+            duration_s,
+            session_every_s=session_every_s,
+            session_s=session_s,
             input_tokens=input_tokens,
             output_tokens=output_tokens,
             seed=seed,

@@ -20,6 +20,7 @@ from inferfleet.slo import Slo as RequestSlo
 # (tests/unit/test_cli_imports.py holds the two equal).
 BENCH_POLICIES = (
     "goodput",
+    "goodput-floor",
     "static-best",
     "static-peak",
     "static-mean",
