@@ -518,3 +518,25 @@ def test_a_service_at_zero_wakes_on_the_requests_its_router_pushed_before_a_scra
     assert decided.decision.reason is Reason.WAKE_FROM_ZERO
     assert decided.decision.replicas[Role.AGGREGATED] >= 1
     assert woken.status["replicas"][0]["replicas"] >= 1
+
+
+def test_without_prometheus_a_push_wakes_a_service_at_zero_and_moves_nothing_else() -> None:
+    body = inference_service().to_wire()
+    body["spec"]["autoscaling"]["aggregated"] = {"minReplicas": 0, "maxReplicas": 20}
+    body["status"] = {"replicas": [{"deployment": "llama", "role": "aggregated", "replicas": 0}]}
+    asleep = InferenceService.model_validate(body)
+    away = Scripted({}, fail=True)
+    md = model_deployment()
+    woken = tick(asleep, {"llama": md}, away, settings=SETTINGS, now=NOW, waiting=2)
+    [decided] = woken.deployments
+    assert decided.decision.reason is Reason.WAKE_FROM_ZERO
+    assert decided.decision.replicas[Role.AGGREGATED] >= 1
+    [metrics] = [c for c in woken.status["conditions"] if c["type"] == "MetricsAvailable"]
+    assert metrics["status"] == "False"
+    # Replicas that run (all unhealthy, say) hold for want of metrics, whatever the push says.
+    body["status"]["replicas"][0]["replicas"] = 2
+    running = InferenceService.model_validate(body)
+    held = tick(running, {"llama": md}, away, settings=SETTINGS, now=NOW, waiting=2)
+    [kept] = held.deployments
+    assert kept.decision.reason is Reason.NO_METRICS
+    assert kept.decision.replicas == {Role.AGGREGATED: 2}

@@ -14,9 +14,9 @@ One tick (`tick`), per ModelDeployment the service routes to:
    the `Autoscaling` condition says which service owns it.
 
 Prometheus unreachable, its answer malformed (an error, a matrix, a value that is not a
-number) or its samples stale: the policy holds the last decision (never zero)
-and `MetricsAvailable` turns False with the reason; it turns True again when fresh samples
-come back.
+number) or its samples stale: the policy holds the last decision (never going to zero for
+want of metrics) and `MetricsAvailable` turns False with the reason; it turns True again when
+fresh samples come back.
 
 `tick` reads and decides; the kopf handler writes what it returns. Apart from the queries and
 handing its record to the operator's metrics (`settings.metrics`, `autoscale.metrics`) it is a
@@ -68,7 +68,7 @@ from inferfleet.autoscale.queries import (
     snapshot_from_answers,
 )
 from inferfleet.autoscale.quota import GpuClaim, GpuQuota
-from inferfleet.autoscale.snapshot import MetricsSnapshot
+from inferfleet.autoscale.snapshot import MetricsSnapshot, ServiceMetrics
 from inferfleet.autoscale.tenants import TENANT_TOKENS_QUERY, TenantTokens, tenant_tokens
 from inferfleet.engines import roles_of
 from inferfleet.planning.replica import ReplicaConfig
@@ -383,10 +383,10 @@ def tick(
             reading, source, namespace, deployment, spec.role_names,
             settings=settings, now_s=now_s,
         )  # fmt: skip
-        if snapshot is not None and waiting > snapshot.service.waiting_for_replicas:
-            pushed = replace(snapshot.service, waiting_for_replicas=float(waiting))
-            snapshot = replace(snapshot, service=pushed)
         current = current_replicas(md, before.get(deployment))
+        snapshot = with_pushed_wait(
+            snapshot, waiting, current, now_s=now_s, window_s=settings.window_s
+        )
         decision = decide(
             spec, snapshot, current, _history(service, deployment),
             pins=_pins(md, now, own[deployment].pin_limits(spec.roles[0].gpus_per_replica)),
@@ -421,6 +421,31 @@ def tick(
     if settings.metrics is not None:
         settings.metrics.record(record)
     return TickResult(status, decisions, events, record, _gpu_claim(name, gpu_quota, quoted, now_s))
+
+
+def with_pushed_wait(
+    snapshot: MetricsSnapshot | None,
+    waiting: int,
+    current: Mapping[Role, int],
+    *,
+    now_s: float,
+    window_s: float,
+) -> MetricsSnapshot | None:
+    """The snapshot with the requests the router pushed that it holds, where Prometheus has
+    fewer yet. Without a snapshot (Prometheus away, the router not scraped yet), a service at
+    zero replicas is still woken by them: the push is itself a fresh measurement, of a service
+    with no engine to read. A service that runs replicas keeps holding for want of metrics."""
+    if waiting <= 0:
+        return snapshot
+    if snapshot is None:
+        if any(n > 0 for n in current.values()):
+            return None
+        held = ServiceMetrics(0.0, float(waiting), waiting_for_replicas=float(waiting))
+        return MetricsSnapshot(now_s, window_s, 0.0, held)
+    if waiting <= snapshot.service.waiting_for_replicas:
+        return snapshot
+    pushed = replace(snapshot.service, waiting_for_replicas=float(waiting))
+    return replace(snapshot, service=pushed)
 
 
 def _tick_record(
