@@ -147,6 +147,21 @@ MaxInFlightBytes = Annotated[
     int, typer.Option(help="Request bytes held at once; more get 503 (memory: ~4x this).")
 ]
 
+WakeTimeout = Annotated[
+    float | None,
+    typer.Option(
+        help="The service may be at zero replicas: hold a request that finds none this many "
+        "seconds for one to serve (default: 503 at once)."
+    ),
+]
+WakeConfigMap = Annotated[
+    str | None,
+    typer.Option(
+        help="ConfigMap (in --namespace) to push the count of requests held for a replica to, "
+        "so that the autoscaler wakes the service at once."
+    ),
+]
+
 
 @app.command("router")
 def router_command(
@@ -185,20 +200,8 @@ def router_command(
     drain_timeout: Annotated[
         float, typer.Option(help="Seconds in-flight streams may run on after that.")
     ] = 120.0,
-    wake_timeout: Annotated[
-        float | None,
-        typer.Option(
-            help="The service may be at zero replicas: hold a request that finds none this "
-            "many seconds for one to serve (default: 503 at once)."
-        ),
-    ] = None,
-    wake_config_map: Annotated[
-        str | None,
-        typer.Option(
-            help="ConfigMap (in --namespace) to push the count of requests held for a replica "
-            "to, so that the autoscaler wakes the service at once."
-        ),
-    ] = None,
+    wake_timeout: WakeTimeout = None,
+    wake_config_map: WakeConfigMap = None,
 ) -> None:
     """Serve an InferenceService's router: an OpenAI-compatible streaming proxy that picks
     replicas by outstanding tokens and prefix, hands prefill over to decode, and counts each
