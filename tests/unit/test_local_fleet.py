@@ -191,7 +191,7 @@ def test_an_engine_pod_runs_the_sim_engine_on_its_ip() -> None:
     assert process.container == "engine"
 
 
-def test_a_router_pod_runs_with_its_namespace_and_service_account() -> None:
+def test_a_router_pod_runs_with_its_namespace_its_name_and_service_account() -> None:
     router = deployment_of(rendered(), "router")
     process = pod_process(pod_of(router, "chat-router-0", ip="127.1.0.8"), EXECUTABLE)
     assert process is not None
@@ -199,7 +199,7 @@ def test_a_router_pod_runs_with_its_namespace_and_service_account() -> None:
     args = list(process.argv)
     assert args[args.index("--namespace") + 1] == "fleet"
     assert args[args.index("--discovery") + 1] == "pods"
-    assert process.env == {"POD_NAMESPACE": "fleet"}
+    assert process.env == {"POD_NAMESPACE": "fleet", "POD_NAME": "chat-router-0"}
     assert process.service_account == "chat-router"
     assert process.grace_s == 60
 
