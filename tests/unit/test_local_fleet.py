@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import base64
 import copy
+import dataclasses
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -189,6 +193,8 @@ def test_an_engine_pod_runs_the_sim_engine_on_its_ip() -> None:
     assert process.readiness == Probe("/health", 8000)
     assert process.key == "fleet_llama-0"
     assert process.container == "engine"
+    # Its preStop sleep, run by the agent before SIGTERM; the grace covers it and the drain.
+    assert (process.pre_stop_s, process.grace_s) == (5.0, 60.0)
 
 
 def test_a_router_pod_runs_with_its_namespace_its_name_and_service_account() -> None:
@@ -870,3 +876,39 @@ def test_a_pod_given_a_stopping_pods_ip_starts_when_that_process_has_ended(
     )
     stopped.stop()
     assert stopped._await_address() is False
+
+
+def test_a_deleted_pods_process_serves_through_its_prestop_sleep_then_gets_sigterm(
+    tmp_path: Path,
+) -> None:
+    # As a kubelet runs the preStop hook: the process is signalled only once the sleep is
+    # over (the routers have stopped sending it requests meanwhile), within the grace.
+    engine = deployment_of(rendered(), "aggregated")
+    found = pod_process(pod_of(engine, "llama-0"), EXECUTABLE)
+    assert found is not None
+    pod = dataclasses.replace(found, pre_stop_s=1.0, grace_s=10.0, readiness=None)
+    context = AgentContext(
+        kube=None,  # type: ignore[arg-type]
+        state_dir=tmp_path, api_server="https://127.0.0.1:6443",
+        ca_file=tmp_path / "ca.crt", executable=EXECUTABLE,
+    )  # fmt: skip
+    supervisor = PodSupervisor(pod, context, lambda *_: None, lambda *_: None)
+    signalled = tmp_path / "signalled"
+    script = (
+        "import pathlib, signal, sys, time\n"
+        "def stop(*_):\n"
+        f"    pathlib.Path({str(signalled)!r}).write_text(str(time.monotonic()))\n"
+        "    sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, stop)\n"
+        "time.sleep(60)\n"
+    )
+    process = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    supervising = threading.Thread(target=supervisor._supervise, args=(process,))
+    supervising.start()
+    time.sleep(0.5)  # the handler is installed
+    stopped_at = time.monotonic()
+    supervisor.stop()
+    supervising.join(15.0)
+    assert process.poll() == 0
+    waited = float(signalled.read_text()) - stopped_at
+    assert 1.0 <= waited < 1.0 + 2.0, waited

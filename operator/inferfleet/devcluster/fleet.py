@@ -11,10 +11,11 @@ process that dies while its pod exists is restarted with exponential backoff, as
 does (from 1 s, doubling to 60 s: quicker than a kubelet's 10 s to 5 min, for a playground),
 unless the pod's `restartPolicy` says otherwise (Never, or OnFailure after a success): then its
 pod turns Succeeded or Failed by the exit status, as a `helm test` pod must.
-A pod deleted or no longer Running: SIGTERM to its process group, SIGKILL after the pod's
-termination grace period. kwok hands a deleted pod's IP to the next pod at once; a pod given
-the IP of one whose process still stops is started when that process has ended (not Ready
-until then, reason `PodIPHeld`), as a kubelet keeps an IP until the pod's sandbox is gone.
+A pod deleted or no longer Running: its container's preStop sleep (the process serves on),
+then SIGTERM to its process group, SIGKILL once the pod's termination grace period is over.
+kwok hands a deleted pod's IP to the next pod at once; a pod given the IP of one whose process
+still stops is started when that process has ended (not Ready until then, reason
+`PodIPHeld`), as a kubelet keeps an IP until the pod's sandbox is gone.
 
 Identity: a router pod's process gets its pod's ServiceAccount as a kubelet gives it: a token
 from the TokenRequest API, bound to the pod, in a kubeconfig for the dev cluster's API server
@@ -54,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import functools
 import json
 import logging
@@ -409,7 +411,11 @@ class PodSupervisor:
                     self._sync_secrets()
                     secrets_synced = time.monotonic()
                 if self._stopping.wait(PROBE_INTERVAL_S):
-                    processes.stop([process.pid], grace_s=self.grace_s)
+                    # The preStop sleep, within the grace: the process serves on meanwhile.
+                    hook_s = min(self.pod.pre_stop_s, self.grace_s)
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        process.wait(timeout=hook_s)
+                    processes.stop([process.pid], grace_s=max(0.0, self.grace_s - hook_s))
                     log.info("%s: stopped (pid %d)", self.pod.key, process.pid)
                     return
         finally:

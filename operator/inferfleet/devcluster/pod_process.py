@@ -49,6 +49,9 @@ class PodProcess:
     argv: tuple[str, ...]
     env: Mapping[str, str] = field(default_factory=dict)
     grace_s: float = DEFAULT_GRACE_S
+    pre_stop_s: float = 0.0
+    """The container's preStop sleep: a deleted pod's process runs on this long (within its
+    grace) before SIGTERM, as a kubelet runs the hook."""
     service_account: str | None = None
     """The ServiceAccount whose token a router gets."""
     readiness: Probe | None = None
@@ -121,9 +124,18 @@ def _pod_fields(pod: Mapping[str, Any], container: Mapping[str, Any]) -> dict[st
         "container": str(container.get("name", "")),
         "ip": str(pod["status"]["podIP"]),
         "grace_s": float(DEFAULT_GRACE_S if grace is None else grace),
+        "pre_stop_s": pre_stop_sleep_s(container),
         "readiness": readiness_probe(container),
         "restart_policy": str(spec.get("restartPolicy") or "Always"),
     }
+
+
+def pre_stop_sleep_s(container: Mapping[str, Any]) -> float:
+    """The seconds of the container's preStop `sleep` action (0: none; other actions, which
+    the fleet agent does not run, count as none)."""
+    sleep = ((container.get("lifecycle") or {}).get("preStop") or {}).get("sleep") or {}
+    seconds = sleep.get("seconds")
+    return float(seconds) if isinstance(seconds, int) and seconds > 0 else 0.0
 
 
 def pod_process(pod: Mapping[str, Any], executable: str) -> PodProcess | None:

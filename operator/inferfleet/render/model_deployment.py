@@ -120,7 +120,12 @@ class Placement:
 
 IMAGE_PULL_ALLOWANCE_SECONDS: Final = 600
 TERMINATION_GRACE_SECONDS: Final = 60
-"""Time for an engine to finish in-flight requests after SIGTERM."""
+"""Time for a deleted engine pod to end: its preStop sleep, then its in-flight requests
+finished after SIGTERM."""
+PRE_STOP_SLEEP_SECONDS: Final = 5
+"""How long a deleted engine pod (a scale-in, a rollout) keeps serving before SIGTERM: the
+endpoints controller and the routers stop sending it requests first, so none reaches a
+listener that has closed; its streams run on meanwhile, and drain after SIGTERM."""
 REVISION_HISTORY_LIMIT: Final = 3
 
 
@@ -379,6 +384,7 @@ def engine_pod_spec(
     container = dict(engine.container)
     container["resources"] = engine_resources(config, engine.gpus)
     container["securityContext"] = container_security_context(engine.capabilities)
+    container["lifecycle"] = {"preStop": {"sleep": {"seconds": PRE_STOP_SLEEP_SECONDS}}}
     if spec.engine.api_key_secret is not None:
         # From the Secret by the kubelet: the operator never reads it.
         key = {"secretKeyRef": {"name": spec.engine.api_key_secret, "key": ENGINE_API_KEY}}
