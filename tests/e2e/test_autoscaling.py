@@ -34,6 +34,7 @@ from inferfleet.devcluster.cluster import (
 )
 from inferfleet.devcluster.nodes import NodePool
 from inferfleet.devcluster.processes import wait_until
+from inferfleet.router.config import ADMIN_PORT
 from inferfleet.sim.workload import TraceRequest
 from inferfleet.slo import Outcome, Slo
 from tests.e2e.conftest import Kubectl
@@ -564,3 +565,51 @@ def test_an_idle_service_goes_to_zero_and_a_request_wakes_every_pool(fleet: Flee
     assert wait_until(
         lambda: all(observed_ttft_ms(n) >= 500 * answered[n][1] for n in names), 60, 2
     ), {name: observed_ttft_ms(name) for name in names}
+
+
+def steady_manifests(name: str, replicas: int) -> str:
+    """A deployment whose replicas come from its spec (no autoscaling), behind a service."""
+    deployment, service = yaml.safe_load_all(manifests(name))
+    deployment["spec"]["replicas"] = replicas
+    del service["spec"]["autoscaling"]
+    return yaml.safe_dump_all([deployment, service])
+
+
+def test_a_pool_scaled_in_under_load_finishes_every_stream(fleet: Fleet) -> None:
+    """Streams in flight on the replicas a scale-in removes run to their end: the routers stop
+    sending those replicas requests while their preStop sleep keeps them serving, and they
+    drain after SIGTERM. Zero client errors, counted."""
+    namespace, name = "scalein", "steady"
+    fleet.apply(namespace, steady_manifests(name, 3))
+    router = fleet.router(namespace, name)
+    engines = f"inferfleet.io/model-deployment={name}"
+    assert wait_until(lambda: len(fleet.healthy_ips(namespace, engines)) == 3, 90, 1), (
+        fleet.diagnostics()
+    )
+    requests = traces.poisson(2.0, 60.0, input_tokens=200, output_tokens=300, seed=3)
+    outcome: list[list[RequestResult]] = []
+    load = threading.Thread(
+        target=lambda: outcome.append(asyncio.run(_run(f"http://{router}:{PORT}", requests)))
+    )
+    load.start()
+    time.sleep(25.0)
+    before = set(fleet.healthy_ips(namespace, engines))
+    listed = httpx.get(f"http://{router}:{ADMIN_PORT}/debug/replicas", timeout=5.0).json()
+    in_flight = {entry["url"].split("//")[1].split(":")[0]: entry["inFlight"] for entry in listed}
+    fleet.kubectl.run("scale", "modeldeployment", name, "-n", namespace, "--replicas", "1")
+    assert wait_until(lambda: len(fleet.healthy_ips(namespace, engines)) == 1, 60, 1)
+    removed = before - set(fleet.healthy_ips(namespace, engines))
+    load.join(180.0)
+    [results] = outcome
+    failed = [r.error for r in results if not r.ok]
+    cut_short = [r for r in results if r.ok and r.tokens < r.output_tokens]
+    print(
+        f"\nscale-in 3 -> 1 under load: {len(results)} requests, {len(failed)} failed, "
+        f"{len(cut_short)} short; in flight on the removed replicas when it was asked: "
+        f"{sum(in_flight.get(ip, 0) for ip in removed)}"
+    )
+    assert len(removed) == 2, (before, removed)
+    # The scale-in happened with streams running on the replicas it removed.
+    assert sum(in_flight.get(ip, 0) for ip in removed) > 0, in_flight
+    assert failed == []
+    assert cut_short == []
