@@ -20,7 +20,7 @@ from inferfleet.autoscale.controller import (
     current_replicas,
     tick,
 )
-from inferfleet.autoscale.policy import Reason, policy_spec
+from inferfleet.autoscale.policy import PolicyHistory, Reason, Recommendation, policy_spec
 from inferfleet.autoscale.queries import (
     STALENESS,
     DeploymentUsage,
@@ -540,3 +540,35 @@ def test_without_prometheus_a_push_wakes_a_service_at_zero_and_moves_nothing_els
     [kept] = held.deployments
     assert kept.decision.reason is Reason.NO_METRICS
     assert kept.decision.replicas == {Role.AGGREGATED: 2}
+
+
+def test_a_scale_in_sets_the_deletion_cost_of_each_pod_of_the_role_it_shrinks() -> None:
+    """The pods holding the fewest requests go first: their cost is what they hold."""
+    md = model_deployment()
+    quiet = Scripted(busy(0.1, ready_replicas=4.0))
+    quiet.vectors["pod_in_flight"] = [
+        ({"pod": "llama-aggregated-a"}, 3.0),
+        ({"pod": "llama-aggregated-b"}, 0.0),
+        ({}, 9.0),  # no pod label: nothing to annotate
+    ]
+    # Four replicas for a trickle, and a stabilisation window that has long said fewer.
+    body = inference_service().to_wire()
+    body["status"] = {
+        "replicas": [{"deployment": "llama", "role": "aggregated", "replicas": 4}],
+        "autoscalerState": {
+            "llama": PolicyHistory(
+                recommendations=(Recommendation(NOW.timestamp() - 900, {Role.AGGREGATED: 1}),)
+            ).to_wire()
+        },
+    }
+    service = InferenceService.model_validate(body)
+    result = tick(service, {"llama": md}, quiet, settings=SETTINGS, now=NOW)
+    [decided] = result.deployments
+    assert decided.decision.replicas[Role.AGGREGATED] < 4, decided.decision.message
+    assert result.deletion_costs == {"llama-aggregated-a": 3, "llama-aggregated-b": 0}
+    assert any(q.startswith("sum by (pod)") for q in quiet.asked)
+    # A tick that does not shrink asks nothing per pod and sets no cost.
+    loaded = Scripted(busy(60.0, attainment=0.7, ttft_p95_s=1.2))
+    grown = tick(inference_service(), {"llama": md}, loaded, settings=SETTINGS, now=NOW)
+    assert grown.deletion_costs == {}
+    assert not any(q.startswith("sum by (pod)") for q in loaded.asked)

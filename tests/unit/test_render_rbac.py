@@ -73,7 +73,7 @@ EXPECTED: Grants = {
     ("", "configmaps"): WRITE,
     ("", "secrets"): {"create", "delete"},
     ("policy", "poddisruptionbudgets"): WRITE,
-    ("", "pods"): {"get", "list", "watch"},
+    ("", "pods"): {"get", "list", "watch", "patch"},
     ("", "resourcequotas"): {"get", "list", "watch"},
     ("", "serviceaccounts"): WRITE,
     ("rbac.authorization.k8s.io", "roles"): WRITE,
@@ -135,6 +135,9 @@ def test_nothing_beyond_least_privilege() -> None:
     # Secrets: created (a multi-node group's generated keys) and deleted once no longer
     # needed, never read, listed or changed.
     assert granted[("", "secrets")] == {"create", "delete"}
+    # Pods: never created, replaced or deleted (their controllers do that); patched for a
+    # deletion cost before a scale-in alone (`autoscale.scalein`).
+    assert granted[("", "pods")] == {"get", "list", "watch", "patch"}
     # Leases only in the operator's own namespace (a Role there), never cluster-wide.
     assert ("coordination.k8s.io", "leases") not in granted
     # RBAC only for routers' Roles: no cluster roles, no bind or escalate (so the operator can

@@ -68,7 +68,8 @@ from inferfleet.autoscale.queries import (
     snapshot_from_answers,
 )
 from inferfleet.autoscale.quota import GpuClaim, GpuQuota
-from inferfleet.autoscale.snapshot import MetricsSnapshot, ServiceMetrics
+from inferfleet.autoscale.scalein import deletion_costs
+from inferfleet.autoscale.snapshot import POD_IN_FLIGHT_QUERY, MetricsSnapshot, ServiceMetrics
 from inferfleet.autoscale.tenants import TENANT_TOKENS_QUERY, TenantTokens, tenant_tokens
 from inferfleet.engines import roles_of
 from inferfleet.planning.replica import ReplicaConfig
@@ -189,6 +190,9 @@ class TickResult:
     """What the tick exports as the operator's metrics."""
     gpu_claim: GpuClaim | None = None
     """What the service asks of its namespace's GPU quota (None: no quota on GPUs)."""
+    deletion_costs: dict[str, int] = field(default_factory=dict)
+    """Per engine pod of a role this tick shrinks, its deletion cost (`autoscale.scalein`):
+    set on the pods before the decision is written."""
 
 
 def current_replicas(
@@ -276,6 +280,22 @@ def _service_reading(
         with contextlib.suppress(MetricsUnavailableError):
             reading.tenants = tenant_tokens(source.series("tenant_tokens", query))
     return reading
+
+
+def _deletion_costs(
+    source: MetricsSource | None, namespace: str, deployment: str, roles: Sequence[Role]
+) -> dict[str, int]:
+    """The deletion costs of the pods of the roles a scale-in shrinks; none where Prometheus
+    does not say (the ReplicaSet then chooses as it would)."""
+    costs: dict[str, int] = {}
+    if source is None:
+        return costs
+    for role in roles:
+        query = render(POD_IN_FLIGHT_QUERY, service="", namespace=namespace,
+                       deployment=deployment, role=role)  # fmt: skip
+        with contextlib.suppress(MetricsUnavailableError):
+            costs |= deletion_costs(source.series("pod_in_flight", query))
+    return costs
 
 
 def _snapshot(
@@ -374,6 +394,7 @@ def tick(
     state: dict[str, Any] = {}
     role_records: list[RoleRecord] = []
     quoted: list[tuple[str, PolicySpec, Decision]] = []
+    costs: dict[str, int] = {}
     for deployment, md in sorted(owned.items()):
         spec = policy_spec(
             service.spec, md.spec, catalog, traffic_share=weights[deployment] / total_weight
@@ -397,6 +418,8 @@ def tick(
         if gpu_quota is not None:
             gpu_quota = gpu_quota.after(deployment, spec, decision.replicas)
         changed = any(decision.replicas.get(r) != current.get(r) for r in spec.role_names)
+        shrunk = [r for r in spec.role_names if decision.replicas.get(r, 0) < current.get(r, 0)]
+        costs |= _deletion_costs(source, namespace, deployment, shrunk)
         decisions.append(DeploymentDecision(deployment, decision, changed))
         role_records.extend(_role_records(deployment, spec, current, decision))
         if snapshot is not None:
@@ -420,7 +443,8 @@ def tick(
     record = _tick_record(service, reading, role_records, at_s=now_s)
     if settings.metrics is not None:
         settings.metrics.record(record)
-    return TickResult(status, decisions, events, record, _gpu_claim(name, gpu_quota, quoted, now_s))
+    claim = _gpu_claim(name, gpu_quota, quoted, now_s)
+    return TickResult(status, decisions, events, record, claim, deletion_costs=costs)
 
 
 def with_pushed_wait(

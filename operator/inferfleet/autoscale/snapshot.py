@@ -82,6 +82,12 @@ SERVICE_QUERIES: Mapping[str, str] = {
         f" / sum(rate(inferfleet_router_arrivals_total{{{ROUTER_SELECTOR}}}[$w]))"
     ),
 }
+# Per engine pod of one role, the requests it holds (running and queued): a scale-in takes the
+# pods that hold fewest first (`autoscale.scalein`).
+POD_IN_FLIGHT_QUERY = (
+    f"sum by (pod) (vllm:num_requests_running{{{ENGINE_SELECTOR}}})"
+    f" + sum by (pod) (vllm:num_requests_waiting{{{ENGINE_SELECTOR}}})"
+)
 # Staleness: the newest sample behind the snapshot, in seconds before the query time.
 STALENESS_QUERY = (
     f"time() - max(timestamp(inferfleet_router_in_flight_requests{{{ROUTER_SELECTOR}}}))"

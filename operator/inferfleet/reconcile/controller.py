@@ -48,6 +48,7 @@ from inferfleet.api.model_deployment import ModelDeployment, Role
 from inferfleet.autoscale.controller import AutoscalerSettings, PrometheusSource, tick
 from inferfleet.autoscale.ownership import Claim, claims_of
 from inferfleet.autoscale.quota import Priorities
+from inferfleet.autoscale.scalein import cost_patch
 from inferfleet.kube import AlreadyExistsError, Kube, RefusedError, StaleObjectError
 from inferfleet.reconcile.desired import (
     UNSERVED_RECHECK_S,
@@ -394,6 +395,16 @@ class Controller:
             news()
         else:
             self._add_unless_echo(owner, news)
+
+    def _set_deletion_costs(self, namespace: str, costs: Mapping[str, int]) -> None:
+        """Before a scale-in is written: the pods that hold the fewest requests go first
+        (`autoscale.scalein`). A pod gone or a write refused only leaves the ReplicaSet's own
+        choice."""
+        for pod, cost in costs.items():
+            try:
+                kube().merge_patch("v1", "Pod", pod, namespace, cost_patch(cost))
+            except Exception as error:  # the scale-in goes on without it
+                logger.warning("cannot set the deletion cost of %s/%s (%s)", namespace, pod, error)
 
     def _heard_wake(self, namespace: str, obj: Mapping[str, Any]) -> None:
         """A router pushed the requests it holds for want of a replica (`render.wake`): kept
@@ -755,6 +766,7 @@ class Controller:
         if result.gpu_claim is not None:
             self._quotas.record(namespace, name, result.gpu_claim)
         self._post(body, (Event(*event) for event in result.events))
+        self._set_deletion_costs(namespace, result.deletion_costs)
         self._write_status(service_key, body, result.status)
         self._ticked[key] = time.monotonic()
         return Done()

@@ -122,10 +122,11 @@ NAMESPACED_RULES: Final = (
     Rule(
         ("",),
         ("pods",),
-        ("get", "list", "watch"),
+        ("get", "list", "watch", "patch"),
         "engine pods the scheduler cannot place, reported in the ModelDeployment's "
-        "conditions; granted on "
-        "to routers that find replicas by pod",
+        "conditions; reading them granted on to routers that find replicas by pod; before a "
+        "scale-in, each engine pod's controller.kubernetes.io/pod-deletion-cost (the requests "
+        "it holds), so that the ReplicaSet removes the least busy first",
     ),
     Rule(
         ("",),
