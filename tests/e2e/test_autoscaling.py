@@ -490,9 +490,13 @@ def _first_token_s(url: str) -> tuple[int, float]:
         client.stream("POST", f"{url}/v1/completions", json=body) as response,
     ):
         first = None
+        lines = []
         for line in response.iter_lines():
+            lines.append(line)
             if first is None and line.startswith("data: {"):
                 first = time.monotonic() - started
+        if response.status_code != 200:
+            print(f"answered {response.status_code}: {' '.join(lines)[:500]}")
         return response.status_code, first if first is not None else math.inf
 
 
@@ -515,12 +519,30 @@ def test_an_idle_service_goes_to_zero_and_a_request_wakes_every_pool(fleet: Flee
             for name in names
         )
 
+    engine_ips = {
+        ip
+        for name in names
+        for ip in fleet.healthy_ips(namespace, f"inferfleet.io/model-deployment={name}")
+    }
+    assert engine_ips, fleet.diagnostics()
     started = time.monotonic()
     assert wait_until(at_zero, IDLE_S + 120, 2), (
         {name: fleet.replicas(namespace, name) for name in names},
         fleet.diagnostics(),
     )
     print(f"\nat zero {time.monotonic() - started:.0f} s after the services were Ready")
+
+    def answers(ip: str) -> bool:
+        try:
+            return httpx.get(f"http://{ip}:{PORT}/health", timeout=1.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    # A deleted engine pod serves on through its preStop sleep. The local fleet hands a deleted
+    # pod's IP to the next pod at once and marks it Ready: a wake within those seconds would
+    # reach the old process there (a cluster gives a new pod an address of its own). At zero
+    # means no engine process serves.
+    assert wait_until(lambda: not any(answers(ip) for ip in engine_ips), 90, 1)
     for name in names:
         md = fleet.get("modeldeployment", name, namespace)
         ready = next(c for c in md["status"]["conditions"] if c["type"] == "Ready")
