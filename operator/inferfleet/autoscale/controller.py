@@ -283,14 +283,18 @@ def _service_reading(
 
 
 def _deletion_costs(
-    source: MetricsSource | None, namespace: str, deployment: str, roles: Sequence[Role]
+    source: MetricsSource | None,
+    namespace: str,
+    deployment: str,
+    current: Mapping[Role, int],
+    decided: Mapping[Role, int],
 ) -> dict[str, int]:
     """The deletion costs of the pods of the roles a scale-in shrinks; none where Prometheus
     does not say (the ReplicaSet then chooses as it would)."""
     costs: dict[str, int] = {}
     if source is None:
         return costs
-    for role in roles:
+    for role in (r for r, n in decided.items() if n < current.get(r, 0)):
         query = render(POD_IN_FLIGHT_QUERY, service="", namespace=namespace,
                        deployment=deployment, role=role)  # fmt: skip
         with contextlib.suppress(MetricsUnavailableError):
@@ -400,14 +404,12 @@ def tick(
             service.spec, md.spec, catalog, traffic_share=weights[deployment] / total_weight
         )
         spec = gpu_quota.limit(deployment, spec) if gpu_quota is not None else spec
-        snapshot = _snapshot(
-            reading, source, namespace, deployment, spec.role_names,
-            settings=settings, now_s=now_s,
-        )  # fmt: skip
         current = current_replicas(md, before.get(deployment))
         snapshot = with_pushed_wait(
-            snapshot, waiting, current, now_s=now_s, window_s=settings.window_s
-        )
+            _snapshot(reading, source, namespace, deployment, spec.role_names,
+                      settings=settings, now_s=now_s),
+            waiting, current, now_s=now_s, window_s=settings.window_s,
+        )  # fmt: skip
         decision = decide(
             spec, snapshot, current, _history(service, deployment),
             pins=_pins(md, now, own[deployment].pin_limits(spec.roles[0].gpus_per_replica)),
@@ -418,8 +420,7 @@ def tick(
         if gpu_quota is not None:
             gpu_quota = gpu_quota.after(deployment, spec, decision.replicas)
         changed = any(decision.replicas.get(r) != current.get(r) for r in spec.role_names)
-        shrunk = [r for r in spec.role_names if decision.replicas.get(r, 0) < current.get(r, 0)]
-        costs |= _deletion_costs(source, namespace, deployment, shrunk)
+        costs |= _deletion_costs(source, namespace, deployment, current, decision.replicas)
         decisions.append(DeploymentDecision(deployment, decision, changed))
         role_records.extend(_role_records(deployment, spec, current, decision))
         if snapshot is not None:
