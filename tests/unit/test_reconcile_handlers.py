@@ -5,14 +5,16 @@ from __future__ import annotations
 import asyncio
 import copy
 import threading
+from collections.abc import Hashable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import kopf
 
 from inferfleet.autoscale.ownership import Claim, claims_of
 from inferfleet.reconcile import handlers
 from inferfleet.reconcile.controller import Controller, Done
+from inferfleet.reconcile.workqueue import WorkQueue
 from inferfleet.render import InstallSettings
 from inferfleet.render.wake import push_body
 
@@ -200,14 +202,22 @@ def _inference_service(version: str, *, decided: int | None = None) -> dict[str,
     }  # fmt: skip
 
 
-async def _drained(controller: Controller) -> set[tuple[str, str, str]]:
-    """The keys queued for a reconcile, each taken and done."""
+Key = TypeVar("Key", bound=Hashable)
+
+
+async def _taken(queue: WorkQueue[Key]) -> set[Key]:
+    """The keys a queue holds, each taken and done."""
     keys = set()
-    while len(controller.reconciles):
-        key = await controller.reconciles.get()
-        controller.reconciles.done(key)
+    while len(queue):
+        key = await queue.get()
+        queue.done(key)
         keys.add(key)
     return keys
+
+
+async def _drained(controller: Controller) -> set[tuple[str, str, str]]:
+    """The keys queued for a reconcile, each taken and done."""
+    return await _taken(controller.reconciles)
 
 
 def test_events_queue_an_object_and_its_dependents_only_for_what_they_read() -> None:
@@ -360,12 +370,7 @@ def test_a_router_that_holds_requests_queues_its_services_tick_at_once() -> None
         now = datetime.now(UTC)
 
         async def ticked() -> set[tuple[str, str]]:
-            keys = set()
-            while len(controller.ticks):
-                key = await controller.ticks.get()
-                controller.ticks.done(key)
-                keys.add(key)
-            return keys
+            return await _taken(controller.ticks)
 
         controller.child_changed("llm", _wake_config_map(None, now), gone=False)
         assert await ticked() == set(), "rendered, nothing pushed yet"

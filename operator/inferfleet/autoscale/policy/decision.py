@@ -146,7 +146,7 @@ def decide(
     idle = idle_state(snapshot, counts, history)
     zero = zero_decision(spec, snapshot, idle, history, pins)
     if zero is not None:
-        decision = Decision(zero[0], zero[1], zero[2], zero[3])
+        decision = Decision(*zero)
     else:
         awake = replace(spec.awake(), cold_start_s=planned.seconds)
         decision = _decide_fresh(awake, snapshot, current, history, pins)
