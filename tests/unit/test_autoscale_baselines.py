@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from inferfleet.api.model_deployment import Role
+from inferfleet.api.model_spec import WeightSource
 from inferfleet.autoscale.baselines import (
     Bounds,
     ClairvoyantScaler,
@@ -29,7 +30,7 @@ from inferfleet.bench.autoscale import (
     run_scenario,
 )
 from inferfleet.bench.references import Service, per_window_oracle, window_scores
-from inferfleet.bench.scenario import parse_scenario, with_cold_start
+from inferfleet.bench.scenario import parse_scenario, with_cold_start, with_weight_source
 from inferfleet.planning.load import OperatingPoint, operating_point
 from inferfleet.sim.fleet import FleetConfig
 from inferfleet.sim.run import FleetRun, ScaleDecision
@@ -238,6 +239,29 @@ def test_a_scenarios_replicas_may_start_slower_than_the_service_says() -> None:
             with_cold_start(scenario, bad)
     with pytest.raises(ValueError, match="decode: not a role"):
         with_cold_start(scenario, "decode=45")
+
+
+def test_a_scenarios_fleet_may_start_as_estimated_for_where_its_weights_come_from() -> None:
+    from inferfleet.bench.scenario import service_of  # noqa: PLC0415
+
+    body = SCENARIO.replace("engine: {name: sim}", "engine: {name: vllm}").replace(
+        "autoscaling: {policy: goodput,", "autoscaling: {policy: goodput, coldStartSeconds: 30,"
+    )
+    network = parse_scenario(body.replace("coldStartS: 30", "weightSource: network"))
+    cache = with_weight_source(parse_scenario(body), WeightSource.CACHE)
+    # Llama-3.1-8B from the hub: download 62 s, load 32 s, engine start 200 s; from a volume,
+    # no download.
+    assert network.cold_start_s == pytest.approx(294, rel=0.02)
+    assert cache.cold_start_s == pytest.approx(232, rel=0.02)
+    for scenario in (network, cache):
+        # What the service configured is dropped: the policy plans with the estimate.
+        assert scenario.service.autoscaling.cold_start_seconds is None
+        assert service_of(scenario).policy.cold_start_s == scenario.cold_start_s
+        assert service_of(scenario).policy.cold_start_estimated
+    with pytest.raises(ValueError, match="not both"):
+        parse_scenario(body.replace("coldStartS: 30", "coldStartS: 30, weightSource: cache"))
+    with pytest.raises(ValueError, match="weightSource 'disk' is not one of network"):
+        parse_scenario(body.replace("coldStartS: 30", "weightSource: disk"))
 
 
 def test_bench_autoscale_writes_the_table_the_json_and_the_plots(tmp_path: Path) -> None:

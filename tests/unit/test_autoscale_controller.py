@@ -475,12 +475,13 @@ def test_the_cold_starts_measured_and_planned_with_are_in_status() -> None:
     [decided] = first.deployments
     grown = decided.decision.replicas[Role.AGGREGATED]
     assert grown > 2
-    # Ordered while both replicas served: awaited, nothing measured yet; planned as configured.
+    # Ordered while both replicas served: awaited, nothing measured yet. The service configures
+    # no cold start: planned as estimated for the deployment (the emulator, 1 s: no weights).
     assert first.status["coldStarts"] == [
-        {"deployment": "llama", "role": "aggregated", "measuredSeconds": [], "plannedSeconds": 180}
+        {"deployment": "llama", "role": "aggregated", "measuredSeconds": [], "plannedSeconds": 1.0}
     ]
     # The next tick, 200 s later, sees one more serving: it came up within those 200 s, so
-    # half of them are taken off, and 100 s, far from the 180 s configured, is planned with.
+    # half of them are taken off, and 100 s, far from the 1 s estimated, is planned with.
     recorded = {
         "autoscaling": {
             "service": "chat",
@@ -540,6 +541,44 @@ def test_without_prometheus_a_push_wakes_a_service_at_zero_and_moves_nothing_els
     [kept] = held.deployments
     assert kept.decision.reason is Reason.NO_METRICS
     assert kept.decision.replicas == {Role.AGGREGATED: 2}
+
+
+def test_a_wake_slower_than_the_wake_timeout_is_a_condition_and_an_event() -> None:
+    """An 8B model from the hub starts in about 294 s (estimated: the service configures no
+    cold start); a router that holds requests 120 s would fail every request that wakes it."""
+    body = inference_service().to_wire()
+    body["spec"]["autoscaling"]["aggregated"] = {"minReplicas": 0, "maxReplicas": 20}
+    body["spec"]["autoscaling"]["wakeTimeoutSeconds"] = 120
+    service = InferenceService.model_validate(body)
+    vllm = ModelDeployment.model_validate(
+        {"metadata": {"name": "llama", "namespace": "serving"},
+         "spec": {**SPEC_MD, "engine": {"name": "vllm"}}}
+    )  # fmt: skip
+    result = tick(service, {"llama": vllm}, Scripted(busy(1.0)), settings=SETTINGS, now=NOW)
+    [autoscaling] = [c for c in result.status["conditions"] if c["type"] == "Autoscaling"]
+    assert autoscaling["status"] == "True"
+    assert autoscaling["reason"] == "WakeSlowerThanTimeout"
+    assert "llama starts in 294 s, the router holds requests 120 s" in autoscaling["message"]
+    assert [e[0] for e in result.events] == ["WakeSlowerThanTimeout"]
+    # Said once: the next tick finds the condition already there.
+    again = tick(
+        InferenceService.model_validate({**body, "status": result.status}), {"llama": vllm},
+        Scripted(busy(1.0)), settings=SETTINGS, now=NOW + timedelta(seconds=30),
+    )  # fmt: skip
+    assert "WakeSlowerThanTimeout" not in [e[0] for e in again.events]
+    # A weight cache makes the wake fit: about 232 s, and the router holds requests 300 s.
+    body["spec"]["autoscaling"]["wakeTimeoutSeconds"] = 300
+    cached = ModelDeployment.model_validate(
+        {"metadata": {"name": "llama", "namespace": "serving"},
+         "spec": {**SPEC_MD, "engine": {"name": "vllm"},
+                  "model": {"name": "llama-3.1-8b", "source": "pvc://weights/llama"}}}
+    )  # fmt: skip
+    fits = tick(
+        InferenceService.model_validate(body), {"llama": cached}, Scripted(busy(1.0)),
+        settings=SETTINGS, now=NOW,
+    )  # fmt: skip
+    [autoscaling] = [c for c in fits.status["conditions"] if c["type"] == "Autoscaling"]
+    assert autoscaling["reason"] == "Autoscaling"
 
 
 def test_a_scale_in_sets_the_deletion_cost_of_each_pod_of_the_role_it_shrinks() -> None:

@@ -11,6 +11,7 @@ import pytest
 from inferfleet.api.catalog import GpuCatalog, GpuType
 from inferfleet.api.model_deployment import ModelDeploymentSpec, Role
 from inferfleet.devcluster.nodes import GPU_PRODUCT_LABEL, GPU_RESOURCE, GPU_TAINT, gpu_node
+from inferfleet.planning.capacity import plan
 from inferfleet.render import (
     SPEC_HASH_ANNOTATION,
     UnsupportedSpecError,
@@ -312,6 +313,33 @@ def test_rollout_never_drops_capacity_and_waits_for_cold_start(engine: str) -> N
         container["startupProbe"]["failureThreshold"] * container["startupProbe"]["periodSeconds"]
     )
     assert deployment["spec"]["progressDeadlineSeconds"] > startup
+
+
+def _startup_budget_s(deployment: dict[str, Any]) -> int:
+    probe = pod_spec(deployment)["containers"][0]["startupProbe"]
+    return int(probe["failureThreshold"] * probe["periodSeconds"])
+
+
+def test_the_startup_budget_covers_twice_the_estimated_cold_start() -> None:
+    # An 8B model downloads and starts in about 294 s: the install's 1200 s stands.
+    small = render(spec_on("vllm"))[-1]
+    assert _startup_budget_s(small) == 1200
+    # 70B bf16 on one GPU each of 4, from the hub: about 813 s, so 1627 s.
+    large_spec = spec_on("vllm", model={"name": "llama-3.3-70b"}, parallelism={"tensor": 4})
+    large = render(large_spec)[-1]
+    estimate = plan(large_spec).cold_start
+    assert estimate is not None
+    assert _startup_budget_s(large) >= 2 * estimate.seconds > 1200
+    assert large["spec"]["progressDeadlineSeconds"] > _startup_budget_s(large)
+    # From a volume it skips the download (about 288 s): the install's budget again.
+    cached = render(
+        spec_on(
+            "vllm",
+            model={"name": "llama-3.3-70b", "source": "pvc://weights/llama-3.3-70b"},
+            parallelism={"tensor": 4},
+        )
+    )[-1]
+    assert _startup_budget_s(cached) == 1200
 
 
 @pytest.mark.parametrize(

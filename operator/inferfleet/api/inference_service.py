@@ -148,13 +148,14 @@ class AutoscalingSpec(WireModel):
         "after one metrics window of lower demand. false: always wait "
         "scaleDownStabilizationSeconds, as the HPA does.",
     )
-    cold_start_seconds: int = Field(
-        default=180,
+    cold_start_seconds: int | None = Field(
+        default=None,
         ge=0,
         le=86_400,
         description="Expected time from a new replica to serving (image pull, weight load). "
-        "The goodput policy measures each role's and plans with the slowest role's measured "
-        "one where they differ by more than a quarter.",
+        "Unset: estimated from where each ModelDeployment's weights come from and their size "
+        "(its status.plan.coldStart). The goodput policy measures each role's and plans with "
+        "the slowest role's measured one where they differ by more than a quarter.",
     )
     scale_to_zero_idle_seconds: int = Field(
         default=600,
@@ -198,10 +199,14 @@ AUTOSCALING_RULES: tuple[CrossFieldRule[AutoscalingSpec], ...] = (
     CrossFieldRule(
         cel="!((has(self.aggregated) && self.aggregated.minReplicas == 0) || "
         "(has(self.prefill) && self.prefill.minReplicas == 0)) || "
-        "self.wakeTimeoutSeconds > self.coldStartSeconds",
+        "!has(self.coldStartSeconds) || self.wakeTimeoutSeconds > self.coldStartSeconds",
         message="requests held while the pools wake would time out before a replica starts: "
         "wakeTimeoutSeconds must exceed coldStartSeconds",
-        holds=lambda a: not a.zero_allowed or a.wake_timeout_seconds > a.cold_start_seconds,
+        holds=lambda a: (
+            not a.zero_allowed
+            or a.cold_start_seconds is None
+            or a.wake_timeout_seconds > a.cold_start_seconds
+        ),
         field_path=".wakeTimeoutSeconds",
     ),
 )
@@ -369,8 +374,8 @@ class RoleColdStart(StatusModel):
     planned_seconds: float = Field(
         ge=0,
         description="The cold start the autoscaler plans this deployment with: the slowest "
-        "role's measured where it differs from coldStartSeconds by more than a quarter, else "
-        "coldStartSeconds.",
+        "role's measured where it differs from coldStartSeconds (unset: the deployment's "
+        "estimated cold start) by more than a quarter, else that.",
     )
 
 

@@ -27,6 +27,7 @@ from inferfleet.api.model_spec import (
     LoraAdapter,
     ModelSpec,
     UnresolvedArchitectureError,
+    WeightSource,
 )
 from inferfleet.api.scheduling import SchedulingSpec
 
@@ -652,6 +653,19 @@ class MemoryBreakdown(StatusModel):
     kv_cache_gib: float = Field(description="What is left for the KV cache (negative: no fit).")
 
 
+class ColdStartEstimateStatus(StatusModel):
+    """How long a new replica is expected to take to serve, from its weights' source and size."""
+
+    weight_source: WeightSource = Field(
+        description="Where the weights come from: network (downloaded from a model hub on "
+        "every start), cache (a shared volume) or nodeLocal (the node's disk)."
+    )
+    estimated_seconds: float = Field(
+        ge=0, description="Download, load and engine start, in sequence; no image pull."
+    )
+    message: str = Field(default="", description="The parts of the estimate, in words.")
+
+
 class CapacityPlanStatus(StatusModel):
     """The planner's verdict for one replica of this spec."""
 
@@ -672,6 +686,11 @@ class CapacityPlanStatus(StatusModel):
         description="Predicted TPOT at a batch of one, for the planned request shape.",
     )
     message: str = Field(default="", description="The verdict in words, with numbers.")
+    cold_start: ColdStartEstimateStatus | None = Field(
+        default=None,
+        description="The estimated cold start of one replica: the autoscaler plans with it "
+        "where the InferenceService sets no coldStartSeconds.",
+    )
 
 
 class RoleStatus(StatusModel):

@@ -4,6 +4,7 @@ the catalog, or read from a ConfigMap), and the LoRA adapters served beside it."
 from __future__ import annotations
 
 import json
+from enum import StrEnum
 from typing import Final
 
 from pydantic import Field
@@ -12,6 +13,27 @@ from inferfleet.api.catalog import ModelArchitecture, catalog_models
 from inferfleet.api.common import CrossFieldRule, WireModel
 
 MODEL_NAME_PATTERN = r"^[a-z0-9]([a-z0-9.\-]*[a-z0-9])?$"
+
+
+class WeightSource(StrEnum):
+    """Where a replica's weights come from when it starts."""
+
+    NETWORK = "network"
+    """Downloaded from a model hub (`hf://`) into the pod's model cache, on every start."""
+    CACHE = "cache"
+    """Read from a volume shared by the pool (`pvc://`), filled once."""
+    NODE_LOCAL = "nodeLocal"
+    """Read from the node's own disk (a local volume the weights are already on)."""
+
+    @classmethod
+    def of(cls, uri: str) -> WeightSource | None:
+        """Where the weights of a model source URI come from; None for a scheme no engine
+        reads (the adapters refuse it with a condition)."""
+        scheme, _, _ = uri.partition("://")
+        return _SCHEME_SOURCES.get(scheme)
+
+
+_SCHEME_SOURCES: Final = {"hf": WeightSource.NETWORK, "pvc": WeightSource.CACHE}
 
 
 class ConfigMapKeyRef(WireModel):

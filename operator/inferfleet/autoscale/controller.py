@@ -76,6 +76,9 @@ from inferfleet.planning.replica import ReplicaConfig
 
 METRICS_AVAILABLE = "MetricsAvailable"
 AUTOSCALING = "Autoscaling"
+WAKE_SLOWER_THAN_TIMEOUT = "WakeSlowerThanTimeout"
+"""The Autoscaling condition's reason where a service that goes to zero plans a cold start no
+shorter than its wake timeout: every request that wakes it would time out."""
 
 
 @dataclass(frozen=True)
@@ -436,7 +439,7 @@ def tick(
     previous = service.status.to_wire() if service.status else {}
     conditions, events = _conditions(
         previous.get("conditions") or [], reading.problem, sorted(owned), elsewhere,
-        decisions, generation=int(str(service.metadata.get("generation", 0))), now=now,
+        quoted, generation=int(str(service.metadata.get("generation", 0))), now=now,
     )  # fmt: skip
     status = _tick_status(
         conditions, state, decisions, reading=reading, usage=usage, now=now, events=events
@@ -584,7 +587,7 @@ def _conditions(
     problem: tuple[str, str] | None,
     owned: Sequence[str],
     elsewhere: Mapping[str, str],
-    decisions: Sequence[DeploymentDecision],
+    decisions: Sequence[tuple[str, PolicySpec, Decision]],
     *,
     generation: int,
     now: datetime,
@@ -593,7 +596,18 @@ def _conditions(
     Events their changes call for."""
     # The deployments the namespace's GPU quota holds below what their load needs.
     short_of_quota = {
-        d.name: d.decision.message for d in decisions if d.decision.reason is Reason.QUOTA_EXHAUSTED
+        name: decision.message
+        for name, _, decision in decisions
+        if decision.reason is Reason.QUOTA_EXHAUSTED
+    }
+    # The deployments at zero whose held requests would time out before a replica serves.
+    slow_wakes = {
+        name: f"{name} starts in {decision.cold_start_s:.0f} s, the router holds requests "
+        f"{spec.wake_timeout_s:.0f} s"
+        for name, spec, decision in decisions
+        if spec.scales_to_zero
+        and decision.cold_start_s is not None
+        and decision.cold_start_s >= spec.wake_timeout_s
     }
     metrics = condition(
         previous, METRICS_AVAILABLE, status=problem is None,
@@ -626,6 +640,14 @@ def _conditions(
             f"what the load needs ({short})",
             generation=generation, now=now,
         )  # fmt: skip
+    elif slow_wakes:
+        autoscaling = condition(
+            previous, AUTOSCALING, status=True, reason=WAKE_SLOWER_THAN_TIMEOUT,
+            message="requests that arrive at zero replicas will time out before one serves ("
+            + "; ".join(why for _, why in sorted(slow_wakes.items()))
+            + "): raise wakeTimeoutSeconds or make the cold start shorter (a weight cache)",
+            generation=generation, now=now,
+        )  # fmt: skip
     else:
         autoscaling = condition(
             previous, AUTOSCALING, status=True, reason="Autoscaling",
@@ -637,6 +659,8 @@ def _conditions(
         events.append(("AutoscaledElsewhere", autoscaling["message"], True))
     if short_of_quota and before.get("reason") != Reason.QUOTA_EXHAUSTED.value:
         events.append((Reason.QUOTA_EXHAUSTED.value, autoscaling["message"], True))
+    if autoscaling["reason"] == WAKE_SLOWER_THAN_TIMEOUT != before.get("reason"):
+        events.append((WAKE_SLOWER_THAN_TIMEOUT, autoscaling["message"], True))
     return with_condition(with_condition(previous, metrics), autoscaling), events
 
 

@@ -478,8 +478,12 @@ def _cold_starts(scenario: Scenario) -> str:
         words += f", else {scenario.cold_start_s:g} s"
     else:
         words = f"{scenario.cold_start_s:g} s"
+    if scenario.weight_source is not None:
+        return f"{words}, estimated for weights from {scenario.weight_source.value}"
     told = scenario.service.autoscaling.cold_start_seconds
-    if roles or told != scenario.cold_start_s:
+    if told is None:
+        words += " (the service's coldStartSeconds: unset, its estimate planned for)"
+    elif roles or told != scenario.cold_start_s:
         words += f" (the service's coldStartSeconds: {told:g} s)"
     return words
 
@@ -580,6 +584,7 @@ def result_json(result: ScenarioResult) -> dict[str, Any]:
         },
         "coldStartS": scenario.cold_start_s,
         "coldStartByRoleS": {r.value: t for r, t in sorted(scenario.role_cold_start_s.items())},
+        "weightSource": None if scenario.weight_source is None else scenario.weight_source.value,
         "gpusPerReplica": result.gpus_per_replica,
         "oracleWindowS": scenario.oracle_window_s,
         "plannedPerWindow": per_window(result.oracle.planned),

@@ -19,16 +19,18 @@ import yaml
 from inferfleet.api.catalog import GpuCatalog
 from inferfleet.api.inference_service import InferenceServiceSpec, ReplicaBounds
 from inferfleet.api.model_deployment import ModelDeploymentSpec, Role, TopologyMode
+from inferfleet.api.model_spec import WeightSource
 from inferfleet.autoscale.baselines import (
     Bounds,
 )
-from inferfleet.autoscale.policy import policy_spec
+from inferfleet.autoscale.policy import PolicySpec, policy_spec
 from inferfleet.bench import traces
 from inferfleet.bench.references import (
     DEFAULT_ORACLE_WINDOW_S,
     Service,
 )
 from inferfleet.engines import roles_of
+from inferfleet.planning.coldstart import estimate_cold_start
 from inferfleet.planning.replica import ReplicaConfig
 from inferfleet.sim.fleet import FleetConfig
 from inferfleet.sim.workload import TraceRequest
@@ -61,6 +63,9 @@ class Scenario:
     `coldStartSeconds` is what the policy is told)."""
     role_cold_start_s: Mapping[Role, float] = field(default_factory=dict)
     """Per role, where its replicas start faster or slower than `cold_start_s`."""
+    weight_source: WeightSource | None = None
+    """Where the fleet's weights come from, where `cold_start_s` is estimated from it
+    (`with_weight_source`); None: `cold_start_s` is given."""
     scrape_interval_s: float = 15.0
     scrape_delay_s: float = 0.0
     metrics_window_s: float = 60.0
@@ -91,6 +96,7 @@ _SCENARIO_FIELDS = {
     "seed": "seed",
     "coldStartS": "cold_start_s",
     "coldStartByRoleS": "role_cold_start_s",
+    "weightSource": "weight_source",
     "scrapeIntervalS": "scrape_interval_s",
     "scrapeDelayS": "scrape_delay_s",
     "metricsWindowS": "metrics_window_s",
@@ -135,7 +141,17 @@ def parse_scenario(text: str, source: str = "<scenario>") -> Scenario:
             values[key] = str(values[key])
     if "role_cold_start_s" in values:
         values["role_cold_start_s"] = _role_seconds(values["role_cold_start_s"], source)
-    return Scenario(deployment=deployment, service=service, **values)
+    weights = values.pop("weight_source", None)
+    if weights is not None and ({"cold_start_s", "role_cold_start_s"} & set(values)):
+        raise ScenarioError(f"{source}: give weightSource or a cold start, not both")
+    scenario = Scenario(deployment=deployment, service=service, **values)
+    if weights is None:
+        return scenario
+    try:
+        return with_weight_source(scenario, WeightSource(str(weights)))
+    except ValueError:
+        known = ", ".join(s.value for s in WeightSource)
+        raise ScenarioError(f"{source}: weightSource {weights!r} is not one of {known}") from None
 
 
 def _role_seconds(raw: object, source: str) -> dict[Role, float]:
@@ -167,6 +183,22 @@ def with_cold_start(scenario: Scenario, text: str) -> Scenario:
         ) from None
     roles = _role_seconds(pairs, "--cold-start")
     return replace(scenario, role_cold_start_s={**scenario.role_cold_start_s, **roles})
+
+
+def with_weight_source(scenario: Scenario, source: WeightSource) -> Scenario:
+    """The scenario with its fleet's weights read from `source`: every replica starts in the
+    cold start estimated for it (`planning.coldstart`), and the service configures none, so the
+    policy plans with that estimate as it would live."""
+    replica = ReplicaConfig.from_spec(scenario.deployment, GpuCatalog.builtin())
+    estimate = estimate_cold_start(replica, source, scenario.deployment.engine.name)
+    autoscaling = scenario.service.autoscaling.model_copy(update={"cold_start_seconds": None})
+    return replace(
+        scenario,
+        cold_start_s=round(estimate.seconds, 1),
+        role_cold_start_s={},
+        weight_source=source,
+        service=scenario.service.model_copy(update={"autoscaling": autoscaling}),
+    )
 
 
 def load_scenario(path: Path | str) -> Scenario:
@@ -241,8 +273,18 @@ def service_of(scenario: Scenario, catalog: GpuCatalog | None = None) -> Service
         roles=roles,
         slo=Slo.from_spec(scenario.service.slo),
         bounds=bounds,
-        policy=policy_spec(scenario.service, scenario.deployment, catalog),
+        policy=_told_weight_source(
+            policy_spec(scenario.service, scenario.deployment, catalog), scenario
+        ),
     )
+
+
+def _told_weight_source(policy: PolicySpec, scenario: Scenario) -> PolicySpec:
+    """The policy told the cold start estimated for the scenario's weight source, not for its
+    deployment's `model.source` (which says nothing of a node-local copy)."""
+    if scenario.weight_source is None or not policy.cold_start_estimated:
+        return policy
+    return replace(policy, cold_start_s=scenario.cold_start_s)
 
 
 def fleet_config(

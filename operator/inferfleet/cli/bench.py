@@ -13,6 +13,7 @@ from typing import Annotated
 
 import typer
 
+from inferfleet.api.model_spec import WeightSource
 from inferfleet.cli.common import EXIT_INVALID, EXIT_NO_FIT, app
 from inferfleet.slo import Slo as RequestSlo
 
@@ -113,6 +114,14 @@ def bench_autoscale(
             "for some roles; the service's coldStartSeconds (what the policy is told) is kept."
         ),
     ] = None,
+    weights_from: Annotated[
+        str | None,
+        typer.Option(
+            help="Where the simulated replicas' weights come from: network, cache or "
+            "nodeLocal. Each replica starts in the cold start estimated for it, and the "
+            "policy plans with that estimate (the service's coldStartSeconds is dropped)."
+        ),
+    ] = None,
 ) -> None:
     """Compare scaling policies on a scenario in the fleet simulator: attainment, goodput per
     GPU-hour, GPU-hours against a clairvoyant schedule and a fluid lower bound, reaction time,
@@ -125,8 +134,12 @@ def bench_autoscale(
         if trace is not None:
             scenario = dataclasses.replace(scenario, trace=trace.name, pattern=None)
             traces_dir = trace.parent
+        if cold_start is not None and weights_from is not None:
+            raise ValueError("give --cold-start or --weights-from, not both")
         if cold_start is not None:
             scenario = bench_scenario.with_cold_start(scenario, cold_start)
+        if weights_from is not None:
+            scenario = bench_scenario.with_weight_source(scenario, WeightSource(weights_from))
         result = bench_autoscale_lib.run_scenario(
             scenario,
             traces_dir,

@@ -217,6 +217,8 @@ def render_text(name: str, capacity: CapacityPlan) -> str:
             f"  Saturated output:  {capacity.saturated_output_tokens_per_s:,.0f} tokens/s per "
             "replica",
         ]
+    if capacity.cold_start is not None:
+        lines.append(f"  Cold start:        {capacity.cold_start.describe()}")
     if capacity.workload is not None:
         load = capacity.workload
         lines.append(

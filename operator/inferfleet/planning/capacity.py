@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from inferfleet.api.catalog import GpuCatalog
 from inferfleet.api.inference_service import LoadSpec
 from inferfleet.api.model_deployment import ModelDeploymentSpec, Role, TopologyMode
+from inferfleet.api.model_spec import WeightSource
+from inferfleet.planning.coldstart import ColdStartEstimate, estimate_cold_start
 from inferfleet.planning.load import OperatingPoint, operating_point
 from inferfleet.planning.memory import MemoryPlan, kv_bytes_per_token, plan_memory
 from inferfleet.planning.performance import (
@@ -93,6 +95,8 @@ class CapacityPlan:
     reason: str
     workload: Workload | None
     slo: Slo
+    cold_start: ColdStartEstimate | None = None
+    """From where the spec's weights come from; None: a source no engine reads."""
 
     @property
     def gpus(self) -> int:
@@ -207,7 +211,7 @@ def plan(
     efficiency: EfficiencyTerms = DEFAULT_EFFICIENCY,
 ) -> CapacityPlan:
     config = ReplicaConfig.from_spec(spec, gpus or GpuCatalog.builtin())
-    return plan_replica(
+    capacity = plan_replica(
         config,
         disaggregated=spec.topology.mode == TopologyMode.DISAGGREGATED,
         replicas=spec.replicas,
@@ -216,6 +220,10 @@ def plan(
         slo=slo or Slo(),
         efficiency=efficiency,
     )
+    source = WeightSource.of(spec.model.source)
+    if source is None:
+        return capacity
+    return replace(capacity, cold_start=estimate_cold_start(config, source, spec.engine.name))
 
 
 def _saturated_output_tokens_per_s(
@@ -433,4 +441,11 @@ def report(capacity: CapacityPlan) -> dict[str, object]:
         "gpus": capacity.gpus,
         "hourlyCostUsd": capacity.gpus * capacity.config.gpu.hourly_price_usd,
         "costPerMillionOutputTokensUsd": capacity.cost_per_million_output_tokens_usd,
+        "coldStart": None
+        if capacity.cold_start is None
+        else {
+            "weightSource": capacity.cold_start.source.value,
+            "seconds": capacity.cold_start.seconds,
+            "message": capacity.cold_start.describe(),
+        },
     }

@@ -18,6 +18,7 @@ from inferfleet.api.conditions import condition
 from inferfleet.api.model_deployment import (
     AutoscalingStatus,
     CapacityPlanStatus,
+    ColdStartEstimateStatus,
     MemoryBreakdown,
     ModelDeploymentStatus,
     Role,
@@ -157,6 +158,13 @@ def plan_status(plan: CapacityPlan) -> CapacityPlanStatus:
         kv_capacity_tokens=memory.kv_capacity_tokens,
         max_concurrency=memory.max_concurrency(memory.context_limit),
         message=memory.verdict(),
+        cold_start=None
+        if plan.cold_start is None
+        else ColdStartEstimateStatus(
+            weight_source=plan.cold_start.source,
+            estimated_seconds=round(plan.cold_start.seconds, 1),
+            message=plan.cold_start.describe(),
+        ),
         **predicted,
     )
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Any, Final
 
@@ -47,6 +47,7 @@ from inferfleet.api.model_deployment import (
     Role,
     TopologyMode,
 )
+from inferfleet.api.model_spec import WeightSource
 from inferfleet.api.scheduling import (
     EngineResources,
     NodeAffinity,
@@ -68,6 +69,7 @@ from inferfleet.engines import (
     roles_of,
 )
 from inferfleet.engines.multinode import group_members, needs_ssh_keys
+from inferfleet.planning.coldstart import estimate_cold_start
 from inferfleet.planning.memory import weight_bytes_per_gpu
 from inferfleet.planning.replica import ReplicaConfig
 from inferfleet.render.common import (
@@ -127,6 +129,25 @@ PRE_STOP_SLEEP_SECONDS: Final = 5
 endpoints controller and the routers stop sending it requests first, so none reaches a
 listener that has closed; its streams run on meanwhile, and drain after SIGTERM."""
 REVISION_HISTORY_LIMIT: Final = 3
+STARTUP_BUDGET_FACTOR: Final = 2
+"""How much longer than its estimated cold start an engine may take to become healthy before
+its startup probe restarts it: the estimate leaves out the image pull and a slow disk."""
+
+
+def with_startup_budget(
+    options: EngineOptions, spec: ModelDeploymentSpec, gpus: GpuCatalog
+) -> EngineOptions:
+    """The install's cold-start budget, or twice the spec's estimated cold start where that is
+    longer: a checkpoint of hundreds of GB downloads for longer than any fixed budget, and a
+    startup probe that gives up first restarts the download, for ever."""
+    source = WeightSource.of(spec.model.source)
+    if source is None:
+        return options
+    estimate = estimate_cold_start(ReplicaConfig.from_spec(spec, gpus), source, spec.engine.name)
+    budget = math.ceil(STARTUP_BUDGET_FACTOR * estimate.seconds)
+    if budget <= options.cold_start_seconds:
+        return options
+    return replace(options, cold_start_seconds=budget)
 
 
 def served_model_name(spec: ModelDeploymentSpec) -> str:
@@ -557,6 +578,7 @@ def render_model_deployment(
     nodes = replica_nodes(spec, gpus)
     counts = replicas_per_role(spec, replicas)
     placement = placement or Placement()
+    options = with_startup_budget(options or EngineOptions(), spec, gpus)
     objects: list[dict[str, Any]] = []
     for role in roles_of(spec):
         engine = build_engine_container(

@@ -165,7 +165,8 @@ def decide(
     if planned.measured_role is not None:
         message += (
             f"; a cold start of {planned.seconds:.0f} s planned for, as measured "
-            f"({planned.measured_role.value}), not the {spec.cold_start_s:.0f} s configured"
+            f"({planned.measured_role.value}), not the {spec.cold_start_s:.0f} s "
+            + ("estimated" if spec.cold_start_estimated else "configured")
         )
     cold_starts = track_cold_starts(history, snapshot, counts, decision.replicas)
     new_history = replace(decision.history, cold_starts=cold_starts)

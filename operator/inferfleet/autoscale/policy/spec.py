@@ -6,11 +6,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
+from typing import Final
 
 from inferfleet.api.catalog import GpuCatalog
 from inferfleet.api.inference_service import InferenceServiceSpec, ReplicaBounds
 from inferfleet.api.model_deployment import ModelDeploymentSpec, Role, TopologyMode
+from inferfleet.api.model_spec import WeightSource
 from inferfleet.planning.capacity import Workload
+from inferfleet.planning.coldstart import estimate_cold_start
 from inferfleet.planning.performance import DEFAULT_EFFICIENCY, EfficiencyTerms
 from inferfleet.planning.replica import ReplicaConfig
 from inferfleet.slo import Slo
@@ -104,12 +107,17 @@ class PolicySpec:
     """Whether a pool may shrink after one rate window, not a whole stabilisation window, while
     the forecasts have held (`constraints.forecasts_held`)."""
     cold_start_s: float = 120.0
-    """The configured cold start; the policy plans with the measured one where they differ by
-    more than `cold_start_tolerance` (`policy.coldstart`)."""
+    """The configured cold start, or where none is, the one estimated from the weights' source
+    and size (`planning.coldstart`); the policy plans with the measured one where they differ
+    by more than `cold_start_tolerance` (`policy.coldstart`)."""
+    cold_start_estimated: bool = False
+    """Whether `cold_start_s` is the estimate (the service configures none)."""
     cold_start_tolerance: float = 0.25
     """How far, as a fraction of the configured cold start, a measured one may lie before it
     replaces it: the loop sees a replica serving up to a tick and a scrape late (15 s each by
     default, a quarter of the 120 s default)."""
+    wake_timeout_s: float = 600.0
+    """How long the router holds a request that arrives at zero replicas."""
     idle_before_zero_s: float = 600.0
     """How long no request may reach a service whose pools all allow zero replicas before
     they go to zero (`policy.idle`)."""
@@ -269,6 +277,19 @@ class PolicySpec:
         return tuple(r for r in ROLE_ORDER if any(p.role == r for p in self.roles))
 
 
+FALLBACK_COLD_START_S: Final = 180.0
+"""Planned for where nothing is configured and no estimate can be made (a source no engine
+reads: the deployment is refused and serves nothing)."""
+
+
+def estimated_cold_start_s(md_spec: ModelDeploymentSpec, replica: ReplicaConfig) -> float:
+    """The cold start estimated from where the deployment's weights come from and their size."""
+    source = WeightSource.of(md_spec.model.source)
+    if source is None:
+        return FALLBACK_COLD_START_S
+    return estimate_cold_start(replica, source, md_spec.engine.name).seconds
+
+
 def policy_spec(
     isvc_spec: InferenceServiceSpec,
     md_spec: ModelDeploymentSpec,
@@ -294,14 +315,21 @@ def policy_spec(
     else:
         roles = (pool(Role.AGGREGATED, autoscaling.aggregated),)
     load = isvc_spec.expected_load
+    cold_start_s = (
+        float(autoscaling.cold_start_seconds)
+        if autoscaling.cold_start_seconds is not None
+        else estimated_cold_start_s(md_spec, replica)
+    )
     return PolicySpec(
         roles=roles,
         slo=Slo.from_spec(isvc_spec.slo),
         gpu_budget=autoscaling.gpu_budget,
         scale_down_stabilization_s=float(autoscaling.scale_down_stabilization_seconds),
         shorten_stabilization=autoscaling.shorten_stabilization_when_forecasts_hold,
-        cold_start_s=float(autoscaling.cold_start_seconds),
+        cold_start_s=cold_start_s,
+        cold_start_estimated=autoscaling.cold_start_seconds is None,
         idle_before_zero_s=float(autoscaling.scale_to_zero_idle_seconds),
+        wake_timeout_s=float(autoscaling.wake_timeout_seconds),
         enabled=autoscaling.policy == "goodput",
         expected_load=None if load is None else Workload.from_spec(load),
         traffic_share=traffic_share,
