@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo plans test lint typecheck unit e2e control-plane prometheus helm images images-check system-packages bench-operator bench-router bench-emulator crds calibration clean
+.PHONY: demo plans test lint typecheck unit e2e control-plane prometheus helm images images-check system-packages bench-operator bench-router bench-emulator bench-advisor crds calibration clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -88,6 +88,10 @@ bench-router: $(STAMP)
 bench-emulator: $(STAMP)
 	$(BIN)/python -m benchmarks.emulator_capacity
 	$(BIN)/python -m benchmarks.emulator_fidelity
+
+# The advisor: how long `plan --recommend` searches its default space, per example.
+bench-advisor: $(STAMP)
+	$(BIN)/python -m benchmarks.advisor
 
 crds: $(STAMP)
 	$(BIN)/inferfleet crds

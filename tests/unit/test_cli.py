@@ -401,3 +401,55 @@ def test_a_config_json_becomes_the_architecture_block_of_a_spec(tmp_path: Path) 
     refused = runner.invoke(app, ["architecture", str(path)])
     assert refused.exit_code == EXIT_INVALID
     assert "deepseek_v2" in refused.output
+
+
+def test_plan_recommend_ranks_configurations_and_places_the_given_one() -> None:
+    example = str(EXAMPLES / "llama-3.3-70b-fp8-disaggregated-trtllm.yaml")
+    result = runner.invoke(app, ["plan", "-f", example, "--recommend", "--top", "3"])
+    assert result.exit_code == 0, result.output
+    text = result.stdout
+    assert "the cheapest configurations that meet p95 TTFT 1500 ms and p95 TPOT 60 ms" in text
+    assert "\n  1  " in text
+    assert "\n  4  " not in text
+    assert "This ModelDeployment: #" in text
+    assert "Best without a quality trade-off: #" in text
+    assert "do not fit (e.g. A100-80GB bf16 TP1" in text
+    assert "H100-80GB: throughput ±" in text or "no published point" in text
+
+    ranked = json.loads(
+        runner.invoke(app, ["plan", "-f", example, "--recommend", "-o", "json"]).stdout
+    )
+    [report] = ranked
+    costs = [o["costPerMillionOutputTokensUsd"] for o in report["options"]]
+    assert costs == sorted(costs)
+    assert report["meetSlo"] >= len(report["options"]) == 5
+
+
+def test_plan_recommend_prints_a_ready_model_deployment() -> None:
+    example = str(EXAMPLES / "llama-3.1-8b-aggregated-vllm.yaml")
+    lossless = ["--forbid", "fp8", "--forbid", "int8", "--forbid", "int4", "--forbid", "fp4"]
+    result = runner.invoke(app, ["plan", "-f", example, "--recommend", "-o", "yaml", *lossless])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("# inferfleet plan --recommend: ")
+    document = yaml.safe_load(result.stdout)
+    assert document["kind"] == "ModelDeployment"
+    assert document["metadata"] == {"name": "llama-3-1-8b"}
+    spec = ModelDeploymentSpec.model_validate(document["spec"])
+    assert spec.precision.weights.value in ("bf16", "fp16")
+
+
+def test_plan_recommend_refuses_what_it_cannot_search() -> None:
+    example = str(EXAMPLES / "llama-3.1-8b-aggregated-vllm.yaml")
+    for args, why in [
+        (["-o", "yaml"], "go with --recommend"),
+        (["--recommend", "--forbid", "bf16"], "cannot forbid bf16"),
+        (["--recommend", "--gpu-type", "TPU"], "--gpu-type/--forbid"),
+        (["--recommend", "-o", "yaml", "--pick", "10000"], "--pick 10000"),
+    ]:
+        result = runner.invoke(app, ["plan", "-f", example, *args])
+        assert result.exit_code == EXIT_INVALID, (args, result.output)
+        assert why in result.output, (args, result.output)
+    no_load = str(EXAMPLES / "llama-3.1-405b-bf16-l40s-does-not-fit.yaml")
+    result = runner.invoke(app, ["plan", "-f", no_load, "--recommend"])
+    assert result.exit_code == EXIT_INVALID
+    assert "--recommend needs a load and an SLO" in result.output

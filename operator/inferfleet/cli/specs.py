@@ -17,7 +17,7 @@ import yaml
 from pydantic import ValidationError
 
 from inferfleet.api.architecture_source import architecture_source, read_architecture
-from inferfleet.api.catalog import GpuCatalog
+from inferfleet.api.catalog import GpuCatalog, GpuType
 from inferfleet.api.crd import crd_files
 from inferfleet.api.hf_config import UnsupportedConfigError, architecture_from_hf_config
 from inferfleet.api.inference_service import (
@@ -55,6 +55,7 @@ KNOWN_KINDS = ("ModelDeployment", "InferenceService")
 class OutputFormat(StrEnum):
     TEXT = "text"
     JSON = "json"
+    YAML = "yaml"
 
 
 class InvalidInputError(Exception):
@@ -265,48 +266,52 @@ def plan_command(
     ttft_ms: Annotated[float | None, typer.Option(help="p95 TTFT target, ms.")] = None,
     tpot_ms: Annotated[float | None, typer.Option(help="p95 TPOT target, ms.")] = None,
     gpu_catalog: Annotated[Path | None, typer.Option(help=GPU_CATALOG_HELP)] = None,
-    output: Annotated[OutputFormat, typer.Option("-o", "--output")] = OutputFormat.TEXT,
+    output: Annotated[OutputFormat, typer.Option("-o", "--output", help=(
+        "text, json, or (with --recommend) yaml: the chosen configuration as a ModelDeployment."
+    ))] = OutputFormat.TEXT,
+    recommend: Annotated[bool, typer.Option(help=(
+        "Search GPU types, precisions, tensor and pipeline sizes and topologies for the "
+        "cheapest configurations that meet the SLO at the load, and rank them."
+    ))] = False,
+    top: Annotated[int, typer.Option(min=1, help="With --recommend: options shown.")] = 5,
+    pick: Annotated[int, typer.Option(min=1, help=(
+        "With --recommend -o yaml: the rank of the option to print."
+    ))] = 1,
+    forbid: Annotated[list[str] | None, typer.Option(help=(
+        "With --recommend, repeatable: a quality trade-off to leave out (fp8, int8, int4, fp4 "
+        "weights quantized from the published checkpoint; fp8-kv)."
+    ))] = None,
+    gpu_type: Annotated[list[str] | None, typer.Option(help=(
+        "With --recommend, repeatable: the GPU types to search (default: the catalog's)."
+    ))] = None,
 ) -> None:  # fmt: skip
-    """Print the capacity plan of each ModelDeployment in FILE."""
+    """Print the capacity plan of each ModelDeployment in FILE, or with --recommend the
+    cheapest configurations of each that meet its SLO at its load."""
+    if not recommend and (output == OutputFormat.YAML or forbid or gpu_type):
+        typer.echo("error: -o yaml, --forbid and --gpu-type go with --recommend", err=True)
+        raise typer.Exit(EXIT_INVALID)
     try:
         gpus = _gpu_catalog(gpu_catalog)
-        documents = _inferfleet_documents(file)
-        services = [
-            (doc, _validated(InferenceServiceSpec, doc, file))
-            for doc in documents
-            if doc.kind == "InferenceService"
-        ]
-        deployments = [
-            (doc, _deployment_spec(doc, documents, file))
-            for doc in documents
-            if doc.kind == "ModelDeployment"
-        ]
-        if not deployments:
-            raise InvalidInputError(f"{file}: no ModelDeployment to plan")
         plans = []
-        for doc, spec in deployments:
-            service = next(
-                (s for _, s in services if any(d.name == doc.name for d in s.deployments)), None
-            )
-            plans.append(
-                (
-                    doc.name,
-                    _plan_one(
-                        spec,
-                        service=service,
-                        gpus=gpus,
-                        rps=rps,
-                        input_tokens=input_tokens,
-                        output_tokens=output_tokens,
-                        input_tokens_cv=input_tokens_cv,
-                        ttft_ms=ttft_ms,
-                        tpot_ms=tpot_ms,
-                    ),
-                )
-            )
+        advised: list[tuple[Any, bool]] = []
+        for doc, spec, service in _deployments_and_services(file):
+            workload, slo = _load_and_slo(
+                service, rps=rps, input_tokens=input_tokens, output_tokens=output_tokens,
+                input_tokens_cv=input_tokens_cv, ttft_ms=ttft_ms, tpot_ms=tpot_ms,
+            )  # fmt: skip
+            if recommend:
+                advised.append(_recommend(
+                    doc, spec, workload, slo, gpus=gpus, output=output, top=top, pick=pick,
+                    forbid=forbid or [], gpu_types=gpu_type or [],
+                ))  # fmt: skip
+                continue
+            plans.append((doc.name, plan(spec, gpus, workload, slo)))
     except InvalidInputError as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(EXIT_INVALID) from None
+    if recommend:
+        _print_advice(advised, output)
+        return
     if output == OutputFormat.JSON:
         typer.echo(json.dumps([{"name": n, **report(p)} for n, p in plans], indent=2))
     else:
@@ -315,18 +320,92 @@ def plan_command(
         raise typer.Exit(EXIT_NO_FIT)
 
 
-def _plan_one(
+def _deployments_and_services(
+    file: Path,
+) -> list[tuple[Document, ModelDeploymentSpec, InferenceServiceSpec | None]]:
+    """Each ModelDeployment of the file, with the InferenceService that routes to it, if any."""
+    documents = _inferfleet_documents(file)
+    services = [
+        _validated(InferenceServiceSpec, doc, file)
+        for doc in documents
+        if doc.kind == "InferenceService"
+    ]
+    deployments = [
+        (
+            doc,
+            _deployment_spec(doc, documents, file),
+            next((s for s in services if any(d.name == doc.name for d in s.deployments)), None),
+        )
+        for doc in documents
+        if doc.kind == "ModelDeployment"
+    ]
+    if not deployments:
+        raise InvalidInputError(f"{file}: no ModelDeployment to plan")
+    return deployments
+
+
+def _print_advice(advised: list[tuple[Any, bool]], output: OutputFormat) -> None:
+    chunks = [chunk for chunk, _ in advised]
+    if output == OutputFormat.JSON:
+        typer.echo(json.dumps(chunks, indent=2))
+    else:
+        typer.echo(("---\n" if output == OutputFormat.YAML else "\n").join(chunks), nl=False)
+    if not all(met for _, met in advised):
+        raise typer.Exit(EXIT_NO_FIT)
+
+
+def _recommend(
+    doc: Document,
     spec: ModelDeploymentSpec,
+    workload: Workload | None,
+    slo: Slo,
     *,
-    service: InferenceServiceSpec | None,
     gpus: GpuCatalog,
+    output: OutputFormat,
+    top: int,
+    pick: int,
+    forbid: list[str],
+    gpu_types: list[str],
+) -> tuple[Any, bool]:
+    """The advice for one ModelDeployment in the output format (a JSON object, a YAML
+    document, a text block), and whether any configuration meets its SLO."""
+    from inferfleet.cli import advice  # noqa: PLC0415 (the engine adapters, for --recommend only)
+    from inferfleet.planning.advisor import SearchSpace, recommend  # noqa: PLC0415
+
+    if workload is None or (slo.ttft_p95_ms is None and slo.tpot_p95_ms is None):
+        raise InvalidInputError(
+            f"{doc.name}: --recommend needs a load and an SLO: an InferenceService with "
+            "expectedLoad and slo, or --rps, --input-tokens, --output-tokens and --ttft-ms or "
+            "--tpot-ms"
+        )
+    try:
+        types = tuple(GpuType(t) for t in gpu_types) or tuple(GpuType)
+        space = SearchSpace(gpu_types=types, forbid=frozenset(forbid))
+    except ValueError as error:
+        raise InvalidInputError(f"--gpu-type/--forbid: {error}") from None
+    found = recommend(spec, workload, slo, catalog=gpus, space=space, refuse=advice.engine_refusal)
+    met = bool(found.options)
+    if output == OutputFormat.JSON:
+        return advice.render_json(doc.name, found, top=top), met
+    if output == OutputFormat.YAML:
+        if pick > len(found.options):
+            raise InvalidInputError(
+                f"{doc.name}: --pick {pick}: {len(found.options)} configurations meet the SLO"
+            )
+        return advice.model_deployment(doc.name, found.options[pick - 1], spec), met
+    return advice.render_text(doc.name, found, workload, slo, top=top) + "\n", met
+
+
+def _load_and_slo(
+    service: InferenceServiceSpec | None,
+    *,
     rps: float | None,
     input_tokens: int | None,
     output_tokens: int | None,
     input_tokens_cv: float | None,
     ttft_ms: float | None,
     tpot_ms: float | None,
-) -> CapacityPlan:
+) -> tuple[Workload | None, Slo]:
     expected = service.expected_load if service else None
     rate = rps if rps is not None else (expected.requests_per_second if expected else None)
     inp = input_tokens or (expected.input_tokens if expected else None)
@@ -354,8 +433,7 @@ def _plan_one(
     for label, value in (("--ttft-ms", slo_ttft), ("--tpot-ms", slo_tpot)):
         if value is not None and not value > 0:
             raise InvalidInputError(f"{label} must be positive (got {value})")
-    slo = Slo(slo_ttft, slo_tpot)
-    return plan(spec, gpus, workload, slo)
+    return workload, Slo(slo_ttft, slo_tpot)
 
 
 @app.command("crds")

@@ -177,14 +177,37 @@ def fewest_replicas(
     return high
 
 
-def _infeasible(
-    role: Role, config: ReplicaConfig, request: Workload, slo: Slo, efficiency: EfficiencyTerms
-) -> str:
+def _idle_point(
+    config: ReplicaConfig, request: Workload, efficiency: EfficiencyTerms
+) -> OperatingPoint:
     # Idle, the p95 TTFT is the prefill of the p95 prompt: the spread counts even at no load.
-    idle = operating_point(
+    return operating_point(
         config, 0.0, request.input_tokens, request.output_tokens, efficiency=efficiency,
         input_tokens_cv2=request.input_tokens_cv2,
     )  # fmt: skip
+
+
+def idle_misses(
+    config: ReplicaConfig,
+    request: Workload,
+    slo: Slo,
+    efficiency: EfficiencyTerms = DEFAULT_EFFICIENCY,
+) -> tuple[str, ...]:
+    """The targets ("TTFT", "TPOT") an idle replica already misses for `request`: those no
+    number of replicas meets."""
+    idle = _idle_point(config, request, efficiency)
+    missed = []
+    if slo.ttft_p95_s is not None and idle.ttft_p95_s > slo.ttft_p95_s:
+        missed.append("TTFT")
+    if slo.tpot_p95_s is not None and idle.tpot_p95_s > slo.tpot_p95_s:
+        missed.append("TPOT")
+    return tuple(missed)
+
+
+def _infeasible(
+    role: Role, config: ReplicaConfig, request: Workload, slo: Slo, efficiency: EfficiencyTerms
+) -> str:
+    idle = _idle_point(config, request, efficiency)
     spread = math.sqrt(request.input_tokens_cv2)
     return (
         f"no number of {role.value} replicas meets the SLO: an idle replica already needs "
