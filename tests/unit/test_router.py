@@ -225,6 +225,22 @@ def test_the_prefix_index_is_bounded() -> None:
     assert index.matches((0,), ["a"]) == {"a": 0}
 
 
+def test_the_index_says_how_many_leading_blocks_a_recent_prompt_began_with() -> None:
+    index = PrefixIndex(max_blocks=4)
+    assert index.record((1, 2, 3), "a") == 0
+    # A shared system prompt (1, 2) then a new question: two blocks seen, whoever held them.
+    assert index.record((1, 2, 9), "b") == 2
+    # Only the leading run counts: a block seen again after one that was not is no prefix.
+    assert index.record((7, 2, 3), "a") == 0
+    # Only the first max_blocks are looked at.
+    assert index.record((1, 2, 3, 4, 5, 6), "a") == 3
+    chooser = balancer({"a": 0})
+    [a] = chooser.all_replicas()
+    assert chooser.record_prefix(a, ()) == (0, 0)
+    assert chooser.record_prefix(a, (5, 6)) == (2, 0)
+    assert chooser.record_prefix(a, (5, 6, 8)) == (3, 2)
+
+
 # Requests.
 
 

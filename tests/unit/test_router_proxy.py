@@ -226,6 +226,45 @@ async def test_prefill_hands_over_to_decode(servers: dict[str, Any]) -> None:
             assert series(engine_metrics, "vllm:request_success_total") == 1, role
 
 
+async def test_prompts_that_repeat_a_recent_prefix_are_counted_where_they_are_prefilled(
+    servers: dict[str, Any],
+) -> None:
+    """A shared system prompt, then a new question each time: the router counts the leading
+    blocks it saw before, once per request, in the pool that prefills (aggregated here, prefill
+    in a disaggregated pair), whether or not the engines cache prefixes."""
+    # 1,900 characters of system prompt and 200 of question: four blocks of 512 characters
+    # are hashed, three of system prompt alone and one that holds the question.
+    system = "You answer questions about the fleet. " * 50
+    questions = [f"{topic}? " * 40 for topic in ("GPUs", "model", "SLO")]
+    engine = await start_engine(servers)
+    client = await start_router(servers, config(aggregated(engine)))
+    for question in questions:
+        body = {"prompt": system + question[:200], "max_tokens": 2}
+        assert (await client.post("/v1/completions", json=body)).status_code == 200
+    text = await metrics(client)
+    looked = series(text, "inferfleet_router_prefix_blocks_total", deployment="d")
+    seen = series(text, "inferfleet_router_prefix_blocks_seen_total", deployment="d")
+    assert looked == 3 * 4
+    assert seen == 2 * 3  # the first request saw nothing before it
+
+    prefill = await start_engine(servers, Role.PREFILL)
+    decode = await start_engine(servers, Role.DECODE)
+    pair = await start_router(
+        servers,
+        config(
+            f"deployment=d,role=prefill,engine=sim,model={MODEL},urls={prefill}",
+            f"deployment=d,role=decode,engine=sim,model={MODEL},urls={decode}",
+        ),
+    )
+    for question in questions[:2]:
+        body = {"prompt": system + question[:200], "max_tokens": 2}
+        assert (await pair.post("/v1/completions", json=body)).status_code == 200
+    text = await metrics(pair)
+    # Counted at the prefill call only, not again at the decode call.
+    assert series(text, "inferfleet_router_prefix_blocks_total") == 2 * 4
+    assert series(text, "inferfleet_router_prefix_blocks_seen_total") == 3
+
+
 async def test_no_healthy_replica_is_503_with_retry_after(servers: dict[str, Any]) -> None:
     client = await start_router(servers, config(aggregated("http://127.0.0.1:9"), retry_after_s=7))
     assert (await client.get("/health")).status_code == 503

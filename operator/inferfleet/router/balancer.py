@@ -65,17 +65,24 @@ class PrefixIndex:
                 matched[url] = depth
         return matched
 
-    def record(self, blocks: Sequence[int], url: str) -> None:
+    def record(self, blocks: Sequence[int], url: str) -> int:
+        """Record that `url` now holds `blocks`; the leading blocks some replica held before
+        (what a prefix cache that every replica shared could have served)."""
         entries = self._entries
+        seen = 0
+        leading = True
         for block in blocks[: self.max_blocks]:
             holders = entries.get(block)
             if holders is None:
                 entries[block] = {url}
+                leading = False
             else:
+                seen += leading
                 holders.add(url)
                 entries.move_to_end(block)
         while len(entries) > self.capacity:
             entries.popitem(last=False)
+        return seen
 
     def forget(self, url: str) -> None:
         """A replica went away: its cache went with it."""
@@ -188,6 +195,11 @@ class Balancer:
         self._turn += 1
         return pick[self._turn % len(pick)]
 
-    def record_prefix(self, replica: Replica, prefix_blocks: Sequence[int]) -> None:
-        if prefix_blocks:
-            self.prefixes[(replica.deployment, replica.role)].record(prefix_blocks, replica.url)
+    def record_prefix(self, replica: Replica, prefix_blocks: Sequence[int]) -> tuple[int, int]:
+        """Record the prompt's blocks for affinity; the blocks looked at, and how many of them
+        lead a prompt this pool was sent recently (`PrefixIndex.record`)."""
+        if not prefix_blocks:
+            return 0, 0
+        index = self.prefixes[(replica.deployment, replica.role)]
+        seen = index.record(prefix_blocks, replica.url)
+        return min(len(prefix_blocks), index.max_blocks), seen

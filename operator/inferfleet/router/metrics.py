@@ -10,7 +10,9 @@ InferenceService); the controller reads, over a window `w`:
 * p95 TTFT / TPOT: `histogram_quantile(0.95, sum by (le) (rate(
   inferfleet_router_ttft_seconds_bucket{service="S"}[w])))` (and `..._tpot_seconds_...`);
 * the mix: `rate(inferfleet_router_prompt_tokens_total[w])` and `..._output_tokens_total`
-  over the request rate, and the prompts' spread from `..._prompt_tokens_squared_total`.
+  over the request rate, and the prompts' spread from `..._prompt_tokens_squared_total`;
+* how much prompts repeat a recent prompt's prefix:
+  `rate(inferfleet_router_prefix_blocks_seen_total[w]) / rate(..._prefix_blocks_total[w])`.
 
 Per tenant (with tenants, `router.tenants`): finished requests by outcome
 (`inferfleet_router_tenant_requests_total{service,tenant,outcome}`), their prompt and output
@@ -108,6 +110,21 @@ class RouterMetrics:
             "inferfleet_router_arrival_prompt_tokens",
             "Prompt tokens of arriving requests as the router estimates them (characters / 4; "
             "token ids exactly): the prompt mix now, before any of it finishes.",
+            labels,
+            registry=self.registry,
+        )
+        self.prefix_blocks = Counter(
+            "inferfleet_router_prefix_blocks",
+            "Leading blocks of the prompts sent to be prefilled (the first 64 blocks of a "
+            "prompt, as the router hashes them for affinity).",
+            labels,
+            registry=self.registry,
+        )
+        self.prefix_blocks_seen = Counter(
+            "inferfleet_router_prefix_blocks_seen",
+            "Of those, the leading blocks that a prompt sent to the same pool recently began "
+            "with: the share of prompts a prefix cache could serve, whether or not the "
+            "engines keep one.",
             labels,
             registry=self.registry,
         )

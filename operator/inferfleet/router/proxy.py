@@ -582,7 +582,7 @@ class Router:
                             message_of(answer, f"prefill answered {response.status}"),
                             response.status,
                         )
-                self.balancer.record_prefix(replica, routed.prefix_blocks)
+                self._record_prefix(replica, routed.prefix_blocks)
                 self.metrics.upstream.labels(*labels).observe(loop.time() - started)
                 try:
                     return decode_body(engine, body, json.loads(answer))
@@ -596,6 +596,13 @@ class Router:
             finally:
                 charge.close()
         raise NoReplicaError(Role.PREFILL, failures)
+
+    def _record_prefix(self, replica: Replica, blocks: tuple[int, ...]) -> None:
+        looked, seen = self.balancer.record_prefix(replica, blocks)
+        if looked and replica.role is not Role.DECODE:  # counted where the prompt is prefilled
+            labels = (self.config.service, replica.deployment)
+            self.metrics.prefix_blocks.labels(*labels).inc(looked)
+            self.metrics.prefix_blocks_seen.labels(*labels).inc(seen)
 
     def _charge(self, replica: Replica, tokens: int) -> _Charge:
         replica.outstanding_tokens += tokens
@@ -641,7 +648,7 @@ class Router:
                         self.metrics.upstream_errors.labels(*labels, "status").inc()
                         failures.append(f"answered {upstream.status}")
                         continue
-                    self.balancer.record_prefix(replica, routed.prefix_blocks)
+                    self._record_prefix(replica, routed.prefix_blocks)
                     if upstream.status != 200:
                         # The engine refused the request: its answer, unchanged and unjudged.
                         return web.Response(
