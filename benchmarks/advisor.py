@@ -68,7 +68,7 @@ def main() -> None:
     start = time.perf_counter()
     error_bands()
     calibration_s = time.perf_counter() - start
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name, spec, workload, slo in _cases():
         baseline = _best_of(args.repeat, lambda: plan(spec, None, workload, slo))  # noqa: B023
         found = recommend(spec, workload, slo, refuse=engine_refusal)

@@ -287,6 +287,9 @@ def test_queries_of_a_long_name_match_the_rendered_pods() -> None:
         assert len(pod_label) <= 63
         role = Role(labels["inferfleet.io/role"])
         for query in role_queries("serving", LONG_NAME, role, 60.0).values():
+            if "inferfleet_router_" in query:  # routers label series with the name as it is
+                assert f'deployment="{LONG_NAME}",role="{role.value}"' in query
+                continue
             matcher = deployment_matcher(query)
             assert matcher == re.escape(pod_label)  # the label, every regex character escaped
             assert re.fullmatch(matcher, pod_label)

@@ -160,6 +160,36 @@ def test_the_owner_decision_replaces_the_spec_replicas() -> None:
     assert released.status["autoscaling"] is None
 
 
+def test_the_owners_advice_is_in_the_deployments_status_as_its_service_wrote_it() -> None:
+    body = _example("ModelDeployment")
+    service = {
+        "metadata": {"name": "chat", "creationTimestamp": "2026-11-23T10:00:00Z"},
+        "spec": {"deployments": [{"name": body["metadata"]["name"]}],
+                 "autoscaling": {"policy": "goodput"}},
+        "status": {
+            "replicas": [{"deployment": body["metadata"]["name"], "role": "aggregated",
+                          "replicas": 3}],
+            "advice": [
+                {"deployment": body["metadata"]["name"], "reason": "EnablePrefixCaching",
+                 "message": "75% of the prompts' leading blocks repeat",
+                 "inputs": {"repeatedPrefixShare": 0.75, "bogus": "x"}},
+                {"deployment": "another", "reason": "Fp8Weights"},
+                {"reason": "NoDeployment"},
+            ],
+        },
+    }  # fmt: skip
+    [claim] = claims_of(service).values()
+    outcome = _md_outcome(body, claims=[claim])
+    assert outcome.status is not None
+    assert outcome.status["autoscaling"]["advice"] == [
+        {
+            "reason": "EnablePrefixCaching",
+            "message": "75% of the prompts' leading blocks repeat",
+            "inputs": {"repeatedPrefixShare": 0.75},
+        }
+    ]
+
+
 def test_a_decision_of_zero_applies_only_where_the_owners_bounds_allow_zero() -> None:
     body = _example("ModelDeployment")
     zero = {Role.AGGREGATED: 0}

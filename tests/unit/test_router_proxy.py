@@ -242,7 +242,7 @@ async def test_prompts_that_repeat_a_recent_prefix_are_counted_where_they_are_pr
         body = {"prompt": system + question[:200], "max_tokens": 2}
         assert (await client.post("/v1/completions", json=body)).status_code == 200
     text = await metrics(client)
-    looked = series(text, "inferfleet_router_prefix_blocks_total", deployment="d")
+    looked = series(text, "inferfleet_router_prefix_blocks_total", role="aggregated")
     seen = series(text, "inferfleet_router_prefix_blocks_seen_total", deployment="d")
     assert looked == 3 * 4
     assert seen == 2 * 3  # the first request saw nothing before it
@@ -261,8 +261,9 @@ async def test_prompts_that_repeat_a_recent_prefix_are_counted_where_they_are_pr
         assert (await pair.post("/v1/completions", json=body)).status_code == 200
     text = await metrics(pair)
     # Counted at the prefill call only, not again at the decode call.
-    assert series(text, "inferfleet_router_prefix_blocks_total") == 2 * 4
-    assert series(text, "inferfleet_router_prefix_blocks_seen_total") == 3
+    assert series(text, "inferfleet_router_prefix_blocks_total", role="prefill") == 2 * 4
+    assert series(text, "inferfleet_router_prefix_blocks_seen_total", role="prefill") == 3
+    assert series(text, "inferfleet_router_prefix_blocks_total", role="decode") == 0
 
 
 async def test_no_healthy_replica_is_503_with_retry_after(servers: dict[str, Any]) -> None:

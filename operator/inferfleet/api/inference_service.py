@@ -379,6 +379,24 @@ class RoleColdStart(StatusModel):
     )
 
 
+class DeploymentAdvice(StatusModel):
+    deployment: str = Field(description="The ModelDeployment.")
+    reason: str = Field(
+        description="What to change, as a CamelCase reason: EnablePrefixCaching, Fp8Weights, "
+        "Fp8KvCache."
+    )
+    message: str = Field(
+        default="",
+        description="Why, from what the running fleet measured, and the effect the "
+        "planner predicts. Never applied by itself.",
+    )
+    inputs: dict[str, float] = Field(
+        default_factory=dict,
+        max_length=16,
+        description="The measurements and predictions it rests on.",
+    )
+
+
 class ScalingDecision(StatusModel):
     time: datetime = Field(description="When the decision was taken.")
     replicas: list[RoleReplicas] = Field(description="Replicas per deployment and role it chose.")
@@ -400,6 +418,12 @@ class InferenceServiceStatus(StatusModel):
         default=None, description="Live performance against the SLO."
     )
     replicas: list[RoleReplicas] = Field(default_factory=list, description="Replicas per role.")
+    advice: list[DeploymentAdvice] | None = Field(
+        default=None,
+        max_length=64,
+        description="What the running fleet suggests changing in each ModelDeployment this "
+        "service autoscales, with its inputs and predicted effect; an Event when it is new.",
+    )
     cold_starts: list[RoleColdStart] = Field(
         default_factory=list,
         max_length=64,

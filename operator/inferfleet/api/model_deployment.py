@@ -707,11 +707,35 @@ class AutoscaledRole(StatusModel):
     )
 
 
+class FleetAdvice(StatusModel):
+    reason: str = Field(
+        description="What to change, as a CamelCase reason: EnablePrefixCaching, Fp8Weights, "
+        "Fp8KvCache."
+    )
+    message: str = Field(
+        default="",
+        description="Why, from what the running fleet measured, and the effect the "
+        "planner predicts. Never applied by itself.",
+    )
+    inputs: dict[str, float] = Field(
+        default_factory=dict,
+        max_length=16,
+        description="The measurements and predictions it rests on.",
+    )
+
+
 class AutoscalingStatus(StatusModel):
     service: str = Field(description="The InferenceService whose autoscaler decided.")
     replicas: list[AutoscaledRole] = Field(description="Replicas per role it chose.")
     reason: str = Field(description="Why, as a CamelCase reason.")
     time: datetime = Field(description="When it decided.")
+    advice: list[FleetAdvice] | None = Field(
+        default=None,
+        max_length=16,
+        description="What that autoscaler, from what the running fleet measured, suggests "
+        "changing in this deployment (the InferenceService's status.advice); an Event on the "
+        "InferenceService when it is new.",
+    )
 
 
 class ModelDeploymentStatus(StatusModel):

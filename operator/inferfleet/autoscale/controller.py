@@ -46,6 +46,7 @@ from inferfleet.api.inference_service import (
 )
 from inferfleet.api.model_deployment import ModelDeployment, Role
 from inferfleet.api.pins import PinLimits, read_pin
+from inferfleet.autoscale.advice import FleetReading, advise
 from inferfleet.autoscale.metrics import OperatorMetrics, RoleRecord, TickRecord
 from inferfleet.autoscale.ownership import Claim, autoscaling_owner, claims_of
 from inferfleet.autoscale.policy import (
@@ -427,11 +428,7 @@ def tick(
         decisions.append(DeploymentDecision(deployment, decision, changed))
         role_records.extend(_role_records(deployment, spec, current, decision))
         if snapshot is not None:
-            usage.append(
-                DeploymentUsage(
-                    ReplicaConfig.from_spec(md.spec, catalog), decision.replicas, snapshot.roles
-                )
-            )
+            usage.append(_usage(deployment, md, decision.replicas, snapshot, catalog))
     if reading.problem is None and any(
         d.decision.reason is Reason.STALE_METRICS for d in decisions
     ):
@@ -444,6 +441,7 @@ def tick(
     status = _tick_status(
         conditions, state, decisions, reading=reading, usage=usage, now=now, events=events
     )
+    events += advice_events(previous.get("advice") or [], status.get("advice") or [])
     record = _tick_record(service, reading, role_records, at_s=now_s)
     if settings.metrics is not None:
         settings.metrics.record(record)
@@ -513,6 +511,38 @@ def _gpu_claim(
     )
 
 
+def _usage(
+    deployment: str,
+    md: ModelDeployment,
+    replicas: Mapping[Role, int],
+    snapshot: MetricsSnapshot,
+    catalog: GpuCatalog,
+) -> DeploymentUsage:
+    """A deployment's share of the service's performance, and the advice its fleet calls for."""
+    config = ReplicaConfig.from_spec(md.spec, catalog)
+    reading = FleetReading(
+        snapshot.roles,
+        prefix_blocks_per_s=sum(m.prefix_blocks_per_s for m in snapshot.roles.values()),
+        prefix_blocks_seen_per_s=sum(m.prefix_blocks_seen_per_s for m in snapshot.roles.values()),
+        mean_prompt_tokens=snapshot.service.mean_prompt_tokens,
+        mean_output_tokens=snapshot.service.mean_output_tokens,
+    )
+    advice = advise(md.spec, config, reading)
+    return DeploymentUsage(config, replicas, snapshot.roles, deployment, advice)
+
+
+def advice_events(
+    previous: Sequence[Mapping[str, Any]], advice: Sequence[Mapping[str, Any]]
+) -> list[tuple[str, str, bool]]:
+    """An Event for each piece of advice a deployment was not given the tick before."""
+    given = {(str(a.get("deployment")), str(a.get("reason"))) for a in previous}
+    return [
+        (str(a["reason"]), f"{a['deployment']}: {a['message']}", False)
+        for a in advice
+        if (a["deployment"], a["reason"]) not in given
+    ]
+
+
 def _tick_status(
     conditions: list[dict[str, Any]],
     state: dict[str, Any],
@@ -544,6 +574,10 @@ def _tick_status(
     if reading.first_snapshot is not None:
         observed = observe(reading.first_snapshot.service, usage, reading.tenants)
         status["observed"] = observed.to_wire()
+        # Without metrics this tick, the advice stands as it was.
+        status["advice"] = [
+            {"deployment": u.deployment, **a.to_wire()} for u in usage for a in u.advice
+        ]
     moved = [d for d in decisions if d.changed]
     if moved:
         message = "; ".join(f"{d.name}: {d.decision.message}" for d in moved)

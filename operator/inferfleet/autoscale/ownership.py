@@ -22,6 +22,7 @@ from typing import Any
 from inferfleet.api.inference_service import ReplicaBounds
 from inferfleet.api.model_deployment import Role
 from inferfleet.api.pins import PinLimits
+from inferfleet.autoscale.advice import Advice
 
 DEFAULT_MAX_REPLICAS = ReplicaBounds.model_fields["max_replicas"].default
 
@@ -46,6 +47,8 @@ class Claim:
     """Roles its bounds let go to zero replicas (minReplicas 0): a decision of zero for them
     is applied, any other is taken for a reading of an older status and ignored."""
     gpu_budget: int | None = None
+    advice: tuple[Advice, ...] = ()
+    """What its autoscaler advises changing in the deployment (its `status.advice`)."""
 
     def decided(self, roles: Iterable[Role]) -> dict[Role, int]:
         """Its decision for `roles`: zero only where its bounds allow it."""
@@ -78,6 +81,7 @@ def claims_of(service: Mapping[str, Any]) -> dict[str, Claim]:
         if isinstance(count, int) and not isinstance(count, bool) and count >= 0:
             decided.setdefault(deployment, {})[role] = count
     last = _mapping(status.get("lastDecision"))
+    advised = _advice(status.get("advice"))
     claims: dict[str, Claim] = {}
     for ref in _list(spec.get("deployments")):
         if not isinstance(ref, dict) or not isinstance(ref.get("name"), str):
@@ -93,8 +97,29 @@ def claims_of(service: Mapping[str, Any]) -> dict[str, Claim]:
             max_replicas=_max_replicas(autoscaling),
             zero_roles=_zero_roles(autoscaling),
             gpu_budget=budget if isinstance(budget, int) and not isinstance(budget, bool) else None,
+            advice=advised.get(ref["name"], ()),
         )
     return claims
+
+
+def _advice(entries: Any) -> dict[str, tuple[Advice, ...]]:
+    """Per deployment, the advice a service's status holds; entries that do not read as
+    advice are skipped."""
+    advised: dict[str, tuple[Advice, ...]] = {}
+    for raw in _list(entries):
+        entry = _mapping(raw)
+        deployment, reason = entry.get("deployment"), entry.get("reason")
+        if not isinstance(deployment, str) or not isinstance(reason, str):
+            continue
+        inputs = _mapping(entry.get("inputs"))
+        numbers = {
+            str(k): float(v)
+            for k, v in inputs.items()
+            if isinstance(v, int | float) and not isinstance(v, bool)
+        }
+        advice = Advice(reason, str(entry.get("message", "")), numbers)
+        advised[deployment] = (*advised.get(deployment, ()), advice)
+    return advised
 
 
 def _max_replicas(autoscaling: Mapping[str, Any]) -> dict[Role, int]:

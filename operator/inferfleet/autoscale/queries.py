@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from inferfleet.api.inference_service import ObservedPerformance
 from inferfleet.api.model_deployment import Role
+from inferfleet.autoscale.advice import Advice
 from inferfleet.autoscale.snapshot import (
     ROLE_QUERIES,
     SERVICE_QUERIES,
@@ -65,6 +66,8 @@ def render(
         # Engines are selected by the pod label the renderer puts on them, which is the name
         # itself only up to 63 characters (longer names are truncated with a digest).
         "$MD": _quoted(re.escape(label_value(deployment))),
+        # Routers label their series with the name as it is.
+        "$DN": _quoted(deployment),
         "$R": "" if role is None else role.value,
         "$w": _window(window_s),
         "$r": _window(window_s if recent_window_s is None else recent_window_s),
@@ -244,6 +247,8 @@ def snapshot_from_answers(
             kv_cache_usage=min(1.0, value("kv_cache_usage")),
             prompt_tokens_per_s=value("prompt_tokens_per_s"),
             generation_tokens_per_s=value("generation_tokens_per_s"),
+            prefix_blocks_per_s=value("prefix_blocks_per_s"),
+            prefix_blocks_seen_per_s=value("prefix_blocks_seen_per_s"),
         )
     return MetricsSnapshot(
         taken_at_s=taken_at_s, window_s=window_s, newest_sample_age_s=age,
@@ -260,6 +265,9 @@ class DeploymentUsage:
     replicas: Mapping[Role, int]
     """Replicas held per role (GPUs are paid for from the moment they are asked for)."""
     roles: Mapping[Role, RoleMetrics]
+    deployment: str = ""
+    advice: tuple[Advice, ...] = ()
+    """What the running fleet suggests changing in it (`autoscale.advice`)."""
 
 
 @dataclass(frozen=True)

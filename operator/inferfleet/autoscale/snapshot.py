@@ -25,6 +25,8 @@ from inferfleet.api.model_deployment import Role
 # How the live controller selects one role's engine series and one service's router series.
 ENGINE_SELECTOR = 'namespace="$NS",inferfleet_io_model_deployment=~"$MD",inferfleet_io_role="$R"'
 ROUTER_SELECTOR = 'service="$S",namespace="$NS"'
+# A role of one ModelDeployment in the routers' series (`deployment` is the name as it is).
+ROUTER_ROLE_SELECTOR = 'namespace="$NS",deployment="$DN",role="$R"'
 
 # The PromQL behind each field, as the live controller issues it (see the field docstrings).
 ROLE_QUERIES: Mapping[str, str] = {
@@ -35,6 +37,12 @@ ROLE_QUERIES: Mapping[str, str] = {
     "prompt_tokens_per_s": f"sum(rate(vllm:prompt_tokens_total{{{ENGINE_SELECTOR}}}[$w]))",
     "generation_tokens_per_s": (
         f"sum(rate(vllm:generation_tokens_total{{{ENGINE_SELECTOR}}}[$w]))"
+    ),
+    "prefix_blocks_per_s": (
+        f"sum(rate(inferfleet_router_prefix_blocks_total{{{ROUTER_ROLE_SELECTOR}}}[$w]))"
+    ),
+    "prefix_blocks_seen_per_s": (
+        f"sum(rate(inferfleet_router_prefix_blocks_seen_total{{{ROUTER_ROLE_SELECTOR}}}[$w]))"
     ),
 }
 SERVICE_QUERIES: Mapping[str, str] = {
@@ -122,6 +130,14 @@ class RoleMetrics:
     generation_tokens_per_s: float
     """Output tokens decoded per second:
     `sum(rate(vllm:generation_tokens_total{<role>}[$w]))`."""
+    prefix_blocks_per_s: float = 0.0
+    """Leading prompt blocks the routers sent this role to prefill, per second (a role that
+    prefills: aggregated or prefill): `sum(rate(inferfleet_router_prefix_blocks_total
+    {namespace="$NS",deployment="<name>",role="$R"}[$w]))`. Advice reads it, not the policy;
+    the fleet simulator hashes no prompts and leaves it 0."""
+    prefix_blocks_seen_per_s: float = 0.0
+    """Of those, the blocks a recent prompt to the same pool began with:
+    `sum(rate(inferfleet_router_prefix_blocks_seen_total{...}[$w]))`."""
 
     def __post_init__(self) -> None:
         if self.ready_replicas < 0:
@@ -133,6 +149,8 @@ class RoleMetrics:
             kv_cache_usage=self.kv_cache_usage,
             prompt_tokens_per_s=self.prompt_tokens_per_s,
             generation_tokens_per_s=self.generation_tokens_per_s,
+            prefix_blocks_per_s=self.prefix_blocks_per_s,
+            prefix_blocks_seen_per_s=self.prefix_blocks_seen_per_s,
         )
         if self.kv_cache_usage > 1:
             raise ValueError(f"kv_cache_usage is a fraction, 0..1 (got {self.kv_cache_usage})")

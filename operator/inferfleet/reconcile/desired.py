@@ -583,14 +583,15 @@ def _autoscaling_record(
 ) -> AutoscalingStatus | None:
     if owner is None or not decided:
         return None
-    return AutoscalingStatus.model_validate(
-        {
-            "service": owner.service,
-            "replicas": [{"role": r, "replicas": n} for r, n in sorted(decided.items())],
-            "reason": owner.reason or "Autoscaled",
-            "time": owner.time or owner.created,
-        }
-    )
+    record: dict[str, Any] = {
+        "service": owner.service,
+        "replicas": [{"role": r, "replicas": n} for r, n in sorted(decided.items())],
+        "reason": owner.reason or "Autoscaled",
+        "time": owner.time or owner.created,
+    }
+    if owner.advice:
+        record["advice"] = [advice.to_wire() for advice in owner.advice]
+    return AutoscalingStatus.model_validate(record)
 
 
 def _progress(

@@ -117,7 +117,7 @@ class RouterMetrics:
             "inferfleet_router_prefix_blocks",
             "Leading blocks of the prompts sent to be prefilled (the first 64 blocks of a "
             "prompt, as the router hashes them for affinity).",
-            labels,
+            (*labels, "role"),
             registry=self.registry,
         )
         self.prefix_blocks_seen = Counter(
@@ -125,7 +125,7 @@ class RouterMetrics:
             "Of those, the leading blocks that a prompt sent to the same pool recently began "
             "with: the share of prompts a prefix cache could serve, whether or not the "
             "engines keep one.",
-            labels,
+            (*labels, "role"),
             registry=self.registry,
         )
         self.prompt_tokens = Counter(

@@ -600,7 +600,7 @@ class Router:
     def _record_prefix(self, replica: Replica, blocks: tuple[int, ...]) -> None:
         looked, seen = self.balancer.record_prefix(replica, blocks)
         if looked and replica.role is not Role.DECODE:  # counted where the prompt is prefilled
-            labels = (self.config.service, replica.deployment)
+            labels = (self.config.service, replica.deployment, replica.role.value)
             self.metrics.prefix_blocks.labels(*labels).inc(looked)
             self.metrics.prefix_blocks_seen.labels(*labels).inc(seen)
 

@@ -1,0 +1,190 @@
+"""Advice from the running fleet: what the physics says a ModelDeployment should change, with
+the effect the planner predicts. Never applied: an SRE reads it in the deployment's status.
+
+Each rule reads what the engines and the router measured over the rate window and names its
+inputs:
+* `EnablePrefixCaching`: prefix caching is off and the prompts repeat a recent prompt's
+  prefix (the router's `inferfleet_router_prefix_blocks_seen_total` over
+  `..._prefix_blocks_total`, counted where prompts are prefilled): that share of the prefill
+  would be served from cache. Predicted: an idle replica's TTFT for the mean prompt, whole and
+  with that share cached.
+* `Fp8Weights`: a pool that decodes is bandwidth-bound (its measured MBU, the weights read once
+  per decode step, at or over `BANDWIDTH_BOUND_MBU`), its weights are 16-bit and its GPU has FP8
+  tensor cores: FP8 weights halve the bytes each step reads. Predicted: the decode step at the
+  measured batch and context, in both precisions. A quality trade-off, and said so.
+* `Fp8KvCache`: a pool's KV cache is full (`KV_FULL`) while requests wait, with a 16-bit KV
+  cache on a GPU with FP8 support: FP8 doubles the tokens a replica holds. Predicted: the KV
+  capacity of one replica in both. A quality trade-off too.
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Final
+
+from inferfleet.api.model_deployment import (
+    KvCacheDtype,
+    ModelDeploymentSpec,
+    QuantizationMethod,
+    Role,
+    WeightPrecision,
+)
+from inferfleet.autoscale.snapshot import RoleMetrics
+from inferfleet.planning.memory import plan_memory, weight_bytes_per_gpu
+from inferfleet.planning.performance import decode_step_seconds, prefill_seconds
+from inferfleet.planning.replica import ReplicaConfig
+
+REPEATED_PREFIX_SHARE: Final = 0.25
+"""The share of prompts' leading blocks seen before from which caching them is advised."""
+MIN_PREFIX_BLOCKS_PER_S: Final = 0.1
+"""Below this many blocks looked at per second, the share is too few prompts to judge by."""
+BANDWIDTH_BOUND_MBU: Final = 0.4
+"""Measured MBU from which a decoding pool is taken as bandwidth-bound: the weights' reads
+alone fill this much of the memory bandwidth (KV reads come on top)."""
+KV_FULL: Final = 0.9
+
+
+@dataclass(frozen=True)
+class FleetReading:
+    """What the advice reads of one running ModelDeployment over the rate window."""
+
+    roles: Mapping[Role, RoleMetrics]
+    prefix_blocks_per_s: float = 0.0
+    """Leading prompt blocks the routers looked at, per second, where prompts are prefilled."""
+    prefix_blocks_seen_per_s: float = 0.0
+    """Of those, the ones a recent prompt to the same pool began with."""
+    mean_prompt_tokens: float | None = None
+    mean_output_tokens: float | None = None
+
+
+@dataclass(frozen=True)
+class Advice:
+    reason: str
+    message: str
+    inputs: Mapping[str, float] = field(default_factory=dict)
+    """The measurements and predictions it rests on, by name."""
+
+    def to_wire(self) -> dict[str, object]:
+        return {
+            "reason": self.reason,
+            "message": self.message,
+            "inputs": {k: round(v, 4) for k, v in sorted(self.inputs.items())},
+        }
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:,.0f} ms"
+
+
+def _prefix_caching(
+    spec: ModelDeploymentSpec, config: ReplicaConfig, reading: FleetReading
+) -> Advice | None:
+    if spec.prefix_caching or reading.prefix_blocks_per_s < MIN_PREFIX_BLOCKS_PER_S:
+        return None
+    share = min(1.0, reading.prefix_blocks_seen_per_s / reading.prefix_blocks_per_s)
+    if share < REPEATED_PREFIX_SHARE:
+        return None
+    prompt = max(1, round(reading.mean_prompt_tokens or 1000))
+    whole = prefill_seconds(config, prompt)
+    cached = prefill_seconds(config, max(1, math.ceil(prompt * (1 - share))))
+    return Advice(
+        "EnablePrefixCaching",
+        f"{share:.0%} of the prompts' leading blocks repeat a recent prompt's, and prefix "
+        f"caching is off: with spec.prefixCaching true, about that share of the prefill is "
+        f"served from cache; an idle replica's TTFT for the mean {prompt}-token prompt goes "
+        f"from {_ms(whole)} to about {_ms(cached)} (planner)",
+        {
+            "repeatedPrefixShare": share,
+            "prefixBlocksPerSecond": reading.prefix_blocks_per_s,
+            "meanPromptTokens": prompt,
+            "predictedIdleTtftMs": whole * 1e3,
+            "predictedIdleTtftCachedMs": cached * 1e3,
+        },
+    )
+
+
+def _decode_roles(reading: FleetReading) -> list[tuple[Role, RoleMetrics]]:
+    return [
+        (role, metrics)
+        for role, metrics in sorted(reading.roles.items())
+        if role is not Role.PREFILL and metrics.running_requests > 0 and metrics.ready_replicas
+    ]
+
+
+def measured_mbu(config: ReplicaConfig, metrics: RoleMetrics) -> float:
+    """The share of a decoding pool's memory bandwidth its weight reads take: each replica
+    reads its weights once a decode step, and takes `generation tokens/s / running` steps a
+    second (KV reads left out: a lower bound, as in status.observed)."""
+    steps_per_s = metrics.generation_tokens_per_s / metrics.running_requests
+    return min(1.0, steps_per_s * weight_bytes_per_gpu(config) / config.gpu.memory_bandwidth)
+
+
+def _fp8_weights(
+    spec: ModelDeploymentSpec, config: ReplicaConfig, reading: FleetReading
+) -> Advice | None:
+    if config.weights not in (WeightPrecision.BF16, WeightPrecision.FP16):
+        return None
+    if config.gpu.fp8_flops is None or config.method is not None:
+        return None
+    for role, metrics in _decode_roles(reading):
+        mbu = measured_mbu(config, metrics)
+        if mbu < BANDWIDTH_BOUND_MBU:
+            continue
+        batch = max(1, round(metrics.running_requests / metrics.ready_replicas))
+        context = (reading.mean_prompt_tokens or 1000) + (reading.mean_output_tokens or 200) / 2
+        now = decode_step_seconds(config, batch, context)
+        fp8 = replace(config, weights=WeightPrecision.FP8, method=QuantizationMethod.FP8)
+        after = decode_step_seconds(fp8, batch, context)
+        return Advice(
+            "Fp8Weights",
+            f"the {role.value} pool is bandwidth-bound (MBU {mbu:.0%} from its weight reads "
+            f"alone): fp8 weights (spec.precision weights and method fp8) halve the bytes each "
+            f"decode step reads; at the measured batch of {batch}, TPOT goes from {_ms(now)} "
+            f"to about {_ms(after)} (planner). A quality trade-off: the fp8 checkpoint's "
+            "accuracy is to be checked",
+            {
+                "measuredMbu": mbu,
+                "batch": batch,
+                "predictedTpotMs": now * 1e3,
+                "predictedTpotFp8Ms": after * 1e3,
+            },
+        )
+    return None
+
+
+def _fp8_kv_cache(
+    spec: ModelDeploymentSpec, config: ReplicaConfig, reading: FleetReading
+) -> Advice | None:
+    if config.kv_cache == KvCacheDtype.FP8 or config.gpu.fp8_flops is None:
+        return None
+    for role, metrics in sorted(reading.roles.items()):
+        if metrics.kv_cache_usage < KV_FULL or metrics.waiting_requests <= 0:
+            continue
+        now = plan_memory(config).kv_capacity_tokens
+        after = plan_memory(replace(config, kv_cache=KvCacheDtype.FP8)).kv_capacity_tokens
+        return Advice(
+            "Fp8KvCache",
+            f"the {role.value} pool's KV cache is {metrics.kv_cache_usage:.0%} full with "
+            f"{metrics.waiting_requests:.0f} requests waiting: an fp8 KV cache "
+            f"(spec.precision.kvCache fp8) holds {after:,} tokens a replica instead of "
+            f"{now:,} (planner). A quality trade-off, smaller than quantizing the weights",
+            {
+                "kvCacheUsage": metrics.kv_cache_usage,
+                "waitingRequests": metrics.waiting_requests,
+                "kvCapacityTokens": now,
+                "kvCapacityTokensFp8": after,
+            },
+        )
+    return None
+
+
+def advise(
+    spec: ModelDeploymentSpec, config: ReplicaConfig, reading: FleetReading
+) -> tuple[Advice, ...]:
+    """Every rule's advice for one deployment, in a fixed order."""
+    rules = (_prefix_caching, _fp8_weights, _fp8_kv_cache)
+    return tuple(a for a in (rule(spec, config, reading) for rule in rules) if a is not None)

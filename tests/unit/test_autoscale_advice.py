@@ -1,0 +1,113 @@
+"""Advice from the running fleet: each rule fires on the measurements that call for it, names
+its inputs and the planner's predicted effect, and stays silent otherwise."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from inferfleet.api.catalog import GpuCatalog
+from inferfleet.api.model_deployment import ModelDeploymentSpec, Role
+from inferfleet.autoscale.advice import (
+    BANDWIDTH_BOUND_MBU,
+    FleetReading,
+    advise,
+    measured_mbu,
+)
+from inferfleet.autoscale.snapshot import RoleMetrics
+from inferfleet.planning.replica import ReplicaConfig
+
+
+def deployment(**changes: Any) -> tuple[ModelDeploymentSpec, ReplicaConfig]:
+    wire: dict[str, Any] = {
+        "model": {"name": "llama-3.1-8b", "source": "hf://org/model"},
+        "engine": {"name": "vllm"},
+        "gpu": {"type": "H100-80GB"},
+        "prefixCaching": False,
+    }
+    spec = ModelDeploymentSpec.model_validate(wire | changes)
+    return spec, ReplicaConfig.from_spec(spec, GpuCatalog.builtin())
+
+
+def metrics(**fields: float) -> RoleMetrics:
+    values: dict[str, Any] = {
+        "ready_replicas": 2, "running_requests": 8.0, "waiting_requests": 0.0,
+        "kv_cache_usage": 0.2, "prompt_tokens_per_s": 4000.0, "generation_tokens_per_s": 400.0,
+    } | fields  # fmt: skip
+    return RoleMetrics(Role.AGGREGATED, **values)
+
+
+def reasons(spec: ModelDeploymentSpec, config: ReplicaConfig, reading: FleetReading) -> list[str]:
+    return [a.reason for a in advise(spec, config, reading)]
+
+
+def test_prompts_that_share_prefixes_get_prefix_caching_advised_with_its_effect() -> None:
+    spec, config = deployment()
+    shared = FleetReading(
+        {Role.AGGREGATED: metrics()}, prefix_blocks_per_s=40.0, prefix_blocks_seen_per_s=30.0,
+        mean_prompt_tokens=2000,
+    )  # fmt: skip
+    [advice] = advise(spec, config, shared)
+    assert advice.reason == "EnablePrefixCaching"
+    assert "75% of the prompts' leading blocks repeat" in advice.message
+    assert advice.inputs["repeatedPrefixShare"] == 0.75
+    assert advice.inputs["predictedIdleTtftCachedMs"] < 0.5 * advice.inputs["predictedIdleTtftMs"]
+    # Silent with caching on, prompts that do not repeat, or too few prompts to judge.
+    on, on_config = deployment(prefixCaching=True)
+    assert reasons(on, on_config, shared) == []
+    distinct = FleetReading(
+        {Role.AGGREGATED: metrics()}, prefix_blocks_per_s=40.0, prefix_blocks_seen_per_s=4.0
+    )  # fmt: skip
+    assert reasons(spec, config, distinct) == []
+    few = FleetReading(
+        {Role.AGGREGATED: metrics()}, prefix_blocks_per_s=0.05, prefix_blocks_seen_per_s=0.05
+    )  # fmt: skip
+    assert reasons(spec, config, few) == []
+
+
+def test_a_bandwidth_bound_decode_pool_in_bf16_gets_fp8_weights_advised() -> None:
+    spec, config = deployment(prefixCaching=True)
+    # 2 replicas, 64 sequences each, 1,600 output tokens/s a replica: 25 steps/s, each reading
+    # 16 GB of weights: 400 GB/s of the H100's 3.35 TB/s is 12%; at 120 steps/s, 57%.
+    light = FleetReading({Role.AGGREGATED: metrics(running_requests=128.0,
+                                                   generation_tokens_per_s=3200.0)})  # fmt: skip
+    assert measured_mbu(config, light.roles[Role.AGGREGATED]) < BANDWIDTH_BOUND_MBU
+    assert reasons(spec, config, light) == []
+    heavy_metrics = metrics(running_requests=128.0, generation_tokens_per_s=15360.0)
+    heavy = FleetReading({Role.AGGREGATED: heavy_metrics}, mean_prompt_tokens=500)
+    assert measured_mbu(config, heavy_metrics) == pytest.approx(0.57, abs=0.02)
+    [advice] = advise(spec, config, heavy)
+    assert advice.reason == "Fp8Weights"
+    assert "quality trade-off" in advice.message
+    assert advice.inputs["batch"] == 64
+    assert advice.inputs["predictedTpotFp8Ms"] < advice.inputs["predictedTpotMs"]
+    # Already fp8, or a prefill pool (it does not decode): nothing to advise.
+    fp8, fp8_config = deployment(prefixCaching=True, precision={"weights": "fp8", "method": "fp8"})
+    assert reasons(fp8, fp8_config, heavy) == []
+    prefill_only = FleetReading({Role.PREFILL: heavy_metrics})
+    assert reasons(spec, config, prefill_only) == []
+
+
+def test_a_full_kv_cache_with_requests_waiting_gets_an_fp8_kv_cache_advised() -> None:
+    spec, config = deployment(prefixCaching=True)
+    full = FleetReading({Role.AGGREGATED: metrics(kv_cache_usage=0.97, waiting_requests=12.0)})
+    [advice] = advise(spec, config, full)
+    assert advice.reason == "Fp8KvCache"
+    assert advice.inputs["kvCapacityTokensFp8"] >= 1.9 * advice.inputs["kvCapacityTokens"]
+    # Full but nobody waits (the cache is simply used), or already fp8: nothing.
+    busy = FleetReading({Role.AGGREGATED: metrics(kv_cache_usage=0.97)})
+    assert reasons(spec, config, busy) == []
+    fp8, fp8_config = deployment(prefixCaching=True, precision={"kvCache": "fp8"})
+    assert reasons(fp8, fp8_config, full) == []
+
+
+def test_advice_is_wire_ready_and_names_its_inputs() -> None:
+    spec, config = deployment()
+    reading = FleetReading(
+        {Role.AGGREGATED: metrics()}, prefix_blocks_per_s=10.0, prefix_blocks_seen_per_s=5.0
+    )  # fmt: skip
+    [advice] = advise(spec, config, reading)
+    wire = advice.to_wire()
+    assert wire["reason"] == "EnablePrefixCaching"
+    assert wire["inputs"] == {k: round(v, 4) for k, v in sorted(advice.inputs.items())}
