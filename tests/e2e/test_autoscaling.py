@@ -61,7 +61,9 @@ IDLE_S = 60
 WAKE_TIMEOUT_S = 120
 
 
-def manifests(name: str, *, disaggregated: bool = False, to_zero: bool = False) -> str:
+def manifests(
+    name: str, *, disaggregated: bool = False, to_zero: bool = False, prefix_caching: bool = True
+) -> str:
     deployment: dict[str, Any] = {
         "apiVersion": "inferfleet.io/v1alpha1",
         "kind": "ModelDeployment",
@@ -71,6 +73,7 @@ def manifests(name: str, *, disaggregated: bool = False, to_zero: bool = False) 
             "engine": {"name": "sim"},
             "batching": {"maxModelLength": 8192},
             "gpu": {"type": "L4-24GB"},
+            "prefixCaching": prefix_caching,
             "replicas": 1,
         },
     }
@@ -635,3 +638,53 @@ def test_a_pool_scaled_in_under_load_finishes_every_stream(fleet: Fleet) -> None
     assert sum(in_flight.get(ip, 0) for ip in removed) > 0, in_flight
     assert failed == []
     assert cut_short == []
+
+
+def test_prompts_that_share_a_prefix_get_prefix_caching_advised(fleet: Fleet) -> None:
+    """Prefix caching off, and every prompt opens with the same three blocks (a long system
+    prompt): the routers count the repeats, the autoscaler advises turning caching on, in the
+    service's status, the deployment's, and an Event; nothing is changed."""
+    namespace, name = "advice", "shared"
+    fleet.apply(namespace, manifests(name, prefix_caching=False))
+    url = f"http://{fleet.router(namespace, name)}:{PORT}"
+    # Four blocks of 512 tokens, three of them the same in every prompt: 1.5 requests/s.
+    requests = [
+        TraceRequest(i / 1.5, 2048, 20, prefix_hashes=(11, 12, 13, 1000 + i)) for i in range(150)
+    ]
+    loading = threading.Thread(target=lambda: asyncio.run(_run(url, requests)), daemon=True)
+    loading.start()
+
+    def advised(kind: str, path: tuple[str, ...]) -> list[dict[str, Any]]:
+        found: Any = fleet.get(kind, name, namespace).get("status") or {}
+        for key in path:
+            found = (found or {}).get(key)
+        return [a for a in found or [] if a.get("reason") == "EnablePrefixCaching"]
+
+    started = time.monotonic()
+    try:
+        assert wait_until(lambda: bool(advised("infsvc", ("advice",))), 90, 2), (
+            fleet.get("infsvc", name, namespace).get("status"),
+            fleet.diagnostics(),
+        )
+        service_advice = advised("infsvc", ("advice",))
+        advised_after_s = time.monotonic() - started
+        assert wait_until(lambda: bool(advised("mdep", ("autoscaling", "advice"))), 30, 1), (
+            fleet.get("mdep", name, namespace).get("status")
+        )
+        deployment_advice = advised("mdep", ("autoscaling", "advice"))
+    finally:
+        loading.join(timeout=180)
+    print(f"advised {advised_after_s:.0f} s after the load began: {service_advice}")
+    [advice] = service_advice
+    assert advice["deployment"] == name
+    share = advice["inputs"]["repeatedPrefixShare"]
+    # Three of four blocks (the first prompt saw none; Prometheus extrapolates rates).
+    assert 0.6 <= share <= 0.8, advice
+    assert advice["inputs"]["predictedIdleTtftCachedMs"] < advice["inputs"]["predictedIdleTtftMs"]
+    assert deployment_advice[0]["reason"] == "EnablePrefixCaching"
+    events = fleet.kubectl.json(
+        "get", "events", "-n", namespace, "--field-selector", "reason=EnablePrefixCaching"
+    )["items"]
+    assert [e["involvedObject"]["kind"] for e in events] == ["InferenceService"], events
+    # Advice is never applied: the spec is as it was.
+    assert fleet.get("mdep", name, namespace)["spec"]["prefixCaching"] is False
