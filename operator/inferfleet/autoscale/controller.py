@@ -621,7 +621,7 @@ def _conditions(
     problem: tuple[str, str] | None,
     owned: Sequence[str],
     elsewhere: Mapping[str, str],
-    decisions: Sequence[tuple[str, PolicySpec, Decision]],
+    decided: Sequence[tuple[str, PolicySpec, Decision]],
     *,
     generation: int,
     now: datetime,
@@ -631,14 +631,14 @@ def _conditions(
     # The deployments the namespace's GPU quota holds below what their load needs.
     short_of_quota = {
         name: decision.message
-        for name, _, decision in decisions
+        for name, _, decision in decided
         if decision.reason is Reason.QUOTA_EXHAUSTED
     }
     # The deployments at zero whose held requests would time out before a replica serves.
     slow_wakes = {
         name: f"{name} starts in {decision.cold_start_s:.0f} s, the router holds requests "
         f"{spec.wake_timeout_s:.0f} s"
-        for name, spec, decision in decisions
+        for name, spec, decision in decided
         if spec.scales_to_zero
         and decision.cold_start_s is not None
         and decision.cold_start_s >= spec.wake_timeout_s
