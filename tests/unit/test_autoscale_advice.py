@@ -16,7 +16,9 @@ from inferfleet.autoscale.advice import (
     measured_mbu,
 )
 from inferfleet.autoscale.snapshot import RoleMetrics
+from inferfleet.planning.capacity import Workload, plan_replica
 from inferfleet.planning.replica import ReplicaConfig
+from inferfleet.slo import Slo
 
 
 def deployment(**changes: Any) -> tuple[ModelDeploymentSpec, ReplicaConfig]:
@@ -111,3 +113,34 @@ def test_advice_is_wire_ready_and_names_its_inputs() -> None:
     wire = advice.to_wire()
     assert wire["reason"] == "EnablePrefixCaching"
     assert wire["inputs"] == {k: round(v, 4) for k, v in sorted(advice.inputs.items())}
+
+
+def test_a_rollout_without_surge_that_would_leave_too_few_replicas_is_reported() -> None:
+    spec, config = deployment(prefixCaching=True, rollout={"maxSurge": 0, "maxUnavailable": 1})
+    slo = Slo(500, 50)
+
+    def reading(rate: float, held: int) -> FleetReading:
+        return FleetReading(
+            {Role.AGGREGATED: metrics(ready_replicas=held)}, mean_prompt_tokens=1000,
+            mean_output_tokens=200, requests_per_s=rate, replicas={Role.AGGREGATED: held},
+            slo=slo,
+        )  # fmt: skip
+
+    needed = plan_replica(
+        config, disaggregated=False, replicas=0, prefill_replicas=0,
+        workload=Workload(40, 1000, 200), slo=slo,
+    ).roles[0].replicas  # fmt: skip
+    assert needed >= 2
+    [advice] = advise(spec, config, reading(40, needed))
+    assert advice.reason == "RolloutWithoutSurgeMissesSlo"
+    assert advice.inputs == {
+        "requestsPerSecond": 40, "replicas": needed,
+        "servingDuringRollout": needed - 1, "neededReplicas": needed,
+    }  # fmt: skip
+    assert f"leaves {needed - 1} of {needed} aggregated replicas serving" in advice.message
+    # One replica more than needed rides out a rollout; so does a spec that surges.
+    assert reasons(spec, config, reading(40, needed + 1)) == []
+    surging, surging_config = deployment(prefixCaching=True)
+    assert reasons(surging, surging_config, reading(40, needed)) == []
+    # No load measured, nothing to predict.
+    assert reasons(spec, config, reading(0, needed)) == []

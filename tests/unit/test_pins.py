@@ -7,7 +7,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from inferfleet.api.model_deployment import MAX_REPLICAS, Role
+from inferfleet.api.common import MAX_REPLICAS
+from inferfleet.api.model_deployment import Role
 from inferfleet.api.pins import MAX_PIN_DURATION, PIN_ANNOTATION, Pin, read_pin
 
 NOW = datetime(2026, 11, 22, 3, 0, tzinfo=UTC)

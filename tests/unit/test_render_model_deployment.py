@@ -342,6 +342,16 @@ def test_the_startup_budget_covers_twice_the_estimated_cold_start() -> None:
     assert _startup_budget_s(cached) == 1200
 
 
+def test_a_rollout_without_a_spare_gpu_takes_replicas_down_as_the_spec_says() -> None:
+    deployment = render(spec_on("vllm", rollout={"maxSurge": 0, "maxUnavailable": 1}))[-1]
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
+    }
+    with pytest.raises(ValueError, match="both 0 would never progress"):
+        spec_on("vllm", rollout={"maxSurge": 0, "maxUnavailable": 0})
+
+
 @pytest.mark.parametrize(
     ("engine", "path"),
     [("vllm", "/metrics"), ("sim", "/metrics"), ("tensorrt-llm", "/prometheus/metrics")],

@@ -10,6 +10,7 @@ import pytest
 
 from inferfleet.api.catalog import GpuCatalog
 from inferfleet.api.model_deployment import ModelDeploymentSpec, ParallelismSpec, Role
+from inferfleet.api.rollout import RolloutSpec
 from inferfleet.api.scheduling import SchedulingSpec
 from inferfleet.devcluster.thirdparty import LEADER_WORKER_SET, file_sha256, published_crd
 from inferfleet.engines import UnsupportedSpecError, build_engine_container
@@ -262,3 +263,17 @@ def test_spread_across_spreads_the_groups_by_their_leaders_only() -> None:
     (spread,) = group["leaderTemplate"]["spec"]["topologySpreadConstraints"]
     assert spread["topologyKey"] == "topology.kubernetes.io/zone"
     assert "topologySpreadConstraints" not in group["workerTemplate"]["spec"]
+
+
+def test_groups_roll_one_down_at_a_time_unless_the_spec_says_otherwise() -> None:
+    default = rendered(llama_405b_bf16())["spec"]["rolloutStrategy"]
+    assert default["rollingUpdateConfiguration"] == {"maxUnavailable": 1, "maxSurge": 0}
+    spec = llama_405b_bf16().model_copy(
+        update={"rollout": RolloutSpec(max_surge=1, max_unavailable=0)}
+    )
+    surged = rendered(spec)
+    assert surged["spec"]["rolloutStrategy"]["rollingUpdateConfiguration"] == {
+        "maxUnavailable": 0,
+        "maxSurge": 1,
+    }
+    assert admit(surged, lws_schema()).admitted

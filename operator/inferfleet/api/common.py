@@ -18,6 +18,8 @@ from pydantic.alias_generators import to_camel, to_snake
 
 API_GROUP = "inferfleet.io"
 API_VERSION = "v1alpha1"
+MAX_REPLICAS = 1000
+"""The most replicas a pool may be given (spec, bounds, pins)."""
 
 CEL_RULES_KEY = "x-kubernetes-validations"
 

@@ -8,8 +8,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, StringConstraints
 
-from inferfleet.api.common import Condition, CrossFieldRule, StatusModel, WireModel
-from inferfleet.api.model_deployment import MAX_REPLICAS, Role
+from inferfleet.api.common import MAX_REPLICAS, Condition, CrossFieldRule, StatusModel, WireModel
+from inferfleet.api.model_deployment import Role
 from inferfleet.api.model_spec import MODEL_NAME_PATTERN
 
 KIND = "InferenceService"
@@ -383,7 +383,7 @@ class DeploymentAdvice(StatusModel):
     deployment: str = Field(description="The ModelDeployment.")
     reason: str = Field(
         description="What to change, as a CamelCase reason: EnablePrefixCaching, Fp8Weights, "
-        "Fp8KvCache."
+        "Fp8KvCache, RolloutWithoutSurgeMissesSlo."
     )
     message: str = Field(
         default="",

@@ -17,6 +17,7 @@ from inferfleet.api.catalog import (
     catalog_models,
 )
 from inferfleet.api.common import (
+    MAX_REPLICAS,
     Condition,
     CrossFieldRule,
     StatusModel,
@@ -29,6 +30,7 @@ from inferfleet.api.model_spec import (
     UnresolvedArchitectureError,
     WeightSource,
 )
+from inferfleet.api.rollout import RolloutSpec
 from inferfleet.api.scheduling import SchedulingSpec
 
 KIND = "ModelDeployment"
@@ -41,7 +43,6 @@ DEFAULT_MEMORY_UTILIZATION = 0.9
 
 # Most replicas of one role, wherever a count is given (spec, autoscaler bounds, pins): far
 # above any fleet we plan for, and far inside a Deployment's int32 spec.replicas.
-MAX_REPLICAS = 1000
 
 
 class EngineName(StrEnum):
@@ -444,6 +445,12 @@ class ModelDeploymentSpec(WireModel):
     topology: TopologySpec = Field(
         default_factory=TopologySpec, description="Aggregated, or prefill/decode disaggregated."
     )
+    rollout: RolloutSpec | None = Field(
+        default=None,
+        description="How a rollout replaces replicas. Unset: one surged replica at a time, "
+        "capacity never drops (a replica over several nodes: one group down at a time, none "
+        "surged).",
+    )
     replicas: int = Field(
         default=1,
         ge=0,
@@ -710,7 +717,7 @@ class AutoscaledRole(StatusModel):
 class FleetAdvice(StatusModel):
     reason: str = Field(
         description="What to change, as a CamelCase reason: EnablePrefixCaching, Fp8Weights, "
-        "Fp8KvCache."
+        "Fp8KvCache, RolloutWithoutSurgeMissesSlo."
     )
     message: str = Field(
         default="",

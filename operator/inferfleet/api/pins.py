@@ -19,7 +19,8 @@ from typing import Annotated, Any
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, Strict, ValidationError
 
-from inferfleet.api.model_deployment import MAX_REPLICAS, Role
+from inferfleet.api.common import MAX_REPLICAS
+from inferfleet.api.model_deployment import Role
 
 PIN_ANNOTATION = "inferfleet.io/pin"
 

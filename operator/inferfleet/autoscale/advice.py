@@ -15,6 +15,10 @@ inputs:
 * `Fp8KvCache`: a pool's KV cache is full (`KV_FULL`) while requests wait, with a 16-bit KV
   cache on a GPU with FP8 support: FP8 doubles the tokens a replica holds. Predicted: the KV
   capacity of one replica in both. A quality trade-off too.
+* `RolloutWithoutSurgeMissesSlo`: the deployment rolls out without a spare GPU
+  (`spec.rollout.maxSurge` 0), and the replicas left serving while `maxUnavailable` are
+  replaced are fewer than the planner needs for the measured load: a rollout now would miss
+  the SLO.
 
 Pure: no I/O.
 """
@@ -31,12 +35,15 @@ from inferfleet.api.model_deployment import (
     ModelDeploymentSpec,
     QuantizationMethod,
     Role,
+    TopologyMode,
     WeightPrecision,
 )
 from inferfleet.autoscale.snapshot import RoleMetrics
+from inferfleet.planning.capacity import Workload, plan_replica
 from inferfleet.planning.memory import plan_memory, weight_bytes_per_gpu
 from inferfleet.planning.performance import decode_step_seconds, prefill_seconds
 from inferfleet.planning.replica import ReplicaConfig
+from inferfleet.slo import Slo
 
 REPEATED_PREFIX_SHARE: Final = 0.25
 """The share of prompts' leading blocks seen before from which caching them is advised."""
@@ -59,6 +66,11 @@ class FleetReading:
     """Of those, the ones a recent prompt to the same pool began with."""
     mean_prompt_tokens: float | None = None
     mean_output_tokens: float | None = None
+    requests_per_s: float = 0.0
+    """This deployment's share of the service's completed requests per second."""
+    replicas: Mapping[Role, int] = field(default_factory=dict)
+    """Replicas each pool holds now."""
+    slo: Slo | None = None
 
 
 @dataclass(frozen=True)
@@ -182,9 +194,52 @@ def _fp8_kv_cache(
     return None
 
 
+def _rollout_without_surge(
+    spec: ModelDeploymentSpec, config: ReplicaConfig, reading: FleetReading
+) -> Advice | None:
+    rollout = spec.rollout
+    if rollout is None or rollout.max_surge > 0 or reading.slo is None:
+        return None
+    if reading.requests_per_s <= 0 or not reading.mean_prompt_tokens:
+        return None
+    load = Workload(
+        reading.requests_per_s,
+        max(1, round(reading.mean_prompt_tokens)),
+        max(1, round(reading.mean_output_tokens or 1)),
+    )
+    disaggregated = spec.topology.mode == TopologyMode.DISAGGREGATED
+    sized = plan_replica(
+        config, disaggregated=disaggregated, replicas=0, prefill_replicas=0, workload=load,
+        slo=reading.slo,
+    )  # fmt: skip
+    if not sized.meets_slo:
+        return None  # no count meets it: the autoscaler's decisions say so
+    for role_plan in sized.roles:
+        held = reading.replicas.get(role_plan.role, 0)
+        serving = max(0, held - rollout.max_unavailable)
+        if held == 0 or serving >= role_plan.replicas:
+            continue
+        return Advice(
+            "RolloutWithoutSurgeMissesSlo",
+            f"a rollout now, without a spare GPU (maxSurge 0, maxUnavailable "
+            f"{rollout.max_unavailable}), leaves {serving} of {held} {role_plan.role.value} "
+            f"replicas serving; at the measured {load.requests_per_second:.3g} req/s of "
+            f"{load.input_tokens}/{load.output_tokens} tokens the planner needs "
+            f"{role_plan.replicas} to meet the SLO: let it surge (spec.rollout.maxSurge 1) or "
+            "roll out when the load is lower",
+            {
+                "requestsPerSecond": load.requests_per_second,
+                "replicas": held,
+                "servingDuringRollout": serving,
+                "neededReplicas": role_plan.replicas,
+            },
+        )
+    return None
+
+
 def advise(
     spec: ModelDeploymentSpec, config: ReplicaConfig, reading: FleetReading
 ) -> tuple[Advice, ...]:
     """Every rule's advice for one deployment, in a fixed order."""
-    rules = (_prefix_caching, _fp8_weights, _fp8_kv_cache)
+    rules = (_prefix_caching, _fp8_weights, _fp8_kv_cache, _rollout_without_surge)
     return tuple(a for a in (rule(spec, config, reading) for rule in rules) if a is not None)

@@ -428,7 +428,7 @@ def tick(
         decisions.append(DeploymentDecision(deployment, decision, changed))
         role_records.extend(_role_records(deployment, spec, current, decision))
         if snapshot is not None:
-            usage.append(_usage(deployment, md, decision.replicas, snapshot, catalog))
+            usage.append(_usage(deployment, md, decision.replicas, snapshot, spec, catalog=catalog))
     if reading.problem is None and any(
         d.decision.reason is Reason.STALE_METRICS for d in decisions
     ):
@@ -516,6 +516,8 @@ def _usage(
     md: ModelDeployment,
     replicas: Mapping[Role, int],
     snapshot: MetricsSnapshot,
+    spec: PolicySpec,
+    *,
     catalog: GpuCatalog,
 ) -> DeploymentUsage:
     """A deployment's share of the service's performance, and the advice its fleet calls for."""
@@ -526,6 +528,9 @@ def _usage(
         prefix_blocks_seen_per_s=sum(m.prefix_blocks_seen_per_s for m in snapshot.roles.values()),
         mean_prompt_tokens=snapshot.service.mean_prompt_tokens,
         mean_output_tokens=snapshot.service.mean_output_tokens,
+        requests_per_s=snapshot.service.requests_per_s * spec.traffic_share,
+        replicas=replicas,
+        slo=spec.slo,
     )
     advice = advise(md.spec, config, reading)
     return DeploymentUsage(config, replicas, snapshot.roles, deployment, advice)

@@ -150,10 +150,14 @@ def container_security_context(added: Sequence[str] = ()) -> dict[str, Any]:
     return {"allowPrivilegeEscalation": False, "capabilities": capabilities}
 
 
-def rolling_update() -> dict[str, Any]:
-    """Surge one new replica before an old one goes: capacity never drops during a rollout
-    (an engine's cold start takes minutes, and a GPU replica is a large share of capacity)."""
-    return {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+def rolling_update(max_surge: int = 1, max_unavailable: int = 0) -> dict[str, Any]:
+    """By default, surge one new replica before an old one goes: capacity never drops during a
+    rollout (an engine's cold start takes minutes, and a GPU replica is a large share of
+    capacity)."""
+    return {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": max_surge, "maxUnavailable": max_unavailable},
+    }
 
 
 def pod_disruption_budget(

@@ -467,7 +467,9 @@ def engine_deployment(
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": dict(sorted(selector_labels(owner.name, role).items()))},
-            "strategy": rolling_update(),
+            "strategy": rolling_update(
+                *((spec.rollout.max_surge, spec.rollout.max_unavailable) if spec.rollout else ())
+            ),
             "revisionHistoryLimit": REVISION_HISTORY_LIMIT,
             "progressDeadlineSeconds": engine.cold_start_seconds + IMAGE_PULL_ALLOWANCE_SECONDS,
             "template": template,
@@ -526,6 +528,8 @@ def engine_group_set(
         owner, role, labels, templates, replicas,
         nodes=nodes, config_files=leader.config_files,
         group_topology=spec.scheduling.group_topology if spec.scheduling else None,
+        **({"rollout": (spec.rollout.max_surge, spec.rollout.max_unavailable)}
+           if spec.rollout else {}),
     )  # fmt: skip
 
 

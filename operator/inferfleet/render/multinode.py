@@ -110,11 +110,14 @@ def engine_leader_worker_set(
     nodes: int,
     config_files: Mapping[str, str],
     group_topology: str | None = None,
+    rollout: tuple[int, int] = (0, 1),
 ) -> dict[str, Any]:
     """The LeaderWorkerSet of `role`: `replicas` groups of `nodes` pods, from the leader's and
     the workers' pod templates (`engines.multinode.group_members` builds their containers).
     `group_topology`: a node label each of whose values holds one group whole, and only one
-    (LWS's exclusive topology: its controller gives the pods the affinities)."""
+    (LWS's exclusive topology: its controller gives the pods the affinities). `rollout`: the
+    groups surged and taken down at a time (default: none surged, one down: a spare group of
+    several nodes is rarely free)."""
     leader, worker = templates
     named = {"leaderTemplate": leader, "workerTemplate": worker}
     # The placement is part of what the groups run: a change of it rolls them.
@@ -143,7 +146,10 @@ def engine_leader_worker_set(
             },
             "rolloutStrategy": {
                 "type": "RollingUpdate",
-                "rollingUpdateConfiguration": {"maxUnavailable": 1, "maxSurge": 0},
+                "rollingUpdateConfiguration": {
+                    "maxUnavailable": rollout[1],
+                    "maxSurge": rollout[0],
+                },
             },
             "networkConfig": {"subdomainPolicy": "Shared"},
         },
