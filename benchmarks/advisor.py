@@ -24,7 +24,7 @@ import yaml
 from benchmarks.serving_harness import RESULTS, machine, machine_line
 from inferfleet.api.inference_service import InferenceServiceSpec
 from inferfleet.api.model_deployment import ModelDeploymentSpec
-from inferfleet.cli.advice import engine_refusal
+from inferfleet.engines import refusal as engine_refusal
 from inferfleet.planning.advisor import error_bands, recommend
 from inferfleet.planning.capacity import Workload, plan
 from inferfleet.slo import Slo

@@ -10,7 +10,6 @@ from typing import Any
 import yaml
 
 from inferfleet.api.model_deployment import ModelDeploymentSpec, Role, TopologyMode
-from inferfleet.engines import UnsupportedSpecError, build_engine_container, roles_of
 from inferfleet.planning.advisor import (
     Option,
     Recommendation,
@@ -19,16 +18,6 @@ from inferfleet.planning.advisor import (
 )
 from inferfleet.planning.capacity import Workload
 from inferfleet.slo import Slo
-
-
-def engine_refusal(spec: ModelDeploymentSpec) -> str | None:
-    """What the spec's engine refuses of it, in the adapter's words; None: nothing."""
-    for role in roles_of(spec):
-        try:
-            build_engine_container(spec, role, model_name=spec.model.name)
-        except UnsupportedSpecError as error:
-            return str(error)
-    return None
 
 
 def _ms(seconds: float) -> str:

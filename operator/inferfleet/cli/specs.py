@@ -369,7 +369,9 @@ def _recommend(
 ) -> tuple[Any, bool]:
     """The advice for one ModelDeployment in the output format (a JSON object, a YAML
     document, a text block), and whether any configuration meets its SLO."""
-    from inferfleet.cli import advice  # noqa: PLC0415 (the engine adapters, for --recommend only)
+    # The engine adapters and the advisor, for --recommend only.
+    from inferfleet import engines  # noqa: PLC0415
+    from inferfleet.cli import advice  # noqa: PLC0415
     from inferfleet.planning.advisor import SearchSpace, recommend  # noqa: PLC0415
 
     if workload is None or (slo.ttft_p95_ms is None and slo.tpot_p95_ms is None):
@@ -383,7 +385,7 @@ def _recommend(
         space = SearchSpace(gpu_types=types, forbid=frozenset(forbid))
     except ValueError as error:
         raise InvalidInputError(f"--gpu-type/--forbid: {error}") from None
-    found = recommend(spec, workload, slo, catalog=gpus, space=space, refuse=advice.engine_refusal)
+    found = recommend(spec, workload, slo, catalog=gpus, space=space, refuse=engines.refusal)
     met = bool(found.options)
     if output == OutputFormat.JSON:
         return advice.render_json(doc.name, found, top=top), met

@@ -39,6 +39,7 @@ __all__ = [
     "UnsupportedSpecError",
     "build_engine_container",
     "engine_container",
+    "refusal",
     "roles_of",
 ]
 
@@ -82,3 +83,13 @@ def build_engine_container(
 def engine_container(spec: ModelDeploymentSpec, role: Role, *, model_name: str) -> dict[str, Any]:
     """Just the container dict (wire form), with the default options."""
     return build_engine_container(spec, role, model_name=model_name).container
+
+
+def refusal(spec: ModelDeploymentSpec) -> str | None:
+    """What the spec's engine refuses of it, in the adapter's words; None: nothing."""
+    for role in roles_of(spec):
+        try:
+            build_engine_container(spec, role, model_name=spec.model.name)
+        except UnsupportedSpecError as error:
+            return str(error)
+    return None

@@ -39,6 +39,7 @@ from inferfleet.api.model_deployment import (
     SpeculativeMethod,
     WeightPrecision,
 )
+from inferfleet.api.model_spec import WeightSource
 
 ENGINE_PORT: Final = 8000
 PORT_NAME: Final = "http"
@@ -132,11 +133,12 @@ def resolve_source(uri: str, *, field_path: str, volume: str, mount_dir: str) ->
     """`hf://` and `pvc://` sources as a model argument plus volumes; the rest refused."""
     scheme, _, rest = uri.partition("://")
     rest = rest.strip("/")
-    if scheme == "hf":
+    source = WeightSource.of(uri)
+    if source is WeightSource.NETWORK:
         if not rest:
             raise UnsupportedSpecError(field_path, f"{uri!r} names no Hugging Face repository")
         return ResolvedSource(model=rest, from_hub=True)
-    if scheme == "pvc":
+    if source is WeightSource.CACHE:
         claim, _, path = rest.partition("/")
         if not _DNS_SUBDOMAIN.match(claim) or len(claim) > 253:
             raise UnsupportedSpecError(
