@@ -611,6 +611,37 @@ def test_the_running_fleet_s_advice_is_in_status_and_an_event_once() -> None:
     assert "EnablePrefixCaching" not in [a["reason"] for a in later.status["advice"]]
 
 
+def test_each_pool_s_diagnosis_is_in_status_with_the_engines_queueing() -> None:
+    """The tick reads the engines' queue and prefill quantiles beside their token rates and
+    writes one diagnosis per deployment and role, as the status schema has it; a NaN
+    quantile (nothing admitted in the window) is no claim; a tick without metrics leaves the
+    diagnosis as it was."""
+    md = ModelDeployment.model_validate(
+        {"metadata": {"name": "llama", "namespace": "serving"}, "spec": SPEC_MD}
+    )
+    queued = busy(4.0, queue_p95_s=0.9, prefill_p95_s=0.15)
+    first = tick(inference_service(), {"llama": md}, Scripted(queued), settings=SETTINGS, now=NOW)
+    [found] = first.status["diagnosis"]
+    assert (found["deployment"], found["role"]) == ("llama", "aggregated")
+    assert found["bound"] in {"compute", "bandwidth", "light"}
+    assert found["message"].startswith("aggregated: ")
+    assert "900 ms queued, 150 ms prefilling: queueing dominates" in found["message"]
+    assert found["inputs"]["queueP95Ms"] == 900
+    assert found["inputs"]["runningPerReplica"] == 4  # 8 running over 2 ready replicas
+    InferenceService.model_validate(inference_service().to_wire() | {"status": first.status})
+    undefined = tick(
+        inference_service(), {"llama": md}, Scripted(busy(4.0, queue_p95_s=math.nan)),
+        settings=SETTINGS, now=NOW,
+    )  # fmt: skip
+    [unclaimed] = undefined.status["diagnosis"]
+    assert "queueP95Ms" not in unclaimed["inputs"]
+    away = tick(
+        inference_service(first.status), {"llama": md}, Scripted({}, fail=True),
+        settings=SETTINGS, now=NOW,
+    )  # fmt: skip
+    assert "diagnosis" not in away.status
+
+
 def test_a_scale_in_sets_the_deletion_cost_of_each_pod_of_the_role_it_shrinks() -> None:
     """The pods holding the fewest requests go first: their cost is what they hold."""
     md = model_deployment()

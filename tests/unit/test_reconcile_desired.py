@@ -176,6 +176,13 @@ def test_the_owners_advice_is_in_the_deployments_status_as_its_service_wrote_it(
                 {"deployment": "another", "reason": "Fp8Weights"},
                 {"reason": "NoDeployment"},
             ],
+            "diagnosis": [
+                {"deployment": body["metadata"]["name"], "role": "aggregated",
+                 "bound": "bandwidth", "message": "aggregated: bandwidth-bound",
+                 "inputs": {"mbu": 0.62}},
+                {"deployment": body["metadata"]["name"], "role": "aggregated", "bound": "?"},
+                {"deployment": "another", "role": "decode", "bound": "light"},
+            ],
         },
     }  # fmt: skip
     [claim] = claims_of(service).values()
@@ -188,6 +195,10 @@ def test_the_owners_advice_is_in_the_deployments_status_as_its_service_wrote_it(
             "inputs": {"repeatedPrefixShare": 0.75},
         }
     ]
+    assert outcome.status["autoscaling"]["diagnosis"] == [
+        {"role": "aggregated", "bound": "bandwidth", "message": "aggregated: bandwidth-bound",
+         "inputs": {"mbu": 0.62}}
+    ]  # fmt: skip
 
 
 def test_a_decision_of_zero_applies_only_where_the_owners_bounds_allow_zero() -> None:

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field, StringConstraints
 
 from inferfleet.api.common import MAX_REPLICAS, Condition, CrossFieldRule, StatusModel, WireModel
-from inferfleet.api.model_deployment import Role
+from inferfleet.api.model_deployment import FleetAdvice, Role, RoleDiagnosis
 from inferfleet.api.model_spec import MODEL_NAME_PATTERN
 
 KIND = "InferenceService"
@@ -379,22 +379,12 @@ class RoleColdStart(StatusModel):
     )
 
 
-class DeploymentAdvice(StatusModel):
+class DeploymentAdvice(FleetAdvice):
     deployment: str = Field(description="The ModelDeployment.")
-    reason: str = Field(
-        description="What to change, as a CamelCase reason: EnablePrefixCaching, Fp8Weights, "
-        "Fp8KvCache, RolloutWithoutSurgeMissesSlo."
-    )
-    message: str = Field(
-        default="",
-        description="Why, from what the running fleet measured, and the effect the "
-        "planner predicts. Never applied by itself.",
-    )
-    inputs: dict[str, float] = Field(
-        default_factory=dict,
-        max_length=16,
-        description="The measurements and predictions it rests on.",
-    )
+
+
+class DeploymentDiagnosis(RoleDiagnosis):
+    deployment: str = Field(description="The ModelDeployment.")
 
 
 class ScalingDecision(StatusModel):
@@ -423,6 +413,12 @@ class InferenceServiceStatus(StatusModel):
         max_length=64,
         description="What the running fleet suggests changing in each ModelDeployment this "
         "service autoscales, with its inputs and predicted effect; an Event when it is new.",
+    )
+    diagnosis: list[DeploymentDiagnosis] | None = Field(
+        default=None,
+        max_length=64,
+        description="Per ModelDeployment this service autoscales and per role: compute- or "
+        "bandwidth-bound, KV-cache pressure, queueing against prefill, in words and figures.",
     )
     cold_starts: list[RoleColdStart] = Field(
         default_factory=list,

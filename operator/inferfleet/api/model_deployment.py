@@ -28,8 +28,8 @@ from inferfleet.api.model_spec import (
     LoraAdapter,
     ModelSpec,
     UnresolvedArchitectureError,
-    WeightSource,
 )
+from inferfleet.api.plan_status import CapacityPlanStatus
 from inferfleet.api.rollout import RolloutSpec
 from inferfleet.api.scheduling import SchedulingSpec
 
@@ -649,57 +649,6 @@ DEPLOYMENT_RULES: tuple[CrossFieldRule[ModelDeploymentSpec], ...] = (
 ModelDeploymentSpec.cross_field_rules = DEPLOYMENT_RULES
 
 
-class MemoryBreakdown(StatusModel):
-    """Per-GPU memory, in GiB, as the planner accounts for it."""
-
-    total_gib: float = Field(description="Device memory of one GPU.")
-    usable_gib: float = Field(description="What the engine may use (total x memoryUtilization).")
-    weights_gib: float = Field(description="This GPU's shard of the weights.")
-    activation_gib: float = Field(description="Peak activations of one full step.")
-    runtime_gib: float = Field(description="CUDA context, graphs, communication buffers.")
-    kv_cache_gib: float = Field(description="What is left for the KV cache (negative: no fit).")
-
-
-class ColdStartEstimateStatus(StatusModel):
-    """How long a new replica is expected to take to serve, from its weights' source and size."""
-
-    weight_source: WeightSource = Field(
-        description="Where the weights come from: network (downloaded from a model hub on "
-        "every start), cache (a shared volume) or nodeLocal (the node's disk)."
-    )
-    estimated_seconds: float = Field(
-        ge=0, description="Download, load and engine start, in sequence; no image pull."
-    )
-    message: str = Field(default="", description="The parts of the estimate, in words.")
-
-
-class CapacityPlanStatus(StatusModel):
-    """The planner's verdict for one replica of this spec."""
-
-    fits: bool = Field(description="Whether weights, reserves and one full sequence fit.")
-    gpus_per_replica: int = Field(description="tensor x pipeline.")
-    memory_per_gpu: MemoryBreakdown = Field(description="Memory accounting of one GPU.")
-    kv_capacity_tokens: int = Field(description="KV-cache capacity of one replica, in tokens.")
-    max_concurrency: int = Field(
-        description="Sequences of max model length one replica holds at once."
-    )
-    predicted_ttft_ms: float | None = Field(
-        default=None,
-        description="Predicted TTFT on an idle replica, for the planned request shape (the "
-        "InferenceService's expectedLoad, else 1000 prompt and 200 output tokens).",
-    )
-    predicted_tpot_ms: float | None = Field(
-        default=None,
-        description="Predicted TPOT at a batch of one, for the planned request shape.",
-    )
-    message: str = Field(default="", description="The verdict in words, with numbers.")
-    cold_start: ColdStartEstimateStatus | None = Field(
-        default=None,
-        description="The estimated cold start of one replica: the autoscaler plans with it "
-        "where the InferenceService sets no coldStartSeconds.",
-    )
-
-
 class RoleStatus(StatusModel):
     role: Role = Field(description="aggregated, prefill or decode.")
     desired: int = Field(ge=0, description="Replicas the operator wants for the role.")
@@ -714,15 +663,47 @@ class AutoscaledRole(StatusModel):
     )
 
 
+ADVICE_REASONS: Final = (
+    "EnablePrefixCaching, Fp8Weights, Fp8KvCache, RolloutWithoutSurgeMissesSlo, "
+    "DisaggregatePrefill, AggregateServing"
+)
+
+
 class FleetAdvice(StatusModel):
-    reason: str = Field(
-        description="What to change, as a CamelCase reason: EnablePrefixCaching, Fp8Weights, "
-        "Fp8KvCache, RolloutWithoutSurgeMissesSlo."
-    )
+    reason: str = Field(description=f"What to change, as a CamelCase reason: {ADVICE_REASONS}.")
     message: str = Field(
         default="",
         description="Why, from what the running fleet measured, and the effect the "
         "planner predicts. Never applied by itself.",
+    )
+    inputs: dict[str, float] = Field(
+        default_factory=dict,
+        max_length=16,
+        description="The measurements and predictions it rests on.",
+    )
+
+
+class Bound(StrEnum):
+    """What limits a pool of replicas, read from its measured utilisation (a roofline)."""
+
+    COMPUTE = "compute"
+    BANDWIDTH = "bandwidth"
+    LIGHT = "light"
+    """Neither: the pool uses a small share of what its GPUs attain."""
+
+
+class RoleDiagnosis(StatusModel):
+    role: Role = Field(description="aggregated, prefill or decode.")
+    bound: Bound = Field(
+        description="compute or bandwidth: whichever of its measured MFU and MBU is the larger "
+        "share of what the GPU's kernels attain (the planner's efficiency terms); light: "
+        "neither reaches a fifth of it."
+    )
+    message: str = Field(
+        default="",
+        description="The diagnosis in words: what bounds the pool, its decode steps against "
+        "the planner's at the measured load, KV-cache pressure, and queueing against prefill "
+        "in the engines' share of TTFT.",
     )
     inputs: dict[str, float] = Field(
         default_factory=dict,
@@ -742,6 +723,12 @@ class AutoscalingStatus(StatusModel):
         description="What that autoscaler, from what the running fleet measured, suggests "
         "changing in this deployment (the InferenceService's status.advice); an Event on the "
         "InferenceService when it is new.",
+    )
+    diagnosis: list[RoleDiagnosis] | None = Field(
+        default=None,
+        max_length=3,
+        description="Per role, what limits it, from what the running fleet measured over "
+        "the rate window (the InferenceService's status.diagnosis).",
     )
 
 

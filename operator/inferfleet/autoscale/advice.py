@@ -11,7 +11,8 @@ inputs:
 * `Fp8Weights`: a pool that decodes is bandwidth-bound (its measured MBU, the weights read once
   per decode step, at or over `BANDWIDTH_BOUND_MBU`), its weights are 16-bit and its GPU has FP8
   tensor cores: FP8 weights halve the bytes each step reads. Predicted: the decode step at the
-  measured batch and context, in both precisions. A quality trade-off, and said so.
+  measured batch and context, in both precisions, and where a load and an SLO are known, the
+  GPUs the planner sizes the fleet with in each. A quality trade-off, and said so.
 * `Fp8KvCache`: a pool's KV cache is full (`KV_FULL`) while requests wait, with a 16-bit KV
   cache on a GPU with FP8 support: FP8 doubles the tokens a replica holds. Predicted: the KV
   capacity of one replica in both. A quality trade-off too.
@@ -19,6 +20,15 @@ inputs:
   (`spec.rollout.maxSurge` 0), and the replicas left serving while `maxUnavailable` are
   replaced are fewer than the planner needs for the measured load: a rollout now would miss
   the SLO.
+* `DisaggregatePrefill` / `AggregateServing`: sized by the planner for the measured load and the
+  SLO, the other topology meets the SLO with fewer GPUs than this one needs (or this one meets
+  it with no number of replicas). Long prompts queue behind each other's prefills and stretch
+  every running sequence's decode steps in an aggregated pool; a disaggregated one pays a KV
+  transfer and a pool each. The engines' p95 time queued and prefilling are quoted beside it.
+  The other topology must pass the API's rules and the engine's.
+
+Every message ends with the planner's error band for the deployment's GPU type, from the
+calibration table (`planning.advisor.error_bands`), or says that no published point bounds it.
 
 Pure: no I/O.
 """
@@ -30,6 +40,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Final
 
+from pydantic import ValidationError
+
+from inferfleet import engines
 from inferfleet.api.model_deployment import (
     KvCacheDtype,
     ModelDeploymentSpec,
@@ -39,7 +52,8 @@ from inferfleet.api.model_deployment import (
     WeightPrecision,
 )
 from inferfleet.autoscale.snapshot import RoleMetrics
-from inferfleet.planning.capacity import Workload, plan_replica
+from inferfleet.planning.advisor import NO_PUBLISHED_POINT, error_bands
+from inferfleet.planning.capacity import CapacityPlan, Workload, plan_replica
 from inferfleet.planning.memory import plan_memory, weight_bytes_per_gpu
 from inferfleet.planning.performance import decode_step_seconds, prefill_seconds
 from inferfleet.planning.replica import ReplicaConfig
@@ -123,15 +137,15 @@ def _decode_roles(reading: FleetReading) -> list[tuple[Role, RoleMetrics]]:
     return [
         (role, metrics)
         for role, metrics in sorted(reading.roles.items())
-        if role is not Role.PREFILL and metrics.running_requests > 0 and metrics.ready_replicas
+        if role is not Role.PREFILL and metrics.decode_steps_per_s > 0 and metrics.ready_replicas
     ]
 
 
 def measured_mbu(config: ReplicaConfig, metrics: RoleMetrics) -> float:
-    """The share of a decoding pool's memory bandwidth its weight reads take: each replica
-    reads its weights once a decode step, and takes `generation tokens/s / running` steps a
-    second (KV reads left out: a lower bound, as in status.observed)."""
-    steps_per_s = metrics.generation_tokens_per_s / metrics.running_requests
+    """The share of a decoding pool's memory bandwidth its weight reads take while it decodes:
+    each replica reads its weights once a decode step (`RoleMetrics.decode_steps_per_s`); KV
+    reads left out, so a lower bound, as in status.observed."""
+    steps_per_s = metrics.decode_steps_per_s
     return min(1.0, steps_per_s * weight_bytes_per_gpu(config) / config.gpu.memory_bandwidth)
 
 
@@ -146,24 +160,36 @@ def _fp8_weights(
         mbu = measured_mbu(config, metrics)
         if mbu < BANDWIDTH_BOUND_MBU:
             continue
-        batch = max(1, round(metrics.running_requests / metrics.ready_replicas))
+        batch = max(1, round(metrics.mean_running_requests / metrics.ready_replicas))
         context = (reading.mean_prompt_tokens or 1000) + (reading.mean_output_tokens or 200) / 2
         now = decode_step_seconds(config, batch, context)
         fp8 = replace(config, weights=WeightPrecision.FP8, method=QuantizationMethod.FP8)
         after = decode_step_seconds(fp8, batch, context)
+        inputs = {
+            "measuredMbu": mbu,
+            "batch": batch,
+            "predictedTpotMs": now * 1e3,
+            "predictedTpotFp8Ms": after * 1e3,
+        }
+        fleet = ""
+        load = _measured_load(reading)
+        disaggregated = spec.topology.mode == TopologyMode.DISAGGREGATED
+        if load is not None and reading.slo is not None:
+            here, there = (_sized(c, disaggregated, load, reading.slo) for c in (config, fp8))
+            if here.meets_slo and there.meets_slo:
+                inputs |= {"gpusNow": here.gpus, "gpusFp8": there.gpus}
+                fleet = (
+                    f"; sized for the measured {load.requests_per_second:.3g} req/s, the fleet "
+                    f"goes from {_gpus(here.gpus)} to {_gpus(there.gpus)}"
+                )
         return Advice(
             "Fp8Weights",
             f"the {role.value} pool is bandwidth-bound (MBU {mbu:.0%} from its weight reads "
             f"alone): fp8 weights (spec.precision weights and method fp8) halve the bytes each "
             f"decode step reads; at the measured batch of {batch}, TPOT goes from {_ms(now)} "
-            f"to about {_ms(after)} (planner). A quality trade-off: the fp8 checkpoint's "
-            "accuracy is to be checked",
-            {
-                "measuredMbu": mbu,
-                "batch": batch,
-                "predictedTpotMs": now * 1e3,
-                "predictedTpotFp8Ms": after * 1e3,
-            },
+            f"to about {_ms(after)}{fleet} (planner). A quality trade-off: the fp8 "
+            "checkpoint's accuracy is to be checked",
+            inputs,
         )
     return None
 
@@ -200,18 +226,10 @@ def _rollout_without_surge(
     rollout = spec.rollout
     if rollout is None or rollout.max_surge > 0 or reading.slo is None:
         return None
-    if reading.requests_per_s <= 0 or not reading.mean_prompt_tokens:
+    load = _measured_load(reading)
+    if load is None:
         return None
-    load = Workload(
-        reading.requests_per_s,
-        max(1, round(reading.mean_prompt_tokens)),
-        max(1, round(reading.mean_output_tokens or 1)),
-    )
-    disaggregated = spec.topology.mode == TopologyMode.DISAGGREGATED
-    sized = plan_replica(
-        config, disaggregated=disaggregated, replicas=0, prefill_replicas=0, workload=load,
-        slo=reading.slo,
-    )  # fmt: skip
+    sized = _sized(config, spec.topology.mode == TopologyMode.DISAGGREGATED, load, reading.slo)
     if not sized.meets_slo:
         return None  # no count meets it: the autoscaler's decisions say so
     for role_plan in sized.roles:
@@ -237,9 +255,109 @@ def _rollout_without_surge(
     return None
 
 
+def _measured_load(reading: FleetReading) -> Workload | None:
+    if reading.requests_per_s <= 0 or not reading.mean_prompt_tokens:
+        return None
+    return Workload(
+        reading.requests_per_s,
+        max(1, round(reading.mean_prompt_tokens)),
+        max(1, round(reading.mean_output_tokens or 1)),
+    )
+
+
+def _sized(config: ReplicaConfig, disaggregated: bool, load: Workload, slo: Slo) -> CapacityPlan:
+    """The fewest replicas of `config` the planner finds meet `slo` at `load`."""
+    return plan_replica(
+        config, disaggregated=disaggregated, replicas=0, prefill_replicas=0, workload=load,
+        slo=slo,
+    )  # fmt: skip
+
+
+def _with_topology(spec: ModelDeploymentSpec, mode: TopologyMode) -> ModelDeploymentSpec | None:
+    """The spec in the other topology, where the API's rules and its engine accept it."""
+    wire = spec.model_dump(by_alias=True, exclude_none=True, mode="json")
+    wire["topology"] = {"mode": mode.value}
+    if mode == TopologyMode.DISAGGREGATED:
+        wire["topology"]["prefill"] = {"replicas": 1}
+    try:
+        other = ModelDeploymentSpec.model_validate(wire)
+    except ValidationError:
+        return None
+    return None if engines.refusal(other) is not None else other
+
+
+def _gpus(count: int) -> str:
+    return f"{count} GPU{'' if count == 1 else 's'}"
+
+
+def _pools(sized: CapacityPlan) -> str:
+    counts = {plan.role: plan.replicas for plan in sized.roles}
+    if Role.AGGREGATED in counts:
+        n = counts[Role.AGGREGATED]
+        return f"{n} aggregated replica{'' if n == 1 else 's'}"
+    return f"a prefill pool of {counts[Role.PREFILL]} and a decode pool of {counts[Role.DECODE]}"
+
+
+def _topology(
+    spec: ModelDeploymentSpec, config: ReplicaConfig, reading: FleetReading
+) -> Advice | None:
+    load, slo = _measured_load(reading), reading.slo
+    if load is None or slo is None:
+        return None
+    now = spec.topology.mode
+    other_mode = (
+        TopologyMode.AGGREGATED if now == TopologyMode.DISAGGREGATED else TopologyMode.DISAGGREGATED
+    )
+    if _with_topology(spec, other_mode) is None:
+        return None
+
+    here, there = (
+        _sized(config, mode == TopologyMode.DISAGGREGATED, load, slo) for mode in (now, other_mode)
+    )
+    if not there.meets_slo or (here.meets_slo and there.gpus >= here.gpus):
+        return None
+    inputs = {"requestsPerSecond": load.requests_per_second, "gpus": float(there.gpus)}
+    if here.meets_slo:
+        inputs["gpusNow"] = here.gpus
+        against = f"{here.gpus - there.gpus} fewer than the {here.gpus} of {_pools(here)}"
+    else:
+        against = f"where no number of {now.value} replicas meets it ({here.reason})"
+    evidence = ""
+    queue = reading.roles.get(Role.AGGREGATED)
+    if other_mode == TopologyMode.DISAGGREGATED and queue and queue.queue_p95_s is not None:
+        queued, prefill = queue.queue_p95_s, queue.prefill_p95_s or 0.0
+        inputs |= {"queueP95Ms": queued * 1e3, "prefillP95Ms": prefill * 1e3}
+        evidence = (
+            f"prompts wait {_ms(queued)} p95 in the engines' queues against {_ms(prefill)} "
+            "prefilling; "
+        )
+    reason = (
+        "DisaggregatePrefill" if other_mode == TopologyMode.DISAGGREGATED else "AggregateServing"
+    )
+    return Advice(
+        reason,
+        f"{evidence}at the measured {load.requests_per_second:.3g} req/s of "
+        f"{load.input_tokens}/{load.output_tokens} tokens, {_pools(there)} "
+        f"(spec.topology.mode {other_mode.value}) would meet the SLO with {_gpus(there.gpus)}, "
+        f"{against}, as the planner sizes both",
+        inputs,
+    )
+
+
 def advise(
     spec: ModelDeploymentSpec, config: ReplicaConfig, reading: FleetReading
 ) -> tuple[Advice, ...]:
     """Every rule's advice for one deployment, in a fixed order."""
-    rules = (_prefix_caching, _fp8_weights, _fp8_kv_cache, _rollout_without_surge)
-    return tuple(a for a in (rule(spec, config, reading) for rule in rules) if a is not None)
+    rules = (_prefix_caching, _fp8_weights, _fp8_kv_cache, _rollout_without_surge, _topology)
+    band = error_bands()[config.gpu_type].describe()
+    gpu = config.gpu_type.value
+    bounded = (
+        f"no published {gpu} point bounds the planner's error"
+        if band == NO_PUBLISHED_POINT
+        else f"the planner's error against published {gpu} points: {band}"
+    )
+    return tuple(
+        replace(advice, message=f"{advice.message}; {bounded}")
+        for advice in (rule(spec, config, reading) for rule in rules)
+        if advice is not None
+    )

@@ -47,6 +47,7 @@ from inferfleet.api.inference_service import (
 from inferfleet.api.model_deployment import ModelDeployment, Role
 from inferfleet.api.pins import PinLimits, read_pin
 from inferfleet.autoscale.advice import FleetReading, advise
+from inferfleet.autoscale.diagnosis import diagnose
 from inferfleet.autoscale.metrics import OperatorMetrics, RoleRecord, TickRecord
 from inferfleet.autoscale.ownership import Claim, autoscaling_owner, claims_of
 from inferfleet.autoscale.policy import (
@@ -532,8 +533,10 @@ def _usage(
         replicas=replicas,
         slo=spec.slo,
     )
-    advice = advise(md.spec, config, reading)
-    return DeploymentUsage(config, replicas, snapshot.roles, deployment, advice)
+    return DeploymentUsage(
+        config, replicas, snapshot.roles, deployment,
+        advice=advise(md.spec, config, reading), diagnosis=diagnose(config, reading),
+    )  # fmt: skip
 
 
 def advice_events(
@@ -582,6 +585,9 @@ def _tick_status(
         # Without metrics this tick, the advice stands as it was.
         status["advice"] = [
             {"deployment": u.deployment, **a.to_wire()} for u in usage for a in u.advice
+        ]
+        status["diagnosis"] = [
+            {"deployment": u.deployment, **d.to_wire()} for u in usage for d in u.diagnosis
         ]
     moved = [d for d in decisions if d.changed]
     if moved:

@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inferfleet.api.inference_service import ReplicaBounds
-from inferfleet.api.model_deployment import Role
+from inferfleet.api.model_deployment import Bound, Role
 from inferfleet.api.pins import PinLimits
 from inferfleet.autoscale.advice import Advice
+from inferfleet.autoscale.diagnosis import RoleDiagnosis
 
 DEFAULT_MAX_REPLICAS = ReplicaBounds.model_fields["max_replicas"].default
 
@@ -49,6 +50,8 @@ class Claim:
     gpu_budget: int | None = None
     advice: tuple[Advice, ...] = ()
     """What its autoscaler advises changing in the deployment (its `status.advice`)."""
+    diagnosis: tuple[RoleDiagnosis, ...] = ()
+    """What its autoscaler finds limits each pool of the deployment (its `status.diagnosis`)."""
 
     def decided(self, roles: Iterable[Role]) -> dict[Role, int]:
         """Its decision for `roles`: zero only where its bounds allow it."""
@@ -82,6 +85,7 @@ def claims_of(service: Mapping[str, Any]) -> dict[str, Claim]:
             decided.setdefault(deployment, {})[role] = count
     last = _mapping(status.get("lastDecision"))
     advised = _advice(status.get("advice"))
+    diagnosed = _diagnosis(status.get("diagnosis"))
     claims: dict[str, Claim] = {}
     for ref in _list(spec.get("deployments")):
         if not isinstance(ref, dict) or not isinstance(ref.get("name"), str):
@@ -98,6 +102,7 @@ def claims_of(service: Mapping[str, Any]) -> dict[str, Claim]:
             zero_roles=_zero_roles(autoscaling),
             gpu_budget=budget if isinstance(budget, int) and not isinstance(budget, bool) else None,
             advice=advised.get(ref["name"], ()),
+            diagnosis=diagnosed.get(ref["name"], ()),
         )
     return claims
 
@@ -111,15 +116,37 @@ def _advice(entries: Any) -> dict[str, tuple[Advice, ...]]:
         deployment, reason = entry.get("deployment"), entry.get("reason")
         if not isinstance(deployment, str) or not isinstance(reason, str):
             continue
-        inputs = _mapping(entry.get("inputs"))
-        numbers = {
-            str(k): float(v)
-            for k, v in inputs.items()
-            if isinstance(v, int | float) and not isinstance(v, bool)
-        }
-        advice = Advice(reason, str(entry.get("message", "")), numbers)
+        advice = Advice(reason, str(entry.get("message", "")), _numbers(entry.get("inputs")))
         advised[deployment] = (*advised.get(deployment, ()), advice)
     return advised
+
+
+def _diagnosis(entries: Any) -> dict[str, tuple[RoleDiagnosis, ...]]:
+    """Per deployment, the diagnosis a service's status holds; entries that do not read as one
+    (an unknown role or bound) are skipped."""
+    diagnosed: dict[str, tuple[RoleDiagnosis, ...]] = {}
+    for raw in _list(entries):
+        entry = _mapping(raw)
+        deployment = entry.get("deployment")
+        try:
+            role, bound = Role(str(entry.get("role"))), Bound(str(entry.get("bound")))
+        except ValueError:
+            continue
+        if not isinstance(deployment, str):
+            continue
+        found = RoleDiagnosis(
+            role, bound, str(entry.get("message", "")), _numbers(entry.get("inputs"))
+        )
+        diagnosed[deployment] = (*diagnosed.get(deployment, ()), found)
+    return diagnosed
+
+
+def _numbers(inputs: Any) -> dict[str, float]:
+    return {
+        str(k): float(v)
+        for k, v in _mapping(inputs).items()
+        if isinstance(v, int | float) and not isinstance(v, bool)
+    }
 
 
 def _max_replicas(autoscaling: Mapping[str, Any]) -> dict[Role, int]:

@@ -21,7 +21,8 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from inferfleet.api.inference_service import ObservedPerformance
 from inferfleet.api.model_deployment import Role
-from inferfleet.autoscale.advice import Advice
+from inferfleet.autoscale.advice import Advice, measured_mbu
+from inferfleet.autoscale.diagnosis import RoleDiagnosis
 from inferfleet.autoscale.snapshot import (
     ROLE_QUERIES,
     SERVICE_QUERIES,
@@ -31,7 +32,6 @@ from inferfleet.autoscale.snapshot import (
     ServiceMetrics,
 )
 from inferfleet.autoscale.tenants import TenantTokens, TenantUsage, tenant_usage
-from inferfleet.planning.memory import weight_bytes_per_gpu
 from inferfleet.planning.replica import ReplicaConfig
 from inferfleet.render.common import label_value
 
@@ -125,6 +125,9 @@ MAY_BE_UNDEFINED: frozenset[str] = frozenset(
         "mean_squared_prompt_tokens",
         "mean_output_tokens",
         "mean_arrival_prompt_tokens",
+        "queue_p95_s",
+        "prefill_p95_s",
+        "inter_token_mean_s",
     }
 )
 
@@ -243,12 +246,16 @@ def snapshot_from_answers(
             role=role,
             ready_replicas=round(value("ready_replicas")),
             running_requests=value("running_requests"),
+            running_seconds_per_s=value("running_seconds_per_s"),
+            inter_token_mean_s=_finite(answers.get("inter_token_mean_s")) or None,
             waiting_requests=value("waiting_requests"),
             kv_cache_usage=min(1.0, value("kv_cache_usage")),
             prompt_tokens_per_s=value("prompt_tokens_per_s"),
             generation_tokens_per_s=value("generation_tokens_per_s"),
             prefix_blocks_per_s=value("prefix_blocks_per_s"),
             prefix_blocks_seen_per_s=value("prefix_blocks_seen_per_s"),
+            queue_p95_s=_finite(answers.get("queue_p95_s")),
+            prefill_p95_s=_finite(answers.get("prefill_p95_s")),
         )
     return MetricsSnapshot(
         taken_at_s=taken_at_s, window_s=window_s, newest_sample_age_s=age,
@@ -268,6 +275,8 @@ class DeploymentUsage:
     deployment: str = ""
     advice: tuple[Advice, ...] = ()
     """What the running fleet suggests changing in it (`autoscale.advice`)."""
+    diagnosis: tuple[RoleDiagnosis, ...] = ()
+    """What limits each of its pools (`autoscale.diagnosis`)."""
 
 
 @dataclass(frozen=True)
@@ -337,13 +346,10 @@ def observe(
                 continue
             flops += 2 * active * (metrics.prompt_tokens_per_s + metrics.generation_tokens_per_s)
             tokens += metrics.generation_tokens_per_s
-            if metrics.running_requests > 0 and metrics.ready_replicas > 0:
-                steps_per_s = metrics.generation_tokens_per_s / metrics.running_requests
+            if metrics.decode_steps_per_s > 0 and metrics.ready_replicas > 0:
+                gpus_serving = config.gpus * metrics.ready_replicas
                 bytes_read += (
-                    steps_per_s
-                    * weight_bytes_per_gpu(config)
-                    * config.gpus
-                    * (metrics.ready_replicas)
+                    measured_mbu(config, metrics) * config.gpu.memory_bandwidth * gpus_serving
                 )
     attainment = service.attainment
     return Observed(

@@ -33,6 +33,13 @@ ROLE_QUERIES: Mapping[str, str] = {
     "ready_replicas": f"count(vllm:num_requests_running{{{ENGINE_SELECTOR}}})",
     "running_requests": f"sum(vllm:num_requests_running{{{ENGINE_SELECTOR}}})",
     "waiting_requests": f"sum(vllm:num_requests_waiting{{{ENGINE_SELECTOR}}})",
+    "running_seconds_per_s": (
+        f"sum(rate(vllm:request_inference_time_seconds_sum{{{ENGINE_SELECTOR}}}[$w]))"
+    ),
+    "inter_token_mean_s": (
+        f"sum(rate(vllm:inter_token_latency_seconds_sum{{{ENGINE_SELECTOR}}}[$w]))"
+        f" / sum(rate(vllm:inter_token_latency_seconds_count{{{ENGINE_SELECTOR}}}[$w]))"
+    ),
     "kv_cache_usage": f"avg(vllm:kv_cache_usage_perc{{{ENGINE_SELECTOR}}})",
     "prompt_tokens_per_s": f"sum(rate(vllm:prompt_tokens_total{{{ENGINE_SELECTOR}}}[$w]))",
     "generation_tokens_per_s": (
@@ -43,6 +50,14 @@ ROLE_QUERIES: Mapping[str, str] = {
     ),
     "prefix_blocks_seen_per_s": (
         f"sum(rate(inferfleet_router_prefix_blocks_seen_total{{{ROUTER_ROLE_SELECTOR}}}[$w]))"
+    ),
+    "queue_p95_s": (
+        "histogram_quantile(0.95, sum by (le) "
+        f"(rate(vllm:request_queue_time_seconds_bucket{{{ENGINE_SELECTOR}}}[$w])))"
+    ),
+    "prefill_p95_s": (
+        "histogram_quantile(0.95, sum by (le) "
+        f"(rate(vllm:request_prefill_time_seconds_bucket{{{ENGINE_SELECTOR}}}[$w])))"
     ),
 }
 SERVICE_QUERIES: Mapping[str, str] = {
@@ -138,6 +153,42 @@ class RoleMetrics:
     prefix_blocks_seen_per_s: float = 0.0
     """Of those, the blocks a recent prompt to the same pool began with:
     `sum(rate(inferfleet_router_prefix_blocks_seen_total{...}[$w]))`."""
+    running_seconds_per_s: float = 0.0
+    """Seconds requests spent running (prefill and decode) per second of the window, counted
+    as each finishes: the mean running count by Little's law, a mean over the same window as
+    the token rates (the instant gauge is not: early in a load, or on a young replica, it sets
+    a full batch against rates the window still dilutes):
+    `sum(rate(vllm:request_inference_time_seconds_sum{<role>}[$w]))`. 0: not measured (the
+    fleet simulator); readers fall back to `running_requests`."""
+    inter_token_mean_s: float | None = None
+    """Mean time between a sequence's consecutive tokens, seconds: a decode step as the
+    sequences in it saw it: `sum(rate(vllm:inter_token_latency_seconds_sum{<role>}[$w])) /
+    sum(rate(vllm:inter_token_latency_seconds_count{<role>}[$w]))`; None: no token in the
+    window, or not measured."""
+    queue_p95_s: float | None = None
+    """p95 of the time requests waited in the engines' queues before they ran, seconds; None
+    when none was admitted in the window: `histogram_quantile(0.95, sum by (le)
+    (rate(vllm:request_queue_time_seconds_bucket{<role>}[$w])))`. Advice reads it."""
+    prefill_p95_s: float | None = None
+    """p95 of the time requests spent prefilling once admitted, seconds (the same quantile of
+    `vllm:request_prefill_time_seconds`). Beside `queue_p95_s`, it tells queueing from service
+    time in the engines' share of TTFT."""
+
+    @property
+    def mean_running_requests(self) -> float:
+        """Sequences running, over the rate window where the engines measured it, else now."""
+        return self.running_seconds_per_s or self.running_requests
+
+    @property
+    def decode_steps_per_s(self) -> float:
+        """Decode steps a replica takes per second while it decodes: one over the mean time
+        between tokens, else (not measured) the output tokens each running sequence gets per
+        second now; 0 with nothing decoding."""
+        if self.inter_token_mean_s:
+            return 1.0 / self.inter_token_mean_s
+        if self.running_requests > 0:
+            return self.generation_tokens_per_s / self.running_requests
+        return 0.0
 
     def __post_init__(self) -> None:
         if self.ready_replicas < 0:
@@ -145,12 +196,16 @@ class RoleMetrics:
         _check_non_negative(
             "RoleMetrics",
             running_requests=self.running_requests,
+            running_seconds_per_s=self.running_seconds_per_s,
+            inter_token_mean_s=self.inter_token_mean_s,
             waiting_requests=self.waiting_requests,
             kv_cache_usage=self.kv_cache_usage,
             prompt_tokens_per_s=self.prompt_tokens_per_s,
             generation_tokens_per_s=self.generation_tokens_per_s,
             prefix_blocks_per_s=self.prefix_blocks_per_s,
             prefix_blocks_seen_per_s=self.prefix_blocks_seen_per_s,
+            queue_p95_s=self.queue_p95_s,
+            prefill_p95_s=self.prefill_p95_s,
         )
         if self.kv_cache_usage > 1:
             raise ValueError(f"kv_cache_usage is a fraction, 0..1 (got {self.kv_cache_usage})")

@@ -170,6 +170,9 @@ class Candidate:
         return text if self.topology is None else f"{text} {self.topology.value}"
 
 
+NO_PUBLISHED_POINT: Final = "no published point"
+
+
 @dataclass(frozen=True)
 class ErrorBand:
     """The largest relative error of the planner against a published point of one GPU type,
@@ -189,7 +192,7 @@ class ErrorBand:
             )
         ]
         if all(band is None for band in (self.throughput, self.ttft, self.tpot)):
-            return "no published point"
+            return NO_PUBLISHED_POINT
         return ", ".join(parts)
 
 

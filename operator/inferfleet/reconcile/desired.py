@@ -591,6 +591,8 @@ def _autoscaling_record(
     }
     if owner.advice:
         record["advice"] = [advice.to_wire() for advice in owner.advice]
+    if owner.diagnosis:
+        record["diagnosis"] = [found.to_wire() for found in owner.diagnosis]
     return AutoscalingStatus.model_validate(record)
 
 

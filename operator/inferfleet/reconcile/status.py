@@ -17,13 +17,11 @@ from typing import Any
 from inferfleet.api.conditions import condition
 from inferfleet.api.model_deployment import (
     AutoscalingStatus,
-    CapacityPlanStatus,
-    ColdStartEstimateStatus,
-    MemoryBreakdown,
     ModelDeploymentStatus,
     Role,
     RoleStatus,
 )
+from inferfleet.api.plan_status import CapacityPlanStatus, ColdStartEstimateStatus, MemoryBreakdown
 from inferfleet.planning.capacity import CapacityPlan
 
 GIB = 1024**3
