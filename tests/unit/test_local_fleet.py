@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from inferfleet.devcluster.cluster import State
+from inferfleet.devcluster.components import fleet_pod_stages
 from inferfleet.devcluster.fleet import AgentContext, FleetAgent, PodSupervisor
 from inferfleet.devcluster.oci import (
     Bundle,
@@ -179,6 +180,13 @@ def test_readiness_probe_resolves_the_named_port() -> None:
     assert readiness_probe(container) == Probe("/health", 8000)
     assert readiness_probe({"readinessProbe": {"httpGet": {"port": 9000}}}) == Probe("/", 9000)
     assert readiness_probe({}) is None
+    # Its timeout and failure threshold, as a kubelet applies them (its defaults: 1 s, 3).
+    timed = {"readinessProbe": {"httpGet": {"port": 9000}, "timeoutSeconds": 5,
+                                "failureThreshold": 4}}  # fmt: skip
+    assert readiness_probe(timed) == Probe("/", 9000, timeout_s=5.0, failure_threshold=4)
+    assert readiness_probe({"readinessProbe": {"httpGet": {"port": 9000}}}) == Probe(
+        "/", 9000, timeout_s=1.0, failure_threshold=3
+    )
 
 
 def test_an_engine_pod_runs_the_sim_engine_on_its_ip() -> None:
@@ -190,7 +198,8 @@ def test_an_engine_pod_runs_the_sim_engine_on_its_ip() -> None:
     assert process.argv[-2:] == ("--host", "127.1.0.7")
     assert "--port" in process.argv
     assert process.service_account is None
-    assert process.readiness == Probe("/health", 8000)
+    # The rendered engine probe: 5 s to answer, three failures in a row to leave the Service.
+    assert process.readiness == Probe("/health", 8000, timeout_s=5.0, failure_threshold=3)
     assert process.key == "fleet_llama-0"
     assert process.container == "engine"
     # Its preStop sleep, run by the agent before SIGTERM; the grace covers it and the drain.
@@ -912,3 +921,47 @@ def test_a_deleted_pods_process_serves_through_its_prestop_sleep_then_gets_sigte
     assert process.poll() == 0
     waited = float(signalled.read_text()) - stopped_at
     assert 1.0 <= waited < 1.0 + 2.0, waited
+
+
+# kwok's pod-ready stage in the shape `fleet_pod_stages` edits (a template of its own here).
+POD_READY_STAGE = """kind: Stage
+metadata:
+  name: pod-ready
+spec:
+  next:
+    statusTemplate: |
+      {{ $now := Now }}
+
+      conditions:
+      - lastTransitionTime: {{ $now | Quote }}
+        status: "True"
+        type: Initialized
+      - lastTransitionTime: {{ $now | Quote }}
+        status: "True"
+        type: Ready
+      - lastTransitionTime: {{ $now | Quote }}
+        status: "True"
+        type: ContainersReady
+      containerStatuses:
+      {{ range .spec.containers }}
+      - image: {{ .image | Quote }}
+        name: {{ .name | Quote }}
+        ready: true
+      {{ end }}
+"""
+
+
+def test_with_the_fleet_a_probed_pod_turns_running_unready_for_the_agent_to_make_ready() -> None:
+    edited = fleet_pod_stages(POD_READY_STAGE)
+    assert "{{ $probed := false }}{{ range .spec.containers }}{{ if .readinessProbe }}" in edited
+    for condition in ("Ready", "ContainersReady"):
+        assert (
+            '        status: {{ if $probed }}"False"{{ else }}"True"{{ end }}\n'
+            f"        type: {condition}\n"
+        ) in edited
+    assert "        ready: {{ if .readinessProbe }}false{{ else }}true{{ end }}\n" in edited
+    # Initialized stays as kwok writes it.
+    assert '        status: "True"\n        type: Initialized\n' in edited
+    # A kwok whose template changed is said so, not edited blindly.
+    with pytest.raises(ValueError, match="does not set"):
+        fleet_pod_stages(POD_READY_STAGE.replace("type: Ready\n", "type: Readied\n"))

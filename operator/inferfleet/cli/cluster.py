@@ -97,7 +97,9 @@ def dev_cluster_up(
     started = time.monotonic()
     try:
         bin_dir = ensure_binaries()
-        cluster.up(bin_dir, pools, cpu_nodes=cpu_nodes, timeout_s=timeout)
+        cluster.up(
+            bin_dir, pools, cpu_nodes=cpu_nodes, timeout_s=timeout, readiness_by_fleet=with_fleet
+        )
         if crds:
             cluster.install_crds()
         if with_fleet:

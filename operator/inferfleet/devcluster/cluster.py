@@ -39,7 +39,13 @@ from inferfleet import __version__
 from inferfleet.api.catalog import GpuCatalog
 from inferfleet.api.crd import custom_resource_definitions
 from inferfleet.devcluster import kubelet_api, pki, processes
-from inferfleet.devcluster.components import ClientRateLimit, Ports, component_specs, kubeconfig
+from inferfleet.devcluster.components import (
+    ClientRateLimit,
+    Ports,
+    component_specs,
+    fleet_pod_stages,
+    kubeconfig,
+)
 from inferfleet.devcluster.images import ensure_images
 from inferfleet.devcluster.nodes import NodePool, fleet_nodes
 from inferfleet.devcluster.processes import ProcessSpec
@@ -239,9 +245,12 @@ class DevCluster:
         bound_to_parent: bool = False,
         timeout_s: float = 120.0,
         client_rate: ClientRateLimit | None = None,
+        readiness_by_fleet: bool = False,
     ) -> State:
         """Start every component, wait until each is healthy and every node Ready;
-        `client_rate` raises the controller manager's and the scheduler's request limits."""
+        `client_rate` raises the controller manager's and the scheduler's request limits;
+        `readiness_by_fleet`: pods with a readiness probe turn Running unready, for the fleet
+        agent to make ready (`components.fleet_pod_stages`)."""
         existing = self.state()
         if existing and any(processes.alive(pid) for pid in existing.pids.values()):
             raise DevClusterError(
@@ -271,7 +280,15 @@ class DevCluster:
             started_at=time.time(),
         )
         try:
-            for spec in component_specs(bin_dir, self.state_dir, ports, certs, client_rate):
+            stages = None
+            if readiness_by_fleet:
+                stages = self.state_dir / "kwok-stages.yaml"
+                built = (bin_dir / "kwok-stages.yaml").read_text()
+                stages.write_text(fleet_pod_stages(built))
+            specs = component_specs(
+                bin_dir, self.state_dir, ports, certs, client_rate, stages=stages
+            )
+            for spec in specs:
                 state.pids[spec.name] = processes.start(
                     spec, self.log_dir, bound_to_parent=bound_to_parent
                 )
@@ -593,6 +610,7 @@ def running(
         bound_to_parent=True,
         timeout_s=timeout_s,
         client_rate=client_rate,
+        readiness_by_fleet=with_fleet,
     )
     try:
         if with_fleet:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from inferfleet.devcluster import pki, processes
 from inferfleet.devcluster.processes import ProcessSpec
@@ -87,14 +87,57 @@ def kubeconfig(
     }
 
 
+_READY_BY_KWOK: Final = (
+    '        status: "True"\n        type: Ready\n',
+    '        status: "True"\n        type: ContainersReady\n',
+)
+_PROBED: Final = (
+    "{{ $probed := false }}{{ range .spec.containers }}{{ if .readinessProbe }}"
+    "{{ $probed = true }}{{ end }}{{ end }}"
+)
+
+
+def fleet_pod_stages(stages: str) -> str:
+    """kwok's stages with a pod that has a readiness probe turning Running unready, as a
+    kubelet starts it, for the fleet agent to make ready once its probe passes (kwok's own
+    stage marks every pod Ready at once: a Deployment rolling out then takes a new pod for
+    available before anything answers, and replaces every old replica at once).
+
+    Raises ValueError when kwok's pod-ready template is not the one this edits."""
+    edited = stages
+    for ready in _READY_BY_KWOK:
+        if edited.count(ready) != 1:
+            raise ValueError(f"kwok's pod-ready stage does not set {ready.strip()!r} once")
+        probed = ready.replace('"True"', '{{ if $probed }}"False"{{ else }}"True"{{ end }}')
+        edited = edited.replace(ready, probed)
+    start = "      {{ $now := Now }}\n\n      conditions:\n"
+    if edited.count(start) != 1:
+        raise ValueError("kwok's pod-ready stage does not begin its conditions as expected")
+    edited = edited.replace(
+        start, f"      {{{{ $now := Now }}}}\n      {_PROBED}\n\n      conditions:\n"
+    )
+    container_ready = "        name: {{ .name | Quote }}\n        ready: true\n"
+    if edited.count(container_ready) < 1:
+        raise ValueError("kwok's pod-ready stage does not mark its containers ready")
+    return edited.replace(
+        container_ready,
+        "        name: {{ .name | Quote }}\n"
+        "        ready: {{ if .readinessProbe }}false{{ else }}true{{ end }}\n",
+        1,
+    )
+
+
 def component_specs(
     bin_dir: Path,
     state_dir: Path,
     ports: Ports,
     certs: pki.ClusterPki,
     client_rate: ClientRateLimit | None = None,
+    *,
+    stages: Path | None = None,
 ) -> list[ProcessSpec]:
-    """The command line of every component (pure: what `up` starts)."""
+    """The command line of every component (pure: what `up` starts); `stages`: kwok's stages
+    file, where not the built one."""
     kube = str(bin_dir / "kube")
     rate_flags = client_rate.flags() if client_rate else ()
     kubeconfigs = state_dir / "kubeconfigs"
@@ -194,7 +237,7 @@ def component_specs(
                 str(bin_dir / "kwok"),
                 f"--kubeconfig={kubeconfigs / 'kwok.yaml'}",
                 # Stages: how nodes turn Ready and keep their lease, and how pods turn Running.
-                f"--config={bin_dir / 'kwok-stages.yaml'}",
+                f"--config={stages or bin_dir / 'kwok-stages.yaml'}",
                 "--manage-all-nodes=false",
                 "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
                 f"--server-address=127.0.0.1:{ports.kwok}",

@@ -23,12 +23,15 @@ passed as `KUBECONFIG`; so the router runs with exactly its rendered RBAC. The t
 for a day and is requested again at each (re)start of the process; clients read it once, so
 it is not rotated in place as a kubelet's projected token is.
 
-Readiness: kwok marks a pod Ready the moment it turns Running. The agent then reports what
-the container's readiness probe (an HTTP GET) actually sees, as a kubelet would: the pod's
-`Ready` and `ContainersReady` conditions turn False until the process answers, and follow it
-after; the container status carries the restart count. kwok's stages leave a Running pod's
-status alone, so nothing overwrites that. Probes run every second (the rendered periods are
-meant for GPUs and slow model loads).
+Readiness: with the fleet, kwok turns a pod with a readiness probe Running but not Ready, as a
+kubelet starts it (`components.fleet_pod_stages`), and the agent reports what the container's
+readiness probe (an HTTP GET) actually sees, as a kubelet would: the pod's `Ready` and
+`ContainersReady` conditions turn True once the process answers, and follow it after, out
+only after the probe's `failureThreshold` failures in a row, each given its `timeoutSeconds`;
+the container status carries the restart count. A pod the agent runs nothing for is made Ready
+at once, as kwok alone makes every pod. kwok's stages leave a Running pod's status alone, so
+nothing overwrites that. Probes run every second (the rendered periods are meant for GPUs and
+slow model loads).
 
 Each process sees only its container's environment (plus PATH and HOME), not the agent's
 credentials. Logs go to `<state dir>/logs/pods/<namespace>_<pod>.log`, per-pod files
@@ -399,10 +402,16 @@ class PodSupervisor:
             what += f" from {self.pod.image.reference} in crun"
         log.info("%s: started %s (pid %d)", self.pod.key, what, process.pid)
         ready: bool | None = None
+        failures = 0
         secrets_synced = time.monotonic()
         try:
             while process.poll() is None:
-                observed = self._probe()
+                passed = self._probe()
+                failures = 0 if passed else failures + 1
+                # As a kubelet: a ready container stays ready until `failureThreshold` probes
+                # in a row fail (a busy engine answering one probe late is not taken out).
+                threshold = self.pod.readiness.failure_threshold if self.pod.readiness else 1
+                observed = passed or (ready is True and failures < threshold)
                 if observed != ready:
                     ready = observed
                     reason = "ProbeSucceeded" if observed else "ProbeFailed"
@@ -436,7 +445,9 @@ class PodSupervisor:
         if probe is None:
             return True
         try:
-            answer = httpx.get(f"http://{self.pod.ip}:{probe.port}{probe.path}", timeout=1.0)
+            answer = httpx.get(
+                f"http://{self.pod.ip}:{probe.port}{probe.path}", timeout=probe.timeout_s
+            )
         except httpx.HTTPError:
             return False
         return bool(200 <= answer.status_code < 400)
@@ -458,6 +469,8 @@ class FleetAgent:
         self._lock = threading.Lock()
         # Pods left alone, each said once: (uid, why).
         self._reported: set[tuple[str, str]] = set()
+        # Pods the agent runs nothing for, made Ready once (by uid).
+        self._readied: set[str] = set()
         # Secret values of containers' environments, by (pod uid, Secret, key): read once.
         self._env_secrets: dict[tuple[str, str, str], str] = {}
 
@@ -505,10 +518,39 @@ class FleetAgent:
                 process = self._process(pod)
             except ValueError as error:
                 self._report_once(pod, f"cannot run: {error}")
-                continue
+                process = None
             if process is not None:
                 wanted[uid] = process
+            else:
+                self._ready_unrun(pod)
         return wanted
+
+    def _ready_unrun(self, pod: Mapping[str, Any]) -> None:
+        """A Running pod the agent runs nothing for turns Ready, as kwok alone would make it:
+        kwok's stages leave a pod with a readiness probe unready for the agent
+        (`components.fleet_pod_stages`), whose probe here has nothing to ask."""
+        metadata, status = pod.get("metadata") or {}, pod.get("status") or {}
+        uid = str(metadata.get("uid", ""))
+        ready = any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in status.get("conditions") or []
+        )
+        if ready or uid in self._readied or not pod_is_running(pod):
+            return
+        self._readied.add(uid)
+        containers = (pod.get("spec") or {}).get("containers") or [{}]
+        try:
+            kubelet_api.patch_pod_status(
+                self.context.kube,
+                str(metadata.get("name")),
+                str(metadata.get("namespace")),
+                readiness_status(
+                    str(containers[0].get("name")), True, "NotRunByTheFleet", 0, datetime.now(UTC)
+                ),
+            )
+        except Exception as error:  # a pod deleted meanwhile: nothing to report
+            log.info("%s/%s: readiness not reported: %s", metadata.get("namespace"),
+                     metadata.get("name"), error)  # fmt: skip
 
     def reconcile(self) -> None:
         """Stop processes whose pod went away or changed; start those missing."""
@@ -518,6 +560,7 @@ class FleetAgent:
             wanted = self.desired()
             for remembered in [k for k in self._env_secrets if k[0] not in self._pods]:
                 del self._env_secrets[remembered]
+            self._readied &= self._pods.keys()
             for uid, supervisor in list(self.supervisors.items()):
                 if wanted.get(uid) != supervisor.pod:
                     supervisor.stop()

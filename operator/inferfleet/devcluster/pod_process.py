@@ -28,10 +28,13 @@ class Kind(StrEnum):
 
 @dataclass(frozen=True)
 class Probe:
-    """An HTTP GET readiness probe, resolved to a port number."""
+    """An HTTP GET readiness probe, resolved to a port number, with its timeout and how many
+    failures in a row take a ready container out (Kubernetes' defaults where unset)."""
 
     path: str
     port: int
+    timeout_s: float = 1.0
+    failure_threshold: int = 3
 
 
 @dataclass(frozen=True)
@@ -98,7 +101,13 @@ def readiness_probe(container: Mapping[str, Any]) -> Probe | None:
         if not named:
             return None
         port = named[0]["containerPort"]
-    return Probe(str(http.get("path") or "/"), int(port))
+    probe = container["readinessProbe"]
+    return Probe(
+        str(http.get("path") or "/"),
+        int(port),
+        timeout_s=float(probe.get("timeoutSeconds") or 1),
+        failure_threshold=int(probe.get("failureThreshold") or 3),
+    )
 
 
 def pod_is_running(pod: Mapping[str, Any]) -> bool:
