@@ -640,6 +640,80 @@ def test_a_pool_scaled_in_under_load_finishes_every_stream(fleet: Fleet) -> None
     assert cut_short == []
 
 
+def test_a_rollout_without_a_spare_gpu_under_load_finishes_every_stream(fleet: Fleet) -> None:
+    """`spec.rollout: {maxSurge: 0, maxUnavailable: 1}`: a change to the engines replaces them
+    one at a time in place, never more engine pods than replicas (no spare GPU), and the streams
+    in flight on each replaced replica run to their end, as in a scale-in. Zero client errors,
+    counted."""
+    namespace, name = "rollout", "inplace"
+    deployment, service = yaml.safe_load_all(steady_manifests(name, 2))
+    deployment["spec"]["rollout"] = {"maxSurge": 0, "maxUnavailable": 1}
+    fleet.apply(namespace, yaml.safe_dump_all([deployment, service]))
+    router = fleet.router(namespace, name)
+    engines = f"inferfleet.io/model-deployment={name}"
+    assert wait_until(lambda: len(fleet.healthy_ips(namespace, engines)) == 2, 90, 1), (
+        fleet.diagnostics()
+    )
+
+    def pods() -> list[dict[str, Any]]:
+        found = fleet.kubectl.json("get", "pods", "-n", namespace, "-l", engines)["items"]
+        return [pod for pod in found if not pod["metadata"].get("deletionTimestamp")]
+
+    before = {pod["metadata"]["name"] for pod in pods()}
+    requests = traces.poisson(2.0, 60.0, input_tokens=200, output_tokens=300, seed=5)
+    outcome: list[list[RequestResult]] = []
+    load = threading.Thread(
+        target=lambda: outcome.append(asyncio.run(_run(f"http://{router}:{PORT}", requests)))
+    )
+    load.start()
+    time.sleep(15.0)
+    listed = httpx.get(f"http://{router}:{ADMIN_PORT}/debug/replicas", timeout=5.0).json()
+    in_flight = sum(entry["inFlight"] for entry in listed)
+    routers = {pod["metadata"]["name"] for pod in fleet.kubectl.json(
+        "get", "pods", "-n", namespace, "-l", f"inferfleet.io/inference-service={name}"
+    )["items"]}  # fmt: skip
+    # A new memory share changes the engines' pod template (a rollout) and nothing the router
+    # is told: the router this test calls, by its pod's address, stays.
+    fleet.kubectl.run(
+        "patch", "modeldeployment", name, "-n", namespace, "--type", "merge",
+        "-p", '{"spec": {"gpu": {"memoryUtilization": 0.85}}}',
+    )  # fmt: skip
+    most = 0
+
+    def rolled_out() -> bool:
+        nonlocal most
+        current = pods()
+        most = max(most, len(current))
+        names = {pod["metadata"]["name"] for pod in current}
+        return (
+            len(names) == 2
+            and not names & before
+            and len(fleet.healthy_ips(namespace, engines)) == 2
+        )
+
+    assert wait_until(rolled_out, 150, 0.5), (pods(), fleet.diagnostics())
+    load.join(180.0)
+    [results] = outcome
+    failed = [r.error for r in results if not r.ok]
+    cut_short = [r for r in results if r.ok and r.tokens < r.output_tokens]
+    print(
+        f"\nrollout without surge under load: {len(results)} requests, {len(failed)} failed, "
+        f"{len(cut_short)} short; {in_flight} in flight when it began; at most {most} engine "
+        "pods not terminating"
+    )
+    assert in_flight > 0, listed
+    now_routing = fleet.kubectl.json(
+        "get", "pods", "-n", namespace, "-l", f"inferfleet.io/inference-service={name}"
+    )["items"]
+    assert {pod["metadata"]["name"] for pod in now_routing} == routers
+    assert most <= 2  # never a third replica, so never a spare GPU
+    assert failed == [], (
+        [(r.scheduled_s, r.error, r.error_detail) for r in results if not r.ok],
+        fleet.diagnostics(),
+    )
+    assert cut_short == []
+
+
 def test_prompts_that_share_a_prefix_get_prefix_caching_advised(fleet: Fleet) -> None:
     """Prefix caching off, and every prompt opens with the same three blocks (a long system
     prompt): the routers count the repeats, the autoscaler advises turning caching on, in the
@@ -654,11 +728,14 @@ def test_prompts_that_share_a_prefix_get_prefix_caching_advised(fleet: Fleet) ->
     loading = threading.Thread(target=lambda: asyncio.run(_run(url, requests)), daemon=True)
     loading.start()
 
-    def advised(kind: str, path: tuple[str, ...]) -> list[dict[str, Any]]:
+    def status_at(kind: str, path: tuple[str, ...]) -> list[dict[str, Any]]:
         found: Any = fleet.get(kind, name, namespace).get("status") or {}
         for key in path:
             found = (found or {}).get(key)
-        return [a for a in found or [] if a.get("reason") == "EnablePrefixCaching"]
+        return list(found or [])
+
+    def advised(kind: str, path: tuple[str, ...]) -> list[dict[str, Any]]:
+        return [a for a in status_at(kind, path) if a.get("reason") == "EnablePrefixCaching"]
 
     started = time.monotonic()
     try:
@@ -672,10 +749,39 @@ def test_prompts_that_share_a_prefix_get_prefix_caching_advised(fleet: Fleet) ->
             fleet.get("mdep", name, namespace).get("status")
         )
         deployment_advice = advised("mdep", ("autoscaling", "advice"))
+        # The same ticks diagnose the pool: what bounds it, and queueing against prefill.
+        deployment_diagnosis = ("autoscaling", "diagnosis")
+        assert wait_until(lambda: bool(status_at("mdep", deployment_diagnosis)), 30, 1), fleet.get(
+            "mdep", name, namespace
+        ).get("status")
+
+        # The engines' histograms count a request once it finishes: the quantiles come with
+        # the first requests done in the window.
+        def queueing_read() -> bool:
+            found = status_at("infsvc", ("diagnosis",))
+            return bool(found) and all("queueP95Ms" in d["inputs"] for d in found)
+
+        assert wait_until(queueing_read, 60, 2), status_at("infsvc", ("diagnosis",))
+        service_diagnosis = status_at("infsvc", ("diagnosis",))
+        # Read again, later in the load: the first reading's rates span its first seconds.
+        later_advice = advised("infsvc", ("advice",)) or service_advice
     finally:
         loading.join(timeout=180)
     print(f"advised {advised_after_s:.0f} s after the load began: {service_advice}")
-    [advice] = service_advice
+    print(f"later: {later_advice}")
+    print(f"diagnosed: {service_diagnosis}")
+    [diagnosis] = service_diagnosis
+    assert (diagnosis["deployment"], diagnosis["role"]) == (name, "aggregated"), diagnosis
+    assert diagnosis["bound"] in {"compute", "bandwidth", "light"}
+    assert diagnosis["inputs"]["mfu"] > 0
+    assert diagnosis["inputs"]["runningPerReplica"] > 0
+    # The emulator exports vLLM's queue and prefill histograms: both quantiles are read.
+    assert diagnosis["inputs"]["queueP95Ms"] >= 0
+    assert diagnosis["inputs"]["prefillP95Ms"] > 0
+    assert "prefilling: " in diagnosis["message"]
+    [on_deployment] = status_at("mdep", deployment_diagnosis)
+    assert on_deployment["role"] == "aggregated"
+    [advice] = later_advice
     assert advice["deployment"] == name
     share = advice["inputs"]["repeatedPrefixShare"]
     # Three of four blocks (the first prompt saw none; Prometheus extrapolates rates).
