@@ -199,7 +199,7 @@ def test_long_prompts_queueing_in_an_aggregated_pool_get_a_disaggregated_prefill
         "prompts wait 1,200 ms p95 in the engines' queues against 400 ms prefilling; at the "
         "measured 8 req/s of 8000/300 tokens, a prefill pool of "
     )
-    assert f"{aggregated - disaggregated} fewer than the {aggregated} of " in advice.message
+    assert f"{aggregated - disaggregated} fewer than the {aggregated} GPUs of " in advice.message
     # Short prompts at the same rate: aggregated is as cheap, nothing to advise.
     short = replace(reading, mean_prompt_tokens=500)
     assert sized_gpus(config, True, Workload(8, 500, 300), slo) >= sized_gpus(
@@ -228,7 +228,7 @@ def test_a_disaggregated_deployment_at_a_light_load_gets_aggregated_serving_advi
         "1 aggregated replica (spec.topology.mode aggregated) would meet the SLO with 1 GPU, "
         in (advice.message)
     )
-    assert "1 fewer than the 2 of a prefill pool of 1 and a decode pool of 1" in advice.message
+    assert "1 fewer than the 2 GPUs of a prefill pool of 1 and a decode pool of 1" in advice.message
 
 
 def test_no_topology_is_advised_that_the_apis_rules_refuse() -> None:

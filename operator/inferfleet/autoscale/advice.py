@@ -273,8 +273,8 @@ def _sized(config: ReplicaConfig, disaggregated: bool, load: Workload, slo: Slo)
     )  # fmt: skip
 
 
-def _with_topology(spec: ModelDeploymentSpec, mode: TopologyMode) -> ModelDeploymentSpec | None:
-    """The spec in the other topology, where the API's rules and its engine accept it."""
+def _accepts(spec: ModelDeploymentSpec, mode: TopologyMode) -> bool:
+    """Whether the API's rules and the spec's engine accept it in topology `mode`."""
     wire = spec.model_dump(by_alias=True, exclude_none=True, mode="json")
     wire["topology"] = {"mode": mode.value}
     if mode == TopologyMode.DISAGGREGATED:
@@ -282,8 +282,8 @@ def _with_topology(spec: ModelDeploymentSpec, mode: TopologyMode) -> ModelDeploy
     try:
         other = ModelDeploymentSpec.model_validate(wire)
     except ValidationError:
-        return None
-    return None if engines.refusal(other) is not None else other
+        return False
+    return engines.refusal(other) is None
 
 
 def _gpus(count: int) -> str:
@@ -308,7 +308,7 @@ def _topology(
     other_mode = (
         TopologyMode.AGGREGATED if now == TopologyMode.DISAGGREGATED else TopologyMode.DISAGGREGATED
     )
-    if _with_topology(spec, other_mode) is None:
+    if not _accepts(spec, other_mode):
         return None
 
     here, there = (
@@ -316,16 +316,16 @@ def _topology(
     )
     if not there.meets_slo or (here.meets_slo and there.gpus >= here.gpus):
         return None
-    inputs = {"requestsPerSecond": load.requests_per_second, "gpus": float(there.gpus)}
+    inputs = {"requestsPerSecond": load.requests_per_second, "gpus": there.gpus}
     if here.meets_slo:
         inputs["gpusNow"] = here.gpus
-        against = f"{here.gpus - there.gpus} fewer than the {here.gpus} of {_pools(here)}"
+        against = f"{here.gpus - there.gpus} fewer than the {_gpus(here.gpus)} of {_pools(here)}"
     else:
         against = f"where no number of {now.value} replicas meets it ({here.reason})"
     evidence = ""
-    queue = reading.roles.get(Role.AGGREGATED)
-    if other_mode == TopologyMode.DISAGGREGATED and queue and queue.queue_p95_s is not None:
-        queued, prefill = queue.queue_p95_s, queue.prefill_p95_s or 0.0
+    pool = reading.roles.get(Role.AGGREGATED)
+    if other_mode == TopologyMode.DISAGGREGATED and pool and pool.queue_p95_s is not None:
+        queued, prefill = pool.queue_p95_s, pool.prefill_p95_s or 0.0
         inputs |= {"queueP95Ms": queued * 1e3, "prefillP95Ms": prefill * 1e3}
         evidence = (
             f"prompts wait {_ms(queued)} p95 in the engines' queues against {_ms(prefill)} "
