@@ -205,6 +205,31 @@ async def _run(url: str, requests: list[TraceRequest]) -> list[RequestResult]:
         await generator.aclose()
 
 
+@dataclass
+class Streams:
+    """Streams through a router in the background: 2 req/s of 200/300 tokens for 60 s."""
+
+    load: threading.Thread
+    outcome: list[list[RequestResult]]
+
+    @classmethod
+    def start(cls, router: str, seed: int) -> Streams:
+        requests = traces.poisson(2.0, 60.0, input_tokens=200, output_tokens=300, seed=seed)
+        outcome: list[list[RequestResult]] = []
+        load = threading.Thread(
+            target=lambda: outcome.append(asyncio.run(_run(f"http://{router}:{PORT}", requests)))
+        )
+        load.start()
+        return cls(load, outcome)
+
+    def finish(self) -> tuple[list[RequestResult], list[RequestResult], list[RequestResult]]:
+        """Every request, those that failed, and those answered with fewer tokens than asked."""
+        self.load.join(180.0)
+        [results] = self.outcome
+        failed = [r for r in results if not r.ok]
+        return results, failed, [r for r in results if r.ok and r.tokens < r.output_tokens]
+
+
 def replay(
     fleet: Fleet, namespace: str, deployment: str, url: str, requests: list[TraceRequest]
 ) -> tuple[list[RequestResult], Timeline]:
@@ -611,12 +636,7 @@ def test_a_pool_scaled_in_under_load_finishes_every_stream(fleet: Fleet) -> None
     assert wait_until(lambda: len(fleet.healthy_ips(namespace, engines)) == 3, 90, 1), (
         fleet.diagnostics()
     )
-    requests = traces.poisson(2.0, 60.0, input_tokens=200, output_tokens=300, seed=3)
-    outcome: list[list[RequestResult]] = []
-    load = threading.Thread(
-        target=lambda: outcome.append(asyncio.run(_run(f"http://{router}:{PORT}", requests)))
-    )
-    load.start()
+    streams = Streams.start(router, seed=3)
     time.sleep(25.0)
     before = set(fleet.healthy_ips(namespace, engines))
     listed = httpx.get(f"http://{router}:{ADMIN_PORT}/debug/replicas", timeout=5.0).json()
@@ -624,10 +644,7 @@ def test_a_pool_scaled_in_under_load_finishes_every_stream(fleet: Fleet) -> None
     fleet.kubectl.run("scale", "modeldeployment", name, "-n", namespace, "--replicas", "1")
     assert wait_until(lambda: len(fleet.healthy_ips(namespace, engines)) == 1, 60, 1)
     removed = before - set(fleet.healthy_ips(namespace, engines))
-    load.join(180.0)
-    [results] = outcome
-    failed = [r.error for r in results if not r.ok]
-    cut_short = [r for r in results if r.ok and r.tokens < r.output_tokens]
+    results, failed, cut_short = streams.finish()
     print(
         f"\nscale-in 3 -> 1 under load: {len(results)} requests, {len(failed)} failed, "
         f"{len(cut_short)} short; in flight on the removed replicas when it was asked: "
@@ -636,7 +653,7 @@ def test_a_pool_scaled_in_under_load_finishes_every_stream(fleet: Fleet) -> None
     assert len(removed) == 2, (before, removed)
     # The scale-in happened with streams running on the replicas it removed.
     assert sum(in_flight.get(ip, 0) for ip in removed) > 0, in_flight
-    assert failed == []
+    assert [r.error for r in failed] == []
     assert cut_short == []
 
 
@@ -659,19 +676,16 @@ def test_a_rollout_without_a_spare_gpu_under_load_finishes_every_stream(fleet: F
         found = fleet.kubectl.json("get", "pods", "-n", namespace, "-l", engines)["items"]
         return [pod for pod in found if not pod["metadata"].get("deletionTimestamp")]
 
-    before = {pod["metadata"]["name"] for pod in pods()}
-    requests = traces.poisson(2.0, 60.0, input_tokens=200, output_tokens=300, seed=5)
-    outcome: list[list[RequestResult]] = []
-    load = threading.Thread(
-        target=lambda: outcome.append(asyncio.run(_run(f"http://{router}:{PORT}", requests)))
-    )
-    load.start()
+    def routers() -> set[str]:
+        selector = f"inferfleet.io/inference-service={name}"
+        found = fleet.kubectl.json("get", "pods", "-n", namespace, "-l", selector)["items"]
+        return {pod["metadata"]["name"] for pod in found}
+
+    before, routing = {pod["metadata"]["name"] for pod in pods()}, routers()
+    streams = Streams.start(router, seed=5)
     time.sleep(15.0)
     listed = httpx.get(f"http://{router}:{ADMIN_PORT}/debug/replicas", timeout=5.0).json()
     in_flight = sum(entry["inFlight"] for entry in listed)
-    routers = {pod["metadata"]["name"] for pod in fleet.kubectl.json(
-        "get", "pods", "-n", namespace, "-l", f"inferfleet.io/inference-service={name}"
-    )["items"]}  # fmt: skip
     # A new memory share changes the engines' pod template (a rollout) and nothing the router
     # is told: the router this test calls, by its pod's address, stays.
     fleet.kubectl.run(
@@ -692,25 +706,16 @@ def test_a_rollout_without_a_spare_gpu_under_load_finishes_every_stream(fleet: F
         )
 
     assert wait_until(rolled_out, 150, 0.5), (pods(), fleet.diagnostics())
-    load.join(180.0)
-    [results] = outcome
-    failed = [r.error for r in results if not r.ok]
-    cut_short = [r for r in results if r.ok and r.tokens < r.output_tokens]
+    results, failed, cut_short = streams.finish()
     print(
         f"\nrollout without surge under load: {len(results)} requests, {len(failed)} failed, "
         f"{len(cut_short)} short; {in_flight} in flight when it began; at most {most} engine "
         "pods not terminating"
     )
     assert in_flight > 0, listed
-    now_routing = fleet.kubectl.json(
-        "get", "pods", "-n", namespace, "-l", f"inferfleet.io/inference-service={name}"
-    )["items"]
-    assert {pod["metadata"]["name"] for pod in now_routing} == routers
+    assert routers() == routing
     assert most <= 2  # never a third replica, so never a spare GPU
-    assert failed == [], (
-        [(r.scheduled_s, r.error, r.error_detail) for r in results if not r.ok],
-        fleet.diagnostics(),
-    )
+    assert failed == [], ([(r.scheduled_s, r.error_detail) for r in failed], fleet.diagnostics())
     assert cut_short == []
 
 
