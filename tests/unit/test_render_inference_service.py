@@ -162,6 +162,19 @@ def test_router_args_list_backends_per_role_and_the_slo() -> None:
     ]  # fmt: skip
 
 
+def test_a_router_going_away_drains_as_long_as_its_slowest_deployment() -> None:
+    deployments = {
+        "llama": model_deployment(aggregated_spec(rollout={"drainSeconds": 300}), name="llama"),
+        "llama-pd": model_deployment(disaggregated_spec(), name="llama-pd"),
+    }
+    both = render_inference_service(service([{"name": "llama-pd"}, {"name": "llama"}]), deployments)
+    args = router_args(both)
+    assert args[args.index("--drain-timeout") + 1] == "300"
+    assert router(both)["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 310
+    alone = render_inference_service(service([{"name": "llama-pd"}]), deployments)
+    assert router(alone)["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 60
+
+
 def test_backend_services_are_the_ones_rendered_for_the_deployments() -> None:
     md = model_deployment(disaggregated_spec(), name="llama-pd")
     engine_services = {

@@ -353,6 +353,25 @@ def test_a_rollout_without_a_spare_gpu_takes_replicas_down_as_the_spec_says() ->
 
 
 @pytest.mark.parametrize(
+    ("engine", "flag"), [("vllm", "--shutdown-timeout"), ("sim", "--drain-timeout")]
+)
+def test_a_replica_going_away_drains_its_streams_as_long_as_the_spec_says(
+    engine: str, flag: str
+) -> None:
+    def drained(spec: ModelDeploymentSpec) -> tuple[str, int]:
+        pod = render(spec)[-1]["spec"]["template"]["spec"]
+        args = pod["containers"][0]["args"]
+        return args[args.index(flag) + 1], pod["terminationGracePeriodSeconds"]
+
+    # The engine drains (vLLM's default, 0, aborts every stream on SIGTERM); the pod's grace
+    # holds the preStop sleep, the drain and the exit.
+    assert drained(spec_on(engine)) == ("50", 60)
+    assert drained(spec_on(engine, rollout={"drainSeconds": 600})) == ("600", 610)
+    with pytest.raises(ValueError, match=r"rollout\.drainSeconds"):
+        spec_on(engine, rollout={"drainSeconds": -1})
+
+
+@pytest.mark.parametrize(
     ("engine", "path"),
     [("vllm", "/metrics"), ("sim", "/metrics"), ("tensorrt-llm", "/prometheus/metrics")],
 )

@@ -447,9 +447,9 @@ class ModelDeploymentSpec(WireModel):
     )
     rollout: RolloutSpec | None = Field(
         default=None,
-        description="How a rollout replaces replicas. Unset: one surged replica at a time, "
-        "capacity never drops (a replica over several nodes: one group down at a time, none "
-        "surged).",
+        description="How a rollout replaces replicas, and how long a replica going away "
+        "drains its streams. Unset: one surged replica at a time, capacity never drops (a "
+        "replica over several nodes: one group down at a time, none surged), 50 s of drain.",
     )
     replicas: int = Field(
         default=1,
@@ -495,6 +495,10 @@ class ModelDeploymentSpec(WireModel):
 
     def max_model_length(self) -> int:
         return self.batching.max_model_length or self.architecture().max_context_length
+
+    def drain_seconds(self) -> int:
+        """How long a replica going away serves on the streams it holds (`spec.rollout`)."""
+        return (self.rollout or RolloutSpec()).drain_seconds
 
 
 def _replica_fits_nodes(s: ModelDeploymentSpec) -> bool:

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Final
+
 from pydantic import Field
 
 from inferfleet.api.common import MAX_REPLICAS, CrossFieldRule, WireModel
+
+DEFAULT_DRAIN_SECONDS: Final = 50
+MAX_DRAIN_SECONDS: Final = 24 * 3600
 
 
 class RolloutSpec(WireModel):
@@ -24,6 +29,16 @@ class RolloutSpec(WireModel):
         ge=0,
         le=MAX_REPLICAS,
         description="Replicas that may stop serving at a time during a rollout.",
+    )
+    drain_seconds: int = Field(
+        default=DEFAULT_DRAIN_SECONDS,
+        ge=0,
+        le=MAX_DRAIN_SECONDS,
+        description="How long a replica that goes away (a rollout, a scale-in, a node drain) "
+        "keeps serving the streams it holds once the routers stop sending it requests, before "
+        "those still running are cut: the engine's own drain timeout (vLLM's "
+        "--shutdown-timeout), within the pod's grace. Longer streams need more; every replica "
+        "going away holds its GPUs that long at most.",
     )
 
 

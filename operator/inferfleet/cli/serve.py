@@ -74,6 +74,12 @@ def sim_engine_command(
             "reserved as vLLM's is). Repeatable."
         ),
     ] = None,
+    drain_timeout: Annotated[
+        float,
+        typer.Option(
+            help="Seconds in-flight requests may finish after SIGTERM (vLLM's --shutdown-timeout)."
+        ),
+    ] = 30.0,
 ) -> None:
     """Serve a CPU emulation of a vLLM engine: the OpenAI API and vLLM's metrics, with timing
     from the performance model (the `sim` engine of a ModelDeployment)."""
@@ -115,7 +121,7 @@ def sim_engine_command(
     sim_server.run(
         config, model_name or model, engine_role, host=host, port=port,
         prefix_caching=prefix_caching, api_key=api_key or None,
-        adapters=[a.name for a in spec.adapters],
+        adapters=[a.name for a in spec.adapters], drain_timeout_s=drain_timeout,
     )  # fmt: skip
 
 

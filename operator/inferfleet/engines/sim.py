@@ -86,6 +86,7 @@ def build(
         _on_off("prefix-caching", spec.prefix_caching),
         "--role", role.value,
         "--port", str(ENGINE_PORT),
+        "--drain-timeout", str(spec.drain_seconds()),
     ]  # fmt: skip
     for adapter in spec.adapters:
         args += ["--adapter", f"{adapter.name}={adapter.rank}"]

@@ -21,6 +21,8 @@ batching.chunkedPrefill         --enable-chunked-prefill | --no-...             
 batching.maxModelLength         --max-model-len                                 [model]
 prefixCaching                   --enable-prefix-caching | --no-...              [cache]
 gpu.memoryUtilization           --gpu-memory-utilization                        [cache]
+rollout.drainSeconds            --shutdown-timeout (int s; its default, 0,     [engine]
+                                aborts every in-flight request on SIGTERM)
 adapters                        --enable-lora, --max-loras (all of them),      [lora]
                                 --max-lora-rank (rounded up to a rank vLLM
                                 takes), --lora-modules NAME=SOURCE ...
@@ -37,8 +39,11 @@ topology prefill/decode         --kv-transfer-config '{"kv_connector":          
 [lora] vllm/config/lora.py `LoRAConfig` (max_loras, max_lora_rank and its allowed values) and
   `--lora-modules` (vllm/entrypoints/openai/cli_args.py, `name=path` entries);
 [speculative] vllm/config/speculative.py `SpeculativeMethod` (ngram, draft_model, eagle,
-  eagle3, mtp); [kv_transfer] vllm/config/kv_transfer.py `KVTransferConfig` (kv_role) and
-  NixlConnector in vllm/distributed/kv_transfer/kv_connector/factory.py.
+  eagle3, mtp); [engine] `EngineArgs.add_cli_args` (vllm/engine/arg_utils.py) into
+  `VllmConfig.shutdown_timeout` (vllm/config/vllm.py: running requests may complete for up to
+  that long, the rest are aborted); [kv_transfer] vllm/config/kv_transfer.py
+  `KVTransferConfig` (kv_role) and NixlConnector in
+  vllm/distributed/kv_transfer/kv_connector/factory.py.
 Endpoints: GET /health (vllm/entrypoints/serve/instrumentator/health.py), Prometheus text at
 /metrics (.../instrumentator/metrics.py).
 
@@ -188,6 +193,8 @@ def build(
         _on_off("enable-chunked-prefill", batching.chunked_prefill),
         _on_off("enable-prefix-caching", spec.prefix_caching),
         "--gpu-memory-utilization", str(spec.gpu.memory_utilization),
+        # On SIGTERM, in-flight requests finish within this (its default, 0, aborts them).
+        "--shutdown-timeout", str(spec.drain_seconds()),
     ]  # fmt: skip
     speculative = speculative_config(spec, draft)
     if speculative is not None:

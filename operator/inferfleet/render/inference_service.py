@@ -41,6 +41,7 @@ from inferfleet.api.inference_service import (
     TenantPriority,
 )
 from inferfleet.api.model_deployment import ENGINE_API_KEY, ModelDeployment, TopologyMode
+from inferfleet.api.rollout import DEFAULT_DRAIN_SECONDS
 from inferfleet.engines import ENGINE_PORT, PORT_NAME, roles_of
 from inferfleet.render.common import (
     LABEL_COMPONENT,
@@ -65,7 +66,11 @@ from inferfleet.render.common import (
     rolling_update,
     spec_hash,
 )
-from inferfleet.render.model_deployment import engine_name, served_model_name
+from inferfleet.render.model_deployment import (
+    engine_name,
+    served_model_name,
+    termination_grace_seconds,
+)
 from inferfleet.render.network import NetworkIsolation, router_network_policies
 from inferfleet.render.wake import wake_config_map_name
 from inferfleet.router.config import ADMIN_PORT, DiscoveryMode
@@ -166,6 +171,7 @@ def router_args(
     if discovery != DiscoveryMode.ENDPOINT_SLICES:
         args += ["--discovery", discovery.value]
     args += backend_args(resolved)
+    args += ["--drain-timeout", str(router_drain_seconds(resolved))]
     if slo.ttft_p95_ms is not None:
         args += ["--slo-ttft-p95-ms", f"{slo.ttft_p95_ms:g}"]
     if slo.tpot_p95_ms is not None:
@@ -175,6 +181,12 @@ def router_args(
         args += ["--wake-timeout", str(isvc.spec.autoscaling.wake_timeout_seconds)]
         args += ["--wake-config-map", wake_config_map_name(str(isvc.metadata["name"]))]
     return args + tenant_args(isvc.spec.tenants)
+
+
+def router_drain_seconds(resolved: Sequence[tuple[DeploymentRef, ModelDeployment]]) -> int:
+    """How long a router going away lets its streams run on: as long as its slowest-draining
+    deployment's engines do."""
+    return max((md.spec.drain_seconds() for _, md in resolved), default=DEFAULT_DRAIN_SECONDS)
 
 
 def may_sleep(
@@ -362,8 +374,11 @@ def router_deployment(
                     },
                 }
             ],
-            # In-flight streams finish before the router exits.
-            "terminationGracePeriodSeconds": 60,
+            # In-flight streams finish before the router exits: it says 503 on /health as long
+            # as an engine's preStop sleep lasts, then drains as its slowest engines do.
+            "terminationGracePeriodSeconds": termination_grace_seconds(
+                router_drain_seconds(resolved)
+            ),
         },
     }
     digest = spec_hash({"template": template})

@@ -121,13 +121,20 @@ class Placement:
 
 
 IMAGE_PULL_ALLOWANCE_SECONDS: Final = 600
-TERMINATION_GRACE_SECONDS: Final = 60
-"""Time for a deleted engine pod to end: its preStop sleep, then its in-flight requests
-finished after SIGTERM."""
 PRE_STOP_SLEEP_SECONDS: Final = 5
 """How long a deleted engine pod (a scale-in, a rollout) keeps serving before SIGTERM: the
 endpoints controller and the routers stop sending it requests first, so none reaches a
 listener that has closed; its streams run on meanwhile, and drain after SIGTERM."""
+EXIT_MARGIN_SECONDS: Final = 5
+"""Beyond the drain, for the process to exit before the kubelet's SIGKILL."""
+
+
+def termination_grace_seconds(drain_seconds: int) -> int:
+    """Time for a deleted pod to end: its preStop sleep, its streams drained after SIGTERM
+    (the engine's drain timeout), and the exit."""
+    return PRE_STOP_SLEEP_SECONDS + drain_seconds + EXIT_MARGIN_SECONDS
+
+
 REVISION_HISTORY_LIMIT: Final = 3
 STARTUP_BUDGET_FACTOR: Final = 2
 """How much longer than its estimated cold start an engine may take to become healthy before
@@ -429,7 +436,7 @@ def engine_pod_spec(
         "containers": [container],
         "nodeSelector": selector,
         "tolerations": [dict(GPU_TOLERATION)],
-        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+        "terminationGracePeriodSeconds": termination_grace_seconds(spec.drain_seconds()),
     }
     if volumes:
         pod["volumes"] = sorted(volumes, key=lambda v: str(v["name"]))
