@@ -329,8 +329,8 @@ def observe(
 
     MFU: 2 x active parameters FLOPs per token processed (prompt and output), over the GPUs'
     peak (attention FLOPs left out, so a lower bound). MBU: the weights are read once per
-    decode step, and a replica takes `generation tokens/s / running sequences` steps per
-    second; KV-cache reads are left out (a lower bound too). Cost per tenant: the GPUs' cost
+    decode step, at the steps a replica takes while it decodes (`advice.measured_mbu`);
+    KV-cache reads are left out (a lower bound too). Cost per tenant: the GPUs' cost
     shared by the tokens each tenant was served (`tenant_tokens`, `tenant_usage`)."""
     gpus = flops = peak_flops = bytes_read = peak_bytes = hourly = tokens = 0.0
     for deployment in usage:
