@@ -460,6 +460,7 @@ def test_sim_args_are_the_emulators_options(role: Role) -> None:
         *(["--method"] if spec.precision.method else []),
         "--kv-cache", "--max-sequences", "--max-batched-tokens", "--max-model-length",
         "--memory-utilization", "--chunked-prefill", "--prefix-caching", "--role", "--port",
+        "--drain-timeout",
     ]  # fmt: skip
     assert flag_value(args, "--role") == role.value
     assert flag_value(args, "--model") == spec.model.name

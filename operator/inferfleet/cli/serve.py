@@ -37,6 +37,13 @@ def _adapter_settings(entries: list[str]) -> list[dict[str, Any]]:
     return adapters
 
 
+EngineDrainTimeout = Annotated[
+    float,
+    typer.Option(help="Seconds in-flight requests may finish after SIGTERM (vLLM's "
+                 "--shutdown-timeout)."),
+]  # fmt: skip
+
+
 @app.command("sim-engine")
 def sim_engine_command(
     model: Annotated[str, typer.Option(help="Catalog model name, e.g. llama-3.1-8b.")],
@@ -74,12 +81,7 @@ def sim_engine_command(
             "reserved as vLLM's is). Repeatable."
         ),
     ] = None,
-    drain_timeout: Annotated[
-        float,
-        typer.Option(
-            help="Seconds in-flight requests may finish after SIGTERM (vLLM's --shutdown-timeout)."
-        ),
-    ] = 30.0,
+    drain_timeout: EngineDrainTimeout = 30.0,
 ) -> None:
     """Serve a CPU emulation of a vLLM engine: the OpenAI API and vLLM's metrics, with timing
     from the performance model (the `sim` engine of a ModelDeployment)."""
