@@ -139,11 +139,18 @@ class Fleet:
         }
 
     def healthy_ips(self, namespace: str, selector: str) -> list[str]:
+        """Pods Ready (their own process probed by the agent) that answer on their address.
+        The address alone is not enough: the local fleet hands a deleted pod's address to
+        the next pod at once, and the deleted pod's process may answer there while it drains."""
         pods = self.kubectl.json("get", "pods", "-n", namespace, "-l", selector)["items"]
         ips = []
         for pod in pods:
             ip = pod["status"].get("podIP")
-            if pod["status"].get("phase") != "Running" or not ip:
+            ready = any(
+                c.get("type") == "Ready" and c.get("status") == "True"
+                for c in pod["status"].get("conditions") or []
+            )
+            if pod["status"].get("phase") != "Running" or not ip or not ready:
                 continue
             try:
                 if httpx.get(f"http://{ip}:{PORT}/health", timeout=1.0).status_code == 200:
