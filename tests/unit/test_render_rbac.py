@@ -74,6 +74,8 @@ EXPECTED: Grants = {
     ("", "secrets"): {"create", "delete"},
     ("policy", "poddisruptionbudgets"): WRITE,
     ("", "pods"): {"get", "list", "watch", "patch"},
+    ("", "persistentvolumeclaims"): WRITE,
+    ("batch", "jobs"): WRITE,
     ("", "resourcequotas"): {"get", "list", "watch"},
     ("", "serviceaccounts"): WRITE,
     ("rbac.authorization.k8s.io", "roles"): WRITE,
@@ -121,6 +123,8 @@ def test_the_operator_writes_every_kind_it_renders() -> None:
         "Role": ("rbac.authorization.k8s.io", "roles"),
         "RoleBinding": ("rbac.authorization.k8s.io", "rolebindings"),
         "NetworkPolicy": ("networking.k8s.io", "networkpolicies"),
+        "PersistentVolumeClaim": ("", "persistentvolumeclaims"),
+        "Job": ("batch", "jobs"),
     }
     for rendered in KIND_ORDER:
         if rendered == "Secret":

@@ -32,6 +32,7 @@ from inferfleet.api.model_spec import (
 from inferfleet.api.plan_status import CapacityPlanStatus
 from inferfleet.api.rollout import RolloutSpec
 from inferfleet.api.scheduling import SchedulingSpec
+from inferfleet.api.weight_cache import WeightCacheStatus
 
 KIND = "ModelDeployment"
 PLURAL = "modeldeployments"
@@ -762,6 +763,9 @@ class ModelDeploymentStatus(StatusModel):
         description="Secrets the operator created with generated data for this deployment "
         "(the SSH keys of a replica over several nodes): deleted once it no longer renders "
         "them.",
+    )
+    weight_cache: WeightCacheStatus | None = Field(
+        default=None, description="The fill of the weight cache (spec.model.cache)."
     )
 
 

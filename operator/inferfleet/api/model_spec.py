@@ -11,6 +11,7 @@ from pydantic import Field
 
 from inferfleet.api.catalog import ModelArchitecture, catalog_models
 from inferfleet.api.common import CrossFieldRule, WireModel
+from inferfleet.api.weight_cache import WeightCache
 
 MODEL_NAME_PATTERN = r"^[a-z0-9]([a-z0-9.\-]*[a-z0-9])?$"
 
@@ -91,6 +92,18 @@ class ModelSpec(WireModel):
         "the catalog entry of `name`; the rules that need the shape are then checked by the "
         "operator, not at apply.",
     )
+    cache: WeightCache | None = Field(
+        default=None,
+        description="Fill a PersistentVolumeClaim once with the weights of an hf:// source; "
+        "every replica then reads them from it instead of downloading them at each start. "
+        "Replicas wait at zero until the fill completes.",
+    )
+
+    @property
+    def weight_source(self) -> WeightSource | None:
+        """Where a replica's weights come from when it starts: a cached hub source is read
+        from its volume."""
+        return WeightSource.CACHE if self.cache is not None else WeightSource.of(self.source)
 
 
 # The LoRA ranks vLLM's --max-lora-rank takes; an adapter's rank is rounded up to one.
@@ -146,6 +159,13 @@ MODEL_RULES: tuple[CrossFieldRule[ModelSpec], ...] = (
         message="give model.architecture or model.architectureFrom, not both",
         holds=lambda m: m.architecture is None or m.architecture_from is None,
         field_path=".architectureFrom",
+    ),
+    CrossFieldRule(
+        cel="!has(self.cache) || self.source.startsWith('hf://')",
+        message="model.cache fills a volume from a model hub: it needs an hf:// source (a "
+        "pvc:// source is read from its volume already)",
+        holds=lambda m: m.cache is None or m.source.startswith("hf://"),
+        field_path=".cache",
     ),
 )
 ModelSpec.cross_field_rules = MODEL_RULES

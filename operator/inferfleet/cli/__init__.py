@@ -8,6 +8,7 @@ from inferfleet.cli import specs
 from inferfleet.cli import serve
 from inferfleet.cli import cluster
 from inferfleet.cli import bench
+from inferfleet.cli import weights
 
 # isort: on
 from inferfleet.cli.common import (
@@ -29,6 +30,7 @@ __all__ = [
     "main",
     "serve",
     "specs",
+    "weights",
 ]
 
 

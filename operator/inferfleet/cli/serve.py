@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 
 from inferfleet.cli.common import EXIT_INVALID, GPU_CATALOG_HELP, app, load_gpu_catalog
-from inferfleet.engines.common import DEFAULT_SIM_ENGINE_IMAGE
+from inferfleet.engines.common import DEFAULT_SIM_ENGINE_IMAGE, DEFAULT_WEIGHTS_IMAGE
 from inferfleet.render import DEFAULT_ROUTER_IMAGE, GPU_PRODUCT_LABEL
 from inferfleet.router.config import ADMIN_PORT, DiscoveryMode, RouterConfig, parse_backends
 from inferfleet.router.tenants import parse_tenant
@@ -274,6 +274,22 @@ RouterImage = Annotated[
         help="Image of the routers it renders (where this install pushed it).",
     ),
 ]
+WeightsImage = Annotated[
+    str,
+    typer.Option(
+        envvar="INFERFLEET_WEIGHTS_IMAGE",
+        help="Image whose `inferfleet weights` fills weight caches and holds replicas until "
+        "they are filled (this install's operator image).",
+    ),
+]
+HfEndpoint = Annotated[
+    str | None,
+    typer.Option(
+        envvar="INFERFLEET_HF_ENDPOINT",
+        help="A Hugging Face Hub mirror for weight downloads and fills (HF_ENDPOINT); "
+        "default: the Hub.",
+    ),
+]
 SimEngineImage = Annotated[
     str,
     typer.Option(
@@ -367,6 +383,8 @@ def run_command(
     metrics_address: MetricsAddress = "127.0.0.1",
     router_image: RouterImage = DEFAULT_ROUTER_IMAGE,
     sim_engine_image: SimEngineImage = DEFAULT_SIM_ENGINE_IMAGE,
+    weights_image: WeightsImage = DEFAULT_WEIGHTS_IMAGE,
+    hf_endpoint: HfEndpoint = None,
     network_policies: NetworkPolicies = False,
     prometheus_namespace: PrometheusNamespaces = None,
     gpu_node_label: GpuNodeLabel = GPU_PRODUCT_LABEL,
@@ -405,18 +423,15 @@ def run_command(
     install = InstallSettings(
         router_image=router_image,
         router_discovery=router_discovery,
-        engines=EngineOptions(sim_engine_image=sim_engine_image),
+        engines=EngineOptions(
+            sim_engine_image=sim_engine_image, weights_image=weights_image, hf_endpoint=hf_endpoint
+        ),
         network=NetworkIsolation(tuple(prometheus_namespace or ())) if network_policies else None,
         placement=Placement(gpu_node_label or None),
         gpus=gpus,
     )
-    election = (
-        LeaderElection(
-            namespace=leader_election_namespace or default_namespace(),
-            name=leader_election_id,
-            owner=leader_election_owner,
-        )
-        if leader_elect
-        else None
-    )
+    election: LeaderElection | None = None
+    if leader_elect:
+        lease_namespace = leader_election_namespace or default_namespace()
+        election = LeaderElection(lease_namespace, leader_election_id, leader_election_owner)
     operator.run(namespace or (), liveness, install, autoscaler, election)

@@ -66,6 +66,10 @@ DEFAULT_SIM_ENGINE_IMAGE: Final = f"inferfleet/sim-engine:{__version__}"
 """`inferfleet` is a placeholder registry namespace: an install names where it pushed the image
 (`inferfleet run --sim-engine-image`, the chart's `image.registry`)."""
 
+DEFAULT_WEIGHTS_IMAGE: Final = f"inferfleet/operator:{__version__}"
+"""The image whose `inferfleet weights` fills a weight cache and holds replicas until it is
+filled (`inferfleet run --weights-image`, the chart's operator image)."""
+
 DEFAULT_COLD_START_SECONDS: Final = 1200
 """Budget from container start to a healthy engine: pulling and loading a 70B checkpoint, then
 compiling and capturing CUDA graphs, takes 10+ minutes on a cold node."""
@@ -92,6 +96,9 @@ class EngineOptions:
     hf_token_key: str = DEFAULT_HF_TOKEN_KEY
     cold_start_seconds: int = DEFAULT_COLD_START_SECONDS
     sim_engine_image: str = DEFAULT_SIM_ENGINE_IMAGE
+    weights_image: str = DEFAULT_WEIGHTS_IMAGE
+    hf_endpoint: str | None = None
+    """A Hugging Face Hub mirror that downloads use (`HF_ENDPOINT`); None: the Hub."""
 
     def __post_init__(self) -> None:
         if self.cold_start_seconds < STARTUP_PROBE_PERIOD_SECONDS:
@@ -203,22 +210,21 @@ def adapter_sources(spec: ModelDeploymentSpec) -> list[tuple[str, ResolvedSource
     ]
 
 
+def hub_env(options: EngineOptions) -> list[dict[str, Any]]:
+    """What a download from the hub needs: the install's token by reference (where the
+    Secret exists: gated models need it), and the install's hub mirror where it has one."""
+    token = {"name": options.hf_token_secret, "key": options.hf_token_key, "optional": True}
+    env: list[dict[str, Any]] = [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": token}}]
+    if options.hf_endpoint is not None:
+        env.append({"name": "HF_ENDPOINT", "value": options.hf_endpoint})
+    return env
+
+
 def source_env(sources: list[ResolvedSource], options: EngineOptions) -> list[dict[str, Any]]:
-    """Hub settings: the cache on the model volume and the token by reference, or offline."""
+    """Hub settings: the cache on the model volume and the hub's, or offline."""
     env: list[dict[str, Any]] = [{"name": "HF_HOME", "value": MODEL_CACHE_DIR}]
     if any(source.from_hub for source in sources):
-        env.append(
-            {
-                "name": "HF_TOKEN",
-                "valueFrom": {
-                    "secretKeyRef": {
-                        "name": options.hf_token_secret,
-                        "key": options.hf_token_key,
-                        "optional": True,
-                    }
-                },
-            }
-        )
+        env += hub_env(options)
     else:
         env.append({"name": "HF_HUB_OFFLINE", "value": "1"})
     return env

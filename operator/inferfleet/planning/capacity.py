@@ -14,7 +14,6 @@ from dataclasses import dataclass, replace
 from inferfleet.api.catalog import GpuCatalog
 from inferfleet.api.inference_service import LoadSpec
 from inferfleet.api.model_deployment import ModelDeploymentSpec, Role, TopologyMode
-from inferfleet.api.model_spec import WeightSource
 from inferfleet.planning.coldstart import ColdStartEstimate, estimate_cold_start
 from inferfleet.planning.load import OperatingPoint, operating_point
 from inferfleet.planning.memory import MemoryPlan, kv_bytes_per_token, plan_memory
@@ -243,7 +242,7 @@ def plan(
         slo=slo or Slo(),
         efficiency=efficiency,
     )
-    source = WeightSource.of(spec.model.source)
+    source = spec.model.weight_source
     if source is None:
         return capacity
     return replace(capacity, cold_start=estimate_cold_start(config, source, spec.engine.name))

@@ -84,6 +84,8 @@ CHILD_KINDS = (
     ("rbac.authorization.k8s.io/v1", "Role"),
     ("rbac.authorization.k8s.io/v1", "RoleBinding"),
     ("networking.k8s.io/v1", "NetworkPolicy"),
+    ("v1", "PersistentVolumeClaim"),
+    ("batch/v1", "Job"),
     (LWS_API_VERSION, LWS_KIND),
 )
 """What the operator renders for its resources: it watches them, to reconcile their owner when

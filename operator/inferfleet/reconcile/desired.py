@@ -45,6 +45,7 @@ from inferfleet.autoscale.ownership import Claim, autoscaling_owner, recorded_au
 from inferfleet.engines import roles_of
 from inferfleet.planning.capacity import CapacityPlan, plan
 from inferfleet.reconcile.events import Event
+from inferfleet.reconcile.fill import FillState, weight_cache_status
 from inferfleet.reconcile.status import (
     Blocked,
     PinState,
@@ -104,6 +105,8 @@ class Child:
     serving: bool | None = None
     """An InferenceService's router Deployment: whether a router pod is available (the
     service's endpoint answers)."""
+    fill: FillState | None = None
+    """Of a weight cache: its fill Job's end, its volume's phase, the fill's last push."""
 
     @property
     def read_by_owner(self) -> tuple[object, ...]:
@@ -126,7 +129,7 @@ class Child:
         )
         return (
             self.key, self.owner_uid, self.applied_hash, self.replicas, self.role, self.serving,
-            rollout,
+            rollout, self.fill,
         )  # fmt: skip
 
 
@@ -470,6 +473,7 @@ def model_deployment_outcome(
         unschedulable={r: why for r, why in unschedulable.items() if r in roles},
         autoscaling=_autoscaling_record(owner, decided),
         generated_secrets=generated,
+        weight_cache=weight_cache_status(objects, _fills(space.children), md.spec.model.source),
     ).to_wire()
     events = _condition_events(previous.get("conditions") or [], status["conditions"])
     # Once per generation: until the status records it, every reconcile computes it again, and
@@ -493,6 +497,10 @@ def model_deployment_outcome(
         generate=generate,
         retire=retire,
     )
+
+
+def _fills(children: Sequence[Child]) -> dict[str, FillState]:
+    return {child.key.name: child.fill for child in children if child.fill is not None}
 
 
 def _generated_secrets(

@@ -12,6 +12,7 @@ from inferfleet.api.model_deployment import KIND as MODEL_DEPLOYMENT
 from inferfleet.api.model_deployment import Role
 from inferfleet.kube import quantity
 from inferfleet.reconcile.desired import APPLIED_HASH_ANNOTATION, Child, ObjectKey
+from inferfleet.reconcile.fill import fill_state
 from inferfleet.reconcile.status import RoleProgress
 from inferfleet.render.common import LABEL_MODEL_DEPLOYMENT, LABEL_ROLE, WORKLOAD_KINDS
 
@@ -48,6 +49,7 @@ def child_entries(namespace: str, obj: Mapping[str, Any]) -> dict[Any, Any]:
         serving=RoleProgress.from_workload(obj).available > 0
         if workload and owner.get("kind") == INFERENCE_SERVICE
         else None,
+        fill=fill_state(obj) if owner.get("kind") == MODEL_DEPLOYMENT else None,
     )
     return {("owner", namespace, child.owner_uid): child, ("name", namespace, key): child.owner_uid}
 

@@ -22,7 +22,9 @@ from inferfleet.api.model_deployment import (
     RoleStatus,
 )
 from inferfleet.api.plan_status import CapacityPlanStatus, ColdStartEstimateStatus, MemoryBreakdown
+from inferfleet.api.weight_cache import FillPhase, WeightCacheStatus
 from inferfleet.planning.capacity import CapacityPlan
+from inferfleet.reconcile.fill import weights_cached_condition
 
 GIB = 1024**3
 
@@ -182,14 +184,13 @@ def model_deployment_status(
     unschedulable: Mapping[Role, str] | None = None,
     autoscaling: AutoscalingStatus | None = None,
     generated_secrets: Sequence[str] = (),
+    weight_cache: WeightCacheStatus | None = None,
 ) -> ModelDeploymentStatus:
     """The whole status. `unschedulable`: per role, the scheduler's reason for pods it cannot
     place; `autoscaling`: the record of the InferenceService whose decision is applied;
     `generated_secrets`: the names of the Secrets with generated data it has."""
     conditions_before: Sequence[Mapping[str, Any]] = previous.get("conditions") or []
     fits = plan.memory.fits
-    rolled_out = bool(roles) and all(progress.rolled_out for progress in roles.values())
-    unready = {role: p for role, p in roles.items() if p.ready < p.desired}
     serving = roles.get(serving_role, RoleProgress(desired=0))
 
     def cond(type_: str, status: bool, reason: str, message: str) -> dict[str, Any]:
@@ -198,20 +199,7 @@ def model_deployment_status(
             generation=generation, now=now,
         )  # fmt: skip
 
-    if blocked:
-        ready = cond("Ready", False, blocked.reason, blocked.message)
-        progressing = cond("Progressing", False, blocked.reason, blocked.message)
-    elif rolled_out and all(p.desired == 0 for p in roles.values()):
-        idle = "no replica runs; the service's router holds requests while the pools wake"
-        ready = cond("Ready", True, "ScaledToZero", idle)
-        progressing = cond("Progressing", False, "RolloutComplete", _replicas_message(roles))
-    elif rolled_out:
-        ready = cond("Ready", True, "AllReplicasReady", _replicas_message(roles))
-        progressing = cond("Progressing", False, "RolloutComplete", _replicas_message(roles))
-    else:
-        waiting = ", ".join(f"{r.value} {p.ready}/{p.desired} ready" for r, p in unready.items())
-        ready = cond("Ready", False, "ReplicasNotReady", waiting or "rollout in progress")
-        progressing = cond("Progressing", True, "RollingOut", waiting or "updating replicas")
+    ready, progressing = _rollout(cond, roles, blocked, weight_cache)
     conditions = [
         ready,
         cond("Fits", fits, "Fits" if fits else "DoesNotFit", plan.memory.verdict()),
@@ -219,6 +207,12 @@ def model_deployment_status(
         _degraded(cond, roles, unschedulable or {}),
         _pinned(cond, pin or PinState()),
     ]
+    if weight_cache is not None:
+        conditions.append(
+            weights_cached_condition(
+                conditions_before, weight_cache, generation=generation, now=now
+            )
+        )
     fields = {
         "observedGeneration": generation,
         "conditions": conditions,
@@ -232,11 +226,42 @@ def model_deployment_status(
         "plan": plan_status(plan),
         "autoscaling": autoscaling,
         "generatedSecrets": sorted(generated_secrets) or None,
+        "weightCache": weight_cache,
     }
     # An absent field, not a null: the status model refuses nulls as the API server does.
     return ModelDeploymentStatus.model_validate(
         {key: value for key, value in fields.items() if value is not None}
     )
+
+
+def _rollout(
+    cond: Any,
+    roles: Mapping[Role, RoleProgress],
+    blocked: Blocked | None,
+    weight_cache: WeightCacheStatus | None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`Ready` and `Progressing`."""
+    rolled_out = bool(roles) and all(progress.rolled_out for progress in roles.values())
+    unready = {role: p for role, p in roles.items() if p.ready < p.desired}
+    if blocked:
+        ready = cond("Ready", False, blocked.reason, blocked.message)
+        progressing = cond("Progressing", False, blocked.reason, blocked.message)
+    elif rolled_out and all(p.desired == 0 for p in roles.values()):
+        idle = "no replica runs; the service's router holds requests while the pools wake"
+        ready = cond("Ready", True, "ScaledToZero", idle)
+        progressing = cond("Progressing", False, "RolloutComplete", _replicas_message(roles))
+    elif rolled_out:
+        ready = cond("Ready", True, "AllReplicasReady", _replicas_message(roles))
+        progressing = cond("Progressing", False, "RolloutComplete", _replicas_message(roles))
+    elif weight_cache is not None and weight_cache.phase != FillPhase.FILLED:
+        # The replicas wait for the fill (`render.weight_cache`): said, rather than unready.
+        ready = cond("Ready", False, "WeightsNotCached", weight_cache.message)
+        progressing = cond("Progressing", True, "FillingWeightCache", weight_cache.message)
+    else:
+        waiting = ", ".join(f"{r.value} {p.ready}/{p.desired} ready" for r, p in unready.items())
+        ready = cond("Ready", False, "ReplicasNotReady", waiting or "rollout in progress")
+        progressing = cond("Progressing", True, "RollingOut", waiting or "updating replicas")
+    return ready, progressing
 
 
 QUOTA_REFUSAL = "exceeded quota"

@@ -187,8 +187,10 @@ KIND_ORDER: Final = (
     "NetworkPolicy",
     "ConfigMap",
     "Secret",
+    "PersistentVolumeClaim",
     "Service",
     "PodDisruptionBudget",
+    "Job",
     "Deployment",
     "LeaderWorkerSet",
 )

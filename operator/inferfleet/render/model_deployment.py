@@ -47,7 +47,6 @@ from inferfleet.api.model_deployment import (
     Role,
     TopologyMode,
 )
-from inferfleet.api.model_spec import WeightSource
 from inferfleet.api.scheduling import (
     EngineResources,
     NodeAffinity,
@@ -104,6 +103,7 @@ from inferfleet.render.multinode import (
     ssh_keys_secret_name,
 )
 from inferfleet.render.network import NetworkIsolation, engine_network_policy
+from inferfleet.render.weight_cache import WeightCacheObjects, cached_spec, render_weight_cache
 
 GPU_RESOURCE: Final = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL: Final = "nvidia.com/gpu.product"
@@ -147,7 +147,7 @@ def with_startup_budget(
     """The install's cold-start budget, or twice the spec's estimated cold start where that is
     longer: a checkpoint of hundreds of GB downloads for longer than any fixed budget, and a
     startup probe that gives up first restarts the download, for ever."""
-    source = WeightSource.of(spec.model.source)
+    source = spec.model.weight_source
     if source is None:
         return options
     estimate = estimate_cold_start(ReplicaConfig.from_spec(spec, gpus), source, spec.engine.name)
@@ -362,6 +362,23 @@ def scheduled(
     return pod
 
 
+def replica_placement(
+    spec: ModelDeploymentSpec, placement: Placement, gpus: GpuCatalog
+) -> dict[str, Any]:
+    """Where a replica's pods may run, without what they ask of a node: the GPU type's nodes
+    and taint, the spec's selector, affinity, tolerations, priority and pull secrets."""
+    selector = {}
+    if placement.gpu_node_label is not None:
+        selector[placement.gpu_node_label] = gpus[spec.gpu.type].node_product_label
+    pod: dict[str, Any] = {
+        "nodeSelector": selector, "tolerations": [dict(GPU_TOLERATION)], "containers": [{}],
+    }  # fmt: skip
+    if spec.scheduling is not None:
+        where = spec.scheduling.model_copy(update={"resources": None, "spread_across": None})
+        pod = scheduled(pod, where, {})
+    return {key: value for key, value in pod.items() if key != "containers" and value}
+
+
 def engine_resources(config: ReplicaConfig, gpus: int) -> dict[str, Any]:
     """GPUs as requested and limited; CPU and host memory requested in proportion (so the pod
     is not BestEffort, the first evicted when a node runs short): the weights' share, /dev/shm
@@ -407,6 +424,7 @@ def engine_pod_spec(
     placement: Placement,
     *,
     gpus: GpuCatalog,
+    cache: WeightCacheObjects | None = None,
 ) -> dict[str, Any]:
     config = ReplicaConfig.from_spec(spec, gpus)
     container = dict(engine.container)
@@ -425,6 +443,8 @@ def engine_pod_spec(
         volumes.append(
             {"name": ENGINE_CONFIG_VOLUME, "configMap": {"name": config_map_name(owner.name, role)}}
         )
+    if cache is not None:
+        volumes.append(cache.volume)
     selector = {}
     if placement.gpu_node_label is not None:
         product = gpus[spec.gpu.type].node_product_label
@@ -434,6 +454,7 @@ def engine_pod_spec(
         "enableServiceLinks": False,
         "securityContext": pod_security_context(engine.run_as_user),
         "containers": [container],
+        **({"initContainers": [cache.wait_container]} if cache else {}),
         "nodeSelector": selector,
         "tolerations": [dict(GPU_TOLERATION)],
         "terminationGracePeriodSeconds": termination_grace_seconds(spec.drain_seconds()),
@@ -456,11 +477,15 @@ def engine_deployment(
     *,
     placement: Placement | None = None,
     gpus: GpuCatalog | None = None,
+    cache: WeightCacheObjects | None = None,
 ) -> dict[str, Any]:
     labels = engine_labels(owner.name, role)
     pod = engine_pod_spec(
-        owner, spec, role, engine, placement or Placement(), gpus=gpus or GpuCatalog.builtin()
-    )
+        owner, spec, role, engine, placement or Placement(), gpus=gpus or GpuCatalog.builtin(),
+        cache=cache,
+    )  # fmt: skip
+    # A replica may wait for its weight cache's fill before it starts.
+    fill_s = cache.fill_seconds if cache else 0
     template = engine_pod_template(labels, pod, engine)
     digest = spec_hash({"template": template, "configFiles": engine.config_files})
     template["metadata"]["annotations"][SPEC_HASH_ANNOTATION] = digest
@@ -478,7 +503,9 @@ def engine_deployment(
                 *((spec.rollout.max_surge, spec.rollout.max_unavailable) if spec.rollout else ())
             ),
             "revisionHistoryLimit": REVISION_HISTORY_LIMIT,
-            "progressDeadlineSeconds": engine.cold_start_seconds + IMAGE_PULL_ALLOWANCE_SECONDS,
+            "progressDeadlineSeconds": (
+                engine.cold_start_seconds + IMAGE_PULL_ALLOWANCE_SECONDS + fill_s
+            ),
             "template": template,
         },
     }
@@ -513,6 +540,7 @@ def engine_group_set(
     nodes: int,
     placement: Placement,
     gpus: GpuCatalog,
+    cache: WeightCacheObjects | None = None,
 ) -> dict[str, Any]:
     """A role whose replica spans `nodes` nodes: one LeaderWorkerSet, a group per replica."""
     secret = ssh_keys_secret_name(owner) if needs_ssh_keys(spec) else None
@@ -522,12 +550,16 @@ def engine_group_set(
     # leaders would leave its own group's (`scheduling.groupTopology` keeps a group together).
     worker_pod = {
         key: value
-        for key, value in engine_pod_spec(owner, spec, role, worker, placement, gpus=gpus).items()
+        for key, value in engine_pod_spec(
+            owner, spec, role, worker, placement, gpus=gpus, cache=cache
+        ).items()
         if key != "topologySpreadConstraints"
     }
     templates = (
         engine_pod_template(
-            labels, engine_pod_spec(owner, spec, role, leader, placement, gpus=gpus), leader
+            labels,
+            engine_pod_spec(owner, spec, role, leader, placement, gpus=gpus, cache=cache),
+            leader,
         ),
         engine_pod_template(labels | {LABEL_NAME: ENGINE_WORKER_APP}, worker_pod, None),
     )
@@ -590,7 +622,12 @@ def render_model_deployment(
     counts = replicas_per_role(spec, replicas)
     placement = placement or Placement()
     options = with_startup_budget(options or EngineOptions(), spec, gpus)
-    objects: list[dict[str, Any]] = []
+    cache = render_weight_cache(
+        owner, spec, labels=deployment_labels(owner.name),
+        placement_pod=replica_placement(spec, placement, gpus), options=options, gpus=gpus,
+    )  # fmt: skip
+    objects: list[dict[str, Any]] = list(cache.objects) if cache else []
+    spec = cached_spec(spec, cache.claim) if cache else spec
     for role in roles_of(spec):
         engine = build_engine_container(
             spec, role, model_name=served_model_name(spec), options=options
@@ -602,7 +639,14 @@ def render_model_deployment(
             objects += [
                 engine_pod_disruption_budget(owner, role),
                 engine_deployment(
-                    owner, spec, role, engine, counts[role], placement=placement, gpus=gpus
+                    owner,
+                    spec,
+                    role,
+                    engine,
+                    counts[role],
+                    placement=placement,
+                    gpus=gpus,
+                    cache=cache,
                 ),
             ]
         else:
@@ -620,6 +664,7 @@ def render_model_deployment(
                     nodes=nodes,
                     placement=placement,
                     gpus=gpus,
+                    cache=cache,
                 ),
             ]
     if isolation is not None:

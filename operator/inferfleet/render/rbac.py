@@ -17,7 +17,8 @@ the operator's own namespace, without `patch`, `list` or `delete` (leader electi
 creates and replaces its one Lease; kopf peering is off, `settings.peering.standalone`); RBAC
 objects only to give each router a ServiceAccount that reads EndpointSlices, or pods and
 Services with `--router-discovery pods` (which the operator must then read itself: RBAC lets
-one grant only what one holds); no `update` but of the Lease (everything else is server-side
+one grant only what one holds), and each weight cache's fill one that patches its progress
+ConfigMap; no `update` but of the Lease (everything else is server-side
 apply, which is `patch`; `create` is kept for clients that create first).
 
 `rbac_files` is pure; a unit test compares the committed files with it.
@@ -130,6 +131,19 @@ NAMESPACED_RULES: Final = (
     ),
     Rule(
         ("",),
+        ("persistentvolumeclaims",),
+        _WRITE,
+        "a ModelDeployment's weight cache (model.cache): its volume, deleted with it or once "
+        "a change of source, class or access mode renders another",
+    ),
+    Rule(
+        ("batch",),
+        ("jobs",),
+        _WRITE,
+        "the Job that fills a weight cache; its end (Complete, Failed) for status",
+    ),
+    Rule(
+        ("",),
         ("resourcequotas",),
         ("get", "list", "watch"),
         "the GPUs a namespace's quota leaves: the autoscaler orders no more than that",
@@ -138,13 +152,15 @@ NAMESPACED_RULES: Final = (
         ("",),
         ("serviceaccounts",),
         _WRITE,
-        "each router's own identity, for finding its replicas",
+        "each router's own identity, for finding its replicas; a weight cache's fill's, for "
+        "pushing its progress",
     ),
     Rule(
         ("rbac.authorization.k8s.io",),
         ("rolebindings", "roles"),
         _WRITE,
-        "each router's read access to the EndpointSlices (or pods and Services) of its namespace",
+        "each router's read access to the EndpointSlices (or pods and Services) of its "
+        "namespace; a weight cache's fill's write access to its one progress ConfigMap",
     ),
     Rule(
         ("networking.k8s.io",),

@@ -11,7 +11,6 @@ from typing import Final
 from inferfleet.api.catalog import GpuCatalog
 from inferfleet.api.inference_service import InferenceServiceSpec, ReplicaBounds
 from inferfleet.api.model_deployment import ModelDeploymentSpec, Role, TopologyMode
-from inferfleet.api.model_spec import WeightSource
 from inferfleet.planning.capacity import Workload
 from inferfleet.planning.coldstart import estimate_cold_start
 from inferfleet.planning.performance import DEFAULT_EFFICIENCY, EfficiencyTerms
@@ -284,7 +283,7 @@ reads: the deployment is refused and serves nothing)."""
 
 def estimated_cold_start_s(md_spec: ModelDeploymentSpec, replica: ReplicaConfig) -> float:
     """The cold start estimated from where the deployment's weights come from and their size."""
-    source = WeightSource.of(md_spec.model.source)
+    source = md_spec.model.weight_source
     if source is None:
         return FALLBACK_COLD_START_S
     return estimate_cold_start(replica, source, md_spec.engine.name).seconds
