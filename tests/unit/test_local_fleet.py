@@ -923,7 +923,8 @@ def test_a_deleted_pods_process_serves_through_its_prestop_sleep_then_gets_sigte
     assert 1.0 <= waited < 1.0 + 2.0, waited
 
 
-# kwok's pod-ready stage in the shape `fleet_pod_stages` edits (a template of its own here).
+# kwok's pod-ready and pod-complete stages in the shape `fleet_pod_stages` edits (templates of
+# its own here).
 POD_READY_STAGE = """kind: Stage
 metadata:
   name: pod-ready
@@ -948,7 +949,34 @@ spec:
         name: {{ .name | Quote }}
         ready: true
       {{ end }}
+---
+kind: Stage
+metadata:
+  name: pod-complete
+spec:
+  selector:
+    matchExpressions:
+    - key: '.metadata.ownerReferences.[].kind'
+      operator: 'In'
+      values:
+      - 'Job'
+  next:
+    statusTemplate: |
+      phase: Succeeded
 """
+
+
+def test_with_the_fleet_a_job_pod_the_agent_runs_ends_as_its_process_ends() -> None:
+    edited = fleet_pod_stages(POD_READY_STAGE)
+    complete = edited[edited.index("name: pod-complete") :]
+    assert (
+        "    - key: '.spec.containers[0].command[1]'\n"
+        "      operator: 'NotIn'\n"
+        "      values:\n"
+        "      - 'weights'\n"
+    ) in complete
+    with pytest.raises(ValueError, match="pod-complete"):
+        fleet_pod_stages(POD_READY_STAGE.replace("'Job'", "'CronJob'"))
 
 
 def test_with_the_fleet_a_probed_pod_turns_running_unready_for_the_agent_to_make_ready() -> None:

@@ -310,6 +310,7 @@ class DevCluster:
         runtime: Runtime = Runtime.VENV,
         images: Path | None = None,
         operator: bool = True,
+        hf_endpoint: str | None = None,
     ) -> State:
         """On a running cluster: the CRDs, the operator's RBAC (deploy/rbac/cluster-wide.yaml),
         then the fleet agent, Prometheus, and the operator as its ServiceAccount (routers that
@@ -318,7 +319,9 @@ class DevCluster:
         `runtime=Runtime.OCI`: the agent runs pods from the images in `images` (default: built
         by tools/images/build.sh) through crun, and the operator is a pod of its image.
         `operator=False`: no operator at all, nor its CRDs (whoever installs the operator, a
-        chart, brings them); the published CRDs of the projects it renders for are installed."""
+        chart, brings them); the published CRDs of the projects it renders for are installed.
+        `hf_endpoint`: the model hub the operator's weight caches fill from (`inferfleet
+        run --hf-endpoint`; the dev cluster has no network: `devcluster.hub` serves one)."""
         state = self.state()
         if state is None or not processes.alive(state.pids.get("kube-apiserver", 0)):
             raise DevClusterError(f"no dev cluster runs from {self.state_dir}")
@@ -374,6 +377,7 @@ class DevCluster:
                 "--autoscale-interval", f"{autoscale_interval_s:g}",
                 "--metrics-window", f"{metrics_window_s:g}",
                 "--recent-metrics-window", f"{RECENT_METRICS_WINDOW_S:g}",
+                *(("--hf-endpoint", hf_endpoint) if hf_endpoint else ()),
             )  # fmt: skip
             self._wait_healthy("fleet-agent", state, certs, timeout_s)
             # Last: it reads the metrics of the services it autoscales from that Prometheus.
@@ -598,6 +602,7 @@ def running(
     images: Path | None = None,
     operator: bool = True,
     client_rate: ClientRateLimit | None = None,
+    hf_endpoint: str | None = None,
 ) -> Iterator[DevCluster]:
     """A cluster for the duration of a block, stopped however the block ends; with the
     fleet (agent, operator, Prometheus) when asked: see `DevCluster.start_fleet` for
@@ -622,6 +627,7 @@ def running(
                 runtime=runtime,
                 images=images,
                 operator=operator,
+                hf_endpoint=hf_endpoint,
             )
         yield cluster
     finally:

@@ -33,6 +33,9 @@ CONTROLLERS = (
     "taint-eviction-controller",
     "pod-garbage-collector-controller",
     "job-controller",
+    "persistentvolume-binder-controller",
+    "persistentvolumeclaim-protection-controller",
+    "persistentvolume-protection-controller",
     "statefulset-controller",
     "daemonset-controller",
     "clusterrole-aggregation-controller",
@@ -97,14 +100,30 @@ _PROBED: Final = (
 )
 
 
+_JOB_POD = """    - key: '.metadata.ownerReferences.[].kind'
+      operator: 'In'
+      values:
+      - 'Job'
+"""
+_NOT_RUN_BY_THE_FLEET = """    - key: '.spec.containers[0].command[1]'
+      operator: 'NotIn'
+      values:
+      - 'weights'
+"""
+
+
 def fleet_pod_stages(stages: str) -> str:
     """kwok's stages with a pod that has a readiness probe turning Running unready, as a
     kubelet starts it, for the fleet agent to make ready once its probe passes (kwok's own
     stage marks every pod Ready at once: a Deployment rolling out then takes a new pod for
-    available before anything answers, and replaces every old replica at once).
+    available before anything answers, and replaces every old replica at once); and with a
+    Job's pod that the agent runs (`inferfleet weights`) left to end as its process ends
+    (kwok's own stage completes every Job's pod at once).
 
-    Raises ValueError when kwok's pod-ready template is not the one this edits."""
-    edited = stages
+    Raises ValueError when kwok's pod-ready or pod-complete stage is not the one this edits."""
+    if stages.count(_JOB_POD) != 1:
+        raise ValueError("kwok's pod-complete stage does not select Jobs' pods as expected")
+    edited = stages.replace(_JOB_POD, _JOB_POD + _NOT_RUN_BY_THE_FLEET)
     for ready in _READY_BY_KWOK:
         if edited.count(ready) != 1:
             raise ValueError(f"kwok's pod-ready stage does not set {ready.strip()!r} once")

@@ -85,9 +85,8 @@ from tenacity import (
     wait_exponential,
 )
 
-from inferfleet.devcluster import kubelet_api, oci, processes
+from inferfleet.devcluster import kubelet_api, oci, processes, volumes
 from inferfleet.devcluster.pod_process import (
-    Kind,
     PodProcess,
     host_environment,
     oci_pod_process,
@@ -173,6 +172,8 @@ class PodSupervisor:
         self.report_ready = report_ready
         self.report_terminated = report_terminated
         self.restarts = 0
+        self._init_done = 0
+        """Init containers run to success so far."""
         self.grace_s = pod.grace_s
         self._stopping = threading.Event()
         self._secret_problems: dict[str, str] = {}
@@ -233,7 +234,7 @@ class PodSupervisor:
 
     def _environment(self) -> dict[str, str]:
         env = host_environment(os.environ) | dict(self.pod.env)
-        if self.pod.kind == Kind.ROUTER and self.pod.service_account is not None:
+        if self.pod.service_account is not None:
             directory = self.context.state_dir / "pods" / self.pod.files
             directory.mkdir(parents=True, exist_ok=True, mode=0o700)
             token = kubelet_api.request_token(
@@ -383,18 +384,40 @@ class PodSupervisor:
     def _run_once(self) -> None:
         if self._stopping.is_set():
             return
+        logs = self.context.state_dir / "logs" / "pods"
+        logs.mkdir(parents=True, exist_ok=True)
+        if not self._initialized(logs):
+            return
         if self.pod.image is not None:
             spec = self._container_spec()
         else:
             spec = ProcessSpec(self.pod.key, self.pod.argv, self._environment())
-        logs = self.context.state_dir / "logs" / "pods"
-        logs.mkdir(parents=True, exist_ok=True)
         try:
             self._supervise(processes.popen(spec, logs, bound_to_parent=True, inherit_env=False))
         finally:
             if self.pod.image is not None:
                 # crun forwards SIGTERM; after a SIGKILL of crun, this ends the container.
                 self._delete_container()
+
+    def _initialized(self, logs: Path) -> bool:
+        """Run the init containers not yet run to success, in order, as a kubelet runs them
+        once per pod; False when the pod was stopped meanwhile. One that fails raises, and is
+        run again after the backoff."""
+        for index in range(self._init_done, len(self.pod.init)):
+            spec = ProcessSpec(
+                f"{self.pod.key}_init-{index}", self.pod.init[index],
+                host_environment(os.environ),
+            )  # fmt: skip
+            process = processes.popen(spec, logs, bound_to_parent=True, inherit_env=False)
+            log.info("%s: init container %d started (pid %d)", self.pod.key, index, process.pid)
+            while process.poll() is None:
+                if self._stopping.wait(PROBE_INTERVAL_S):
+                    processes.stop([process.pid], grace_s=self.grace_s)
+                    return False
+            if process.returncode != 0:
+                raise ProcessExitedError(f"init container {index} exited with {process.returncode}")
+            self._init_done = index + 1
+        return True
 
     def _supervise(self, process: subprocess.Popen[bytes]) -> None:
         what = " ".join([Path(self.pod.argv[0]).name, *self.pod.argv[1:2]])
@@ -473,13 +496,16 @@ class FleetAgent:
         self._readied: set[str] = set()
         # Secret values of containers' environments, by (pod uid, Secret, key): read once.
         self._env_secrets: dict[tuple[str, str, str], str] = {}
+        # The directories of bound claims, by (namespace, claim).
+        self._claims: dict[tuple[str, str], Path] = {}
 
     def _process(self, pod: Mapping[str, Any]) -> PodProcess | None:
         images = self.context.images
-        if images is None:
-            return pod_process(pod, self.context.executable)
         metadata = pod.get("metadata") or {}
         namespace, uid = str(metadata.get("namespace", "")), str(metadata.get("uid", ""))
+        if images is None:
+            claims = functools.partial(self._claim_directory, namespace)
+            return pod_process(pod, self.context.executable, claims)
         process = oci_pod_process(
             pod, images.find, self.context.api_address,
             functools.partial(self._secret, namespace, uid),
@@ -488,6 +514,20 @@ class FleetAgent:
             containers = (pod.get("spec") or {}).get("containers") or [{}]
             self._report_once(pod, f"image {containers[0].get('image')!r} is not in {images}")
         return process
+
+    def _claim_directory(self, namespace: str, claim: str) -> Path | None:
+        """The directory of the volume bound to a claim (a binding never changes: kept)."""
+        known = self._claims.get((namespace, claim))
+        if known is not None:
+            return known
+        found = self.context.kube.get("v1", "PersistentVolumeClaim", claim, namespace) or {}
+        volume_name = (found.get("spec") or {}).get("volumeName")
+        volume = self.context.kube.get("v1", "PersistentVolume", str(volume_name)) or {}
+        path = ((volume.get("spec") or {}).get("hostPath") or {}).get("path")
+        if not volume_name or not path:
+            return None
+        self._claims[(namespace, claim)] = Path(path)
+        return Path(path)
 
     def _secret(self, namespace: str, uid: str, name: str, key: str) -> str:
         """A Secret's value for a container's environment, read once for the pod, as a kubelet
@@ -691,6 +731,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     signal.signal(signal.SIGINT, terminate)
     watcher = threading.Thread(target=agent.run, name="pod-watch", daemon=True)
     watcher.start()
+    provisioner = volumes.Provisioner(agent.context.kube, state_dir / "volumes", agent.stopped)
+    threading.Thread(target=provisioner.run, name="volume-provisioner", daemon=True).start()
     while watcher.is_alive():
         watcher.join(1.0)
 

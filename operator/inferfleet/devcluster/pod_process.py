@@ -15,7 +15,7 @@ from typing import Any, Final
 from inferfleet.devcluster import oci
 from inferfleet.devcluster.podspec import SecretValue, container_env, expand_references
 
-SUBCOMMANDS: Final = ("sim-engine", "router")
+SUBCOMMANDS: Final = ("sim-engine", "router", "weights")
 DEFAULT_GRACE_S: Final = 30.0
 # What a container needs from the host to start the venv's command, and nothing else.
 HOST_ENV: Final = ("PATH", "HOME", "LANG", "TMPDIR")
@@ -24,6 +24,15 @@ HOST_ENV: Final = ("PATH", "HOME", "LANG", "TMPDIR")
 class Kind(StrEnum):
     ENGINE = "sim-engine"
     ROUTER = "router"
+    WEIGHTS = "weights"
+    """A weight cache's fill or wait (`inferfleet weights`): no address, a volume."""
+
+
+SERVERS: Final = (Kind.ENGINE, Kind.ROUTER)
+"""What listens on the pod's address."""
+ClaimDirectory = Callable[[str], Path | None]
+"""The directory of this machine that serves a PersistentVolumeClaim of the pod's namespace
+(None: not bound to one yet)."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +73,9 @@ class PodProcess:
     launch: oci.Launch | None = None
     restart_policy: str = "Always"
     """The pod's `restartPolicy`: Always, OnFailure or Never (a `helm test` pod's)."""
+    init: tuple[tuple[str, ...], ...] = ()
+    """The argv of each init container, run to success in order before `argv`, once per
+    pod (the venv mode; only `inferfleet weights` ones)."""
 
     @property
     def key(self) -> str:
@@ -147,28 +159,92 @@ def pre_stop_sleep_s(container: Mapping[str, Any]) -> float:
     return float(seconds) if isinstance(seconds, int) and seconds > 0 else 0.0
 
 
-def pod_process(pod: Mapping[str, Any], executable: str) -> PodProcess | None:
+def pod_process(
+    pod: Mapping[str, Any], executable: str, claim_directory: ClaimDirectory | None = None
+) -> PodProcess | None:
     """The process to run for a pod: None unless it is Running with an address and its
-    first container runs `inferfleet sim-engine` or `inferfleet router`. `executable`
-    replaces the image's `inferfleet`."""
+    first container runs `inferfleet sim-engine`, `router` or `weights`. `executable`
+    replaces the image's `inferfleet`. Its PersistentVolumeClaim volumes are directories of
+    this machine (`claim_directory`): an argument under a mount path names the same file
+    there, as the mount would show it. Raises ValueError for a pod that cannot run so."""
     container = _first_container(pod)
     if container is None:
         return None
-    command = list(container.get("command") or [])
-    if len(command) != 2 or Path(command[0]).name != "inferfleet" or command[1] not in SUBCOMMANDS:
+    kind = _subcommand(container)
+    if kind is None:
         return None
     fields = _pod_fields(pod, container)
     env = container_env(pod, container)
-    args = [expand_references(str(arg), env) for arg in container.get("args") or []]
-    kind = Kind(command[1])
+    args = _host_args(pod, container, env, claim_directory)
+    if kind in SERVERS:
+        args = listen_on(args, fields["ip"])
+    init = []
+    for init_container in (pod.get("spec") or {}).get("initContainers") or []:
+        init_kind = _subcommand(init_container)
+        if init_kind is not None:
+            own_env = container_env(pod, init_container)
+            own = _host_args(pod, init_container, own_env, claim_directory)
+            init.append((executable, init_kind.value, *own))
     account = (pod.get("spec") or {}).get("serviceAccountName") or "default"
     return PodProcess(
         **fields,
         kind=kind,
-        argv=(executable, kind.value, *listen_on(args, fields["ip"])),
+        argv=(executable, kind.value, *args),
         env=env,
-        service_account=str(account) if kind == Kind.ROUTER else None,
+        service_account=str(account) if kind in (Kind.ROUTER, Kind.WEIGHTS) else None,
+        init=tuple(init),
     )
+
+
+def _subcommand(container: Mapping[str, Any]) -> Kind | None:
+    command = list(container.get("command") or [])
+    if len(command) != 2 or Path(command[0]).name != "inferfleet" or command[1] not in SUBCOMMANDS:
+        return None
+    return Kind(command[1])
+
+
+def _host_args(
+    pod: Mapping[str, Any],
+    container: Mapping[str, Any],
+    env: Mapping[str, str],
+    claim_directory: ClaimDirectory | None,
+) -> list[str]:
+    args = [expand_references(str(arg), env) for arg in container.get("args") or []]
+    mounts = claim_mounts(pod, container, claim_directory)
+    return [host_path(arg, mounts) for arg in args]
+
+
+def claim_mounts(
+    pod: Mapping[str, Any], container: Mapping[str, Any], claim_directory: ClaimDirectory | None
+) -> dict[str, Path]:
+    """The container's mount paths of PersistentVolumeClaims, and the directories that serve
+    them."""
+    claims = {
+        str(v["name"]): str(v["persistentVolumeClaim"]["claimName"])
+        for v in (pod.get("spec") or {}).get("volumes") or []
+        if v.get("persistentVolumeClaim")
+    }
+    mounts: dict[str, Path] = {}
+    for mount in container.get("volumeMounts") or []:
+        claim = claims.get(str(mount.get("name")))
+        if claim is None:
+            continue
+        directory = claim_directory(claim) if claim_directory is not None else None
+        if directory is None:
+            raise ValueError(f"persistentVolumeClaim {claim} is not bound to a volume (yet)")
+        mounts[str(mount["mountPath"]).rstrip("/")] = directory / str(mount.get("subPath") or "")
+    return mounts
+
+
+def host_path(arg: str, mounts: Mapping[str, Path]) -> str:
+    """`arg` (or the value of `--flag=arg`) with a mount path's prefix replaced by the
+    directory that serves it."""
+    flag, equals, value = arg.partition("=") if arg.startswith("--") else ("", "", arg)
+    for mount, directory in mounts.items():
+        if value == mount or value.startswith(f"{mount}/"):
+            value = str(directory) + value[len(mount) :]
+            break
+    return f"{flag}{equals}{value}"
 
 
 def oci_pod_process(

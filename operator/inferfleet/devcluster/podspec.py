@@ -60,10 +60,19 @@ def container_env(
             env[name] = expand_references(str(variable["value"]), env)
         elif source.get("fieldRef"):
             env[name] = field_value(pod, str(source["fieldRef"]["fieldPath"]))
-        elif source.get("secretKeyRef") and secret is not None:
-            env[name] = secret(
-                str(source["secretKeyRef"]["name"]), str(source["secretKeyRef"]["key"])
-            )
+        elif source.get("secretKeyRef") and (
+            secret is not None or source["secretKeyRef"].get("optional")
+        ):
+            # An optional key that is not there leaves the variable unset, as a kubelet
+            # leaves it; without `secret` (the venv mode reads no Secret) it is not there.
+            reference = source["secretKeyRef"]
+            try:
+                if secret is None:
+                    continue
+                env[name] = secret(str(reference["name"]), str(reference["key"]))
+            except ValueError:
+                if not reference.get("optional"):
+                    raise
         else:
             raise ValueError(
                 f"env {name}: only value, fieldRef and (images) secretKeyRef are supported"
