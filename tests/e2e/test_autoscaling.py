@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -32,6 +33,7 @@ from inferfleet.devcluster.cluster import (
     DevCluster,
     running,
 )
+from inferfleet.devcluster.hub import ModelHub, RunningHub
 from inferfleet.devcluster.nodes import NodePool
 from inferfleet.devcluster.processes import wait_until
 from inferfleet.router.config import ADMIN_PORT
@@ -59,6 +61,7 @@ METRICS_WINDOW_S = 30.0
 IDLE_S = 60
 """The shortest idle period the API allows before a service goes to zero."""
 WAKE_TIMEOUT_S = 120
+HUB_BYTES_PER_S = 1_000_000
 
 
 def manifests(
@@ -120,6 +123,8 @@ def manifests(
 class Fleet:
     cluster: DevCluster
     kubectl: Kubectl
+    hub: ModelHub | None = None
+    """The model hub weight caches fill from, where the fleet serves one."""
 
     def apply(self, namespace: str, text: str) -> None:
         self.kubectl.run("create", "namespace", namespace, check=False)
@@ -179,11 +184,19 @@ class Fleet:
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     bin_dir = ensure_binaries()
     pools = NodePool.parse("L4-24GB=2")
-    with running(
-        tmp_path_factory.mktemp("autoscaling"), bin_dir, pools, cpu_nodes=1, with_fleet=True,
-        autoscale_interval_s=TICK_S, metrics_window_s=METRICS_WINDOW_S,
-    ) as cluster:  # fmt: skip
-        yield Fleet(cluster, Kubectl(bin_dir / "kube", cluster.kubeconfig_path))
+    # The model hub weight caches fill from (the dev cluster has no network); slow enough
+    # that a fill is seen under way.
+    hub = ModelHub(tmp_path_factory.mktemp("hub"), bytes_per_s=HUB_BYTES_PER_S)
+    serving = RunningHub(hub)
+    try:
+        with running(
+            tmp_path_factory.mktemp("autoscaling"), bin_dir, pools, cpu_nodes=1,
+            with_fleet=True, autoscale_interval_s=TICK_S, metrics_window_s=METRICS_WINDOW_S,
+            hf_endpoint=serving.endpoint,
+        ) as cluster:  # fmt: skip
+            yield Fleet(cluster, Kubectl(bin_dir / "kube", cluster.kubeconfig_path), hub)
+    finally:
+        serving.close()
 
 
 @dataclass
@@ -806,3 +819,94 @@ def test_prompts_that_share_a_prefix_get_prefix_caching_advised(fleet: Fleet) ->
     assert [e["involvedObject"]["kind"] for e in events] == ["InferenceService"], events
     # Advice is never applied: the spec is as it was.
     assert fleet.get("mdep", name, namespace)["spec"]["prefixCaching"] is False
+
+
+def test_a_weight_cache_is_filled_once_and_replicas_start_from_it(fleet: Fleet) -> None:
+    """A deployment with `model.cache`: its volume is provisioned and bound, its Job fills it
+    from the hub (progress in status), its replica waits for the fill, then starts with the
+    weights on the volume and the plan's cold start from the cache. Deleted, it takes its
+    volume with it."""
+    namespace, name = "weight-cache", "cached"
+    hub = fleet.hub
+    assert hub is not None
+    repo = hub.root / "acme" / "tiny-llama"
+    (repo / "original").mkdir(parents=True)
+    (repo / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    for index, size in enumerate((3_000_000, 2_000_000), start=1):
+        (repo / f"model-0000{index}-of-00002.safetensors").write_bytes(os.urandom(size))
+    (repo / "original" / "consolidated.00.pth").write_bytes(os.urandom(1_000_000))
+    served = {p.name for p in repo.iterdir() if p.is_file()}  # not original/
+    total = sum((repo / n).stat().st_size for n in served)
+    spec = {
+        "model": {"name": MODEL, "source": "hf://acme/tiny-llama", "cache": {"size": "1Gi"}},
+        "engine": {"name": "sim"},
+        "batching": {"maxModelLength": 8192},
+        "gpu": {"type": "L4-24GB"},
+        "replicas": 1,
+    }
+    fleet.apply(namespace, yaml.safe_dump(
+        {"apiVersion": "inferfleet.io/v1alpha1", "kind": "ModelDeployment",
+         "metadata": {"name": name}, "spec": spec}
+    ))  # fmt: skip
+    seen: list[tuple[str, str, int | None]] = []
+
+    def status() -> dict[str, Any]:
+        found: dict[str, Any] = fleet.get("mdep", name, namespace).get("status") or {}
+        return found
+
+    def filled_and_ready() -> bool:
+        current = status()
+        cache = current.get("weightCache") or {}
+        ready: dict[str, Any] = next(
+            (c for c in current.get("conditions", []) if c["type"] == "Ready"), {}
+        )
+        moment = (cache.get("phase", ""), ready.get("reason", ""), cache.get("bytesFilled"))
+        if not seen or seen[-1] != moment:
+            seen.append(moment)
+        return bool(cache.get("phase") == "Filled" and ready.get("status") == "True")
+
+    assert wait_until(filled_and_ready, 180, 0.5), (seen, fleet.diagnostics())
+    print(f"phase, Ready's reason, bytes filled, as they changed: {seen}")
+    final = status()
+    cache = final["weightCache"]
+    phases = [phase for phase, _, _ in seen]
+    # Seen under way: pushed by the fill while the replica waited for it.
+    assert "Filling" in phases, seen
+    assert any(p == "Filling" and r == "WeightsNotCached" for p, r, _ in seen), seen
+    assert phases.index("Filling") < phases.index("Filled")
+    assert cache["bytesTotal"] == cache["bytesFilled"] == total
+    assert cache["revision"] == hub.commit("acme/tiny-llama")
+    conditions = {c["type"]: c for c in final["conditions"]}
+    assert conditions["WeightsCached"]["status"] == "True", conditions
+    assert final["plan"]["coldStart"]["weightSource"] == "cache"
+
+    # The files are on the volume, as the hub has them; the other framework's copy is not.
+    claim = fleet.get("pvc", cache["claim"], namespace)
+    assert claim["status"]["phase"] == "Bound"
+    volume = fleet.kubectl.json("get", "pv", claim["spec"]["volumeName"])
+    directory = Path(volume["spec"]["hostPath"]["path"]) / "acme" / "tiny-llama"
+    for file in served:
+        assert (directory / file).read_bytes() == (repo / file).read_bytes(), file
+    assert not (directory / "original" / "consolidated.00.pth").exists()
+    assert hub.served.get("original/consolidated.00.pth", 0) == 0
+
+    # The replica started once the fill ended: its pod turned Ready after the Job completed.
+    [job] = fleet.kubectl.json("get", "jobs", "-n", namespace)["items"]
+    completed = datetime.fromisoformat(job["status"]["completionTime"])
+    [pod] = [
+        p for p in fleet.kubectl.json(
+            "get", "pods", "-n", namespace, "-l", f"inferfleet.io/model-deployment={name}"
+        )["items"]
+        if p["metadata"]["labels"].get("inferfleet.io/role") == "aggregated"
+    ]  # fmt: skip
+    ready = next(c for c in pod["status"]["conditions"] if c["type"] == "Ready")
+    assert datetime.fromisoformat(ready["lastTransitionTime"]) >= completed, (ready, job)
+    started = datetime.fromisoformat(pod["metadata"]["creationTimestamp"])
+    assert completed > started  # it waited: created before the fill ended
+    print(f"fill: {total / 1e6:.1f} MB; replica created {started:%H:%M:%S}, fill done "
+          f"{completed:%H:%M:%S}, Ready {ready['lastTransitionTime']}")  # fmt: skip
+
+    fleet.kubectl.run("delete", "mdep", name, "-n", namespace, "--wait=false")
+    assert wait_until(lambda: not directory.parent.parent.exists(), 120, 1), fleet.kubectl.run(
+        "get", "pv,pvc", "-A"
+    ).stdout
