@@ -837,7 +837,7 @@ def test_a_weight_cache_is_filled_once_and_replicas_start_from_it(fleet: Fleet) 
     (repo / "original" / "consolidated.00.pth").write_bytes(os.urandom(1_000_000))
     served = {p.name for p in repo.iterdir() if p.is_file()}  # not original/
     total = sum((repo / n).stat().st_size for n in served)
-    spec = {
+    spec: dict[str, Any] = {
         "model": {"name": MODEL, "source": "hf://acme/tiny-llama", "cache": {"size": "1Gi"}},
         "engine": {"name": "sim"},
         "batching": {"maxModelLength": 8192},
@@ -906,7 +906,44 @@ def test_a_weight_cache_is_filled_once_and_replicas_start_from_it(fleet: Fleet) 
     print(f"fill: {total / 1e6:.1f} MB; replica created {started:%H:%M:%S}, fill done "
           f"{completed:%H:%M:%S}, Ready {ready['lastTransitionTime']}")  # fmt: skip
 
+    # Another source: another volume and fill. The replica it replaces serves on from the
+    # old volume meanwhile; the old Job goes with its pod, the old volume once no pod reads it.
+    newer = hub.root / "acme" / "tiny-llama-2"
+    newer.mkdir()
+    for file in served:
+        (newer / file).write_bytes((repo / file).read_bytes())
+    spec["model"]["source"] = "hf://acme/tiny-llama-2"
+    fleet.apply(namespace, yaml.safe_dump(
+        {"apiVersion": "inferfleet.io/v1alpha1", "kind": "ModelDeployment",
+         "metadata": {"name": name}, "spec": spec}
+    ))  # fmt: skip
+
+    def refilled() -> bool:
+        current = status()
+        cache = current.get("weightCache") or {}
+        ready = {c["type"]: c["status"] for c in current.get("conditions", [])}.get("Ready")
+        return bool(
+            cache.get("claim") not in (None, claim["metadata"]["name"])
+            and cache.get("phase") == "Filled"
+            and ready == "True"
+            and current.get("observedGeneration") == 2
+        )
+
+    assert wait_until(refilled, 180, 1), (status(), fleet.diagnostics())
+    [newer_job] = fleet.kubectl.json("get", "jobs", "-n", namespace)["items"]
+    assert newer_job["metadata"]["name"] != job["metadata"]["name"]
+    old_pods = f"job-name={job['metadata']['name']}"
+
+    def old_ones_gone() -> bool:
+        pods = fleet.kubectl.json("get", "pods", "-n", namespace, "-l", old_pods)["items"]
+        claims = fleet.kubectl.json("get", "pvc", "-n", namespace)["items"]
+        names = {c["metadata"]["name"] for c in claims}
+        return not pods and claim["metadata"]["name"] not in names and not directory.exists()
+
+    assert wait_until(old_ones_gone, 120, 1), fleet.kubectl.run("get", "pods,pvc,pv", "-A").stdout
+
     fleet.kubectl.run("delete", "mdep", name, "-n", namespace, "--wait=false")
-    assert wait_until(lambda: not directory.parent.parent.exists(), 120, 1), fleet.kubectl.run(
+    volumes = directory.parent.parent.parent
+    assert wait_until(lambda: not any(volumes.iterdir()), 120, 1), fleet.kubectl.run(
         "get", "pv,pvc", "-A"
     ).stdout

@@ -202,9 +202,12 @@ class Kube:
         return _wire(found)
 
     def delete(self, api_version: str, kind: str, name: str, namespace: str | None) -> None:
-        """Delete one object; already gone is fine."""
+        """Delete one object and, in the background, what it owns (as kubectl does: a
+        batch/v1 Job's own default orphans its pods); already gone is fine."""
         try:
-            self.resource(api_version, kind).delete(name=name, namespace=namespace)
+            self.resource(api_version, kind).delete(
+                name=name, namespace=namespace, body={"propagationPolicy": "Background"}
+            )
         except ApiException as error:
             if error.status == 404:
                 return

@@ -76,7 +76,8 @@ PUSHED_AT_KEY: Final = "pushedAt"
 
 
 def hub_repository(source: str) -> str:
-    """`org/repo` of an `hf://org/repo` source."""
+    """`org/repo` of an `hf://org/repo` source: also where its files lie on the volume,
+    relative to its root."""
     return source.partition("://")[2].strip("/")
 
 
@@ -95,11 +96,6 @@ def fill_account_name(deployment: str) -> str:
     return dns_label(f"{deployment}-weights-fill")
 
 
-def weights_directory(source: str) -> str:
-    """Where the weights of `source` lie on the volume, relative to its root."""
-    return hub_repository(source)
-
-
 def cache_size(spec: ModelDeploymentSpec, cache: WeightCache) -> str:
     """The volume's size: as given, else the 16-bit checkpoint plus headroom, in GiB."""
     if cache.size is not None:
@@ -110,7 +106,7 @@ def cache_size(spec: ModelDeploymentSpec, cache: WeightCache) -> str:
 
 def cached_spec(spec: ModelDeploymentSpec, claim: str) -> ModelDeploymentSpec:
     """The spec as the engines see it: the weights read from the cache's volume."""
-    source = f"pvc://{claim}/{weights_directory(spec.model.source)}"
+    source = f"pvc://{claim}/{hub_repository(spec.model.source)}"
     return spec.model_copy(update={"model": spec.model.model_copy(update={"source": source})})
 
 
@@ -119,16 +115,11 @@ class WeightCacheObjects:
     """What one deployment's cache renders, and what its replicas' pods get."""
 
     claim: str
-    size: str
     objects: list[dict[str, Any]]
     wait_container: dict[str, Any]
     volume: dict[str, Any]
     fill_seconds: int
     """The fill's estimated length (the hub download of the whole checkpoint)."""
-
-    @property
-    def job_name(self) -> str:
-        return next(str(o["metadata"]["name"]) for o in self.objects if o["kind"] == "Job")
 
 
 def cache_labels(base: Mapping[str, str]) -> dict[str, str]:
@@ -155,7 +146,7 @@ def render_weight_cache(
     claim = cache_claim_name(owner.name, source, cache)
     size = cache_size(spec, cache)
     labels = cache_labels(labels)
-    directory = f"{WEIGHTS_DIR}/{weights_directory(source)}"
+    directory = f"{WEIGHTS_DIR}/{hub_repository(source)}"
     account = fill_account_name(owner.name)
     progress = progress_config_map_name(owner.name)
     claim_spec: dict[str, Any] = {
@@ -206,7 +197,7 @@ def render_weight_cache(
     }
     config = ReplicaConfig.from_spec(spec, gpus)
     download = estimate_cold_start(config, WeightSource.NETWORK, spec.engine.name).download_s
-    return WeightCacheObjects(claim, size, objects, wait, volume, math.ceil(download))
+    return WeightCacheObjects(claim, objects, wait, volume, math.ceil(download))
 
 
 _PLACEMENT_FIELDS: Final = (
