@@ -1,6 +1,6 @@
 """What the command line loads, in a fresh interpreter: `inferfleet run` (the operator, in every
-pod of the chart) loads no simulator, load generator or dev cluster, and help loads none of the
-heavy modules, so that it answers at once."""
+pod of the chart) loads no simulator, load generator, dev cluster or weight-cache fill (nor the
+Hugging Face client), and help loads none of the heavy modules, so that it answers at once."""
 
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ NOT_IN_THE_OPERATOR = (
     "inferfleet.bench",
     "inferfleet.devcluster",
     "inferfleet.demo",
+    "inferfleet.weights",
+    "huggingface_hub",
 )
 HEAVY = (
     *NOT_IN_THE_OPERATOR,
@@ -62,6 +64,7 @@ def test_run_loads_the_operator_and_no_simulator_load_generator_or_dev_cluster(
         ("sim-engine", "--help"),
         ("dev-cluster", "up", "--help"),
         ("bench", "autoscale", "--help"),
+        ("weights", "fill", "--help"),
     ],
     ids=" ".join,
 )

@@ -428,3 +428,27 @@ def test_a_fill_downloads_what_replicas_read_through_a_cut_and_resumes_for_nothi
     again = fill("hf://acme/tiny", target, job="fill-2")
     assert again.bytes_filled == total
     assert model_hub.served == before  # nothing fetched twice
+
+
+def test_a_cache_taken_out_of_the_spec_is_deleted_and_its_status_cleared() -> None:
+    first = outcome(cached(), [])
+    children = [c for o in first.apply if (c := child_of("serving", _owned(o))) is not None]
+    assert {"PersistentVolumeClaim", "Job"} <= {c.key.kind for c in children}
+    body = md_body(aggregated_spec(engine={"name": "vllm"}))
+    body["status"] = first.status
+    later = model_deployment_outcome(
+        body, space=Namespace(children=children, holder=lambda _key: None),
+        claims=(), unschedulable={}, install=InstallSettings(), now=NOW,
+    )  # fmt: skip
+    deleted = {key.kind for key in later.delete}
+    assert {"PersistentVolumeClaim", "Job", "ServiceAccount", "Role", "RoleBinding"} <= deleted
+    assert later.status is not None
+    assert later.status["weightCache"] is None
+    assert "WeightsCached" not in {c["type"] for c in later.status["conditions"]}
+
+
+def _owned(obj: dict[str, Any]) -> dict[str, Any]:
+    """`obj` as the API server stores it for the deployment `md_body` makes."""
+    reference = {"apiVersion": "inferfleet.io/v1alpha1", "kind": "ModelDeployment",
+                 "name": "llama", "uid": "uid-md", "controller": True}  # fmt: skip
+    return {**obj, "metadata": {**obj["metadata"], "ownerReferences": [reference]}}

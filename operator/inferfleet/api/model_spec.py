@@ -95,8 +95,8 @@ class ModelSpec(WireModel):
     cache: WeightCache | None = Field(
         default=None,
         description="Fill a PersistentVolumeClaim once with the weights of an hf:// source; "
-        "every replica then reads them from it instead of downloading them at each start. "
-        "Replicas wait at zero until the fill completes.",
+        "every replica then reads them from it instead of downloading them at each start, "
+        "once the fill is complete.",
     )
 
     @property

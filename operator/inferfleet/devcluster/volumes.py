@@ -110,9 +110,9 @@ class Provisioner:
         self.kube = kube
         self.root = root
         self.stopped = stopped
+        self._class_applied = False
 
     def run(self) -> None:
-        self.kube.apply(storage_class())
         retrying = Retrying(
             retry=retry_if_exception_type(Exception),
             wait=wait_exponential(multiplier=0.5, max=30),
@@ -130,6 +130,9 @@ class Provisioner:
         self.stopped.wait(seconds)
 
     def _sync_once(self) -> None:
+        if not self._class_applied:
+            self.kube.apply(storage_class())
+            self._class_applied = True
         for volume in self.kube.list("v1", "PersistentVolume"):
             if released(volume):
                 self._delete(volume)
