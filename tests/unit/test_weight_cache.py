@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from inferfleet.api.model_deployment import ModelDeploymentSpec, Role
+from inferfleet.api.model_deployment import ModelDeploymentSpec, ModelDeploymentStatus, Role
 from inferfleet.api.model_spec import WeightSource
-from inferfleet.api.weight_cache import FillPhase
+from inferfleet.api.weight_cache import FillPhase, WeightCacheStatus
 from inferfleet.devcluster.hub import ModelHub, RunningHub
 from inferfleet.engines import EngineOptions
 from inferfleet.planning.capacity import plan
@@ -176,6 +176,33 @@ def test_the_rollout_deadline_allows_for_the_fill() -> None:
     # A first replica waits for the whole fill: the hub download the plain spec would make
     # at its start (an 8B checkpoint stays within the install's startup budget either way).
     assert deadline - plain == math.ceil(download.download_s)
+
+
+@pytest.mark.parametrize(
+    ("reported", "allowed"),
+    [
+        (FillPhase.FILLED, False),  # filled: a later rollout waits for no fill
+        (FillPhase.FILLING, True),
+        (None, True),  # another source's volume was filled, not this one
+    ],
+)
+def test_the_fill_allowance_lasts_until_the_status_reports_this_volume_filled(
+    reported: FillPhase | None, allowed: bool
+) -> None:
+    spec = cached()
+    claim = one(render(spec), "PersistentVolumeClaim")["metadata"]["name"]
+    status = ModelDeploymentStatus(
+        weight_cache=WeightCacheStatus(
+            claim=claim if reported else "llama-weights-0000000000",
+            source=SOURCE,
+            phase=reported or FillPhase.FILLED,
+            size="16Gi",
+        )
+    )
+    md = model_deployment(spec).model_copy(update={"status": status})
+    deadline = one(render_model_deployment(md), "Deployment")["spec"]["progressDeadlineSeconds"]
+    plain = one(render(aggregated_spec()), "Deployment")["spec"]["progressDeadlineSeconds"]
+    assert (deadline > plain) is allowed
 
 
 # The plan and the policy -----------------------------------------------------------------

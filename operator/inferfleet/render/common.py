@@ -180,6 +180,20 @@ def pod_disruption_budget(
     }
 
 
+def account_role_binding(name: str, owner: Owner, labels: Mapping[str, str]) -> dict[str, Any]:
+    """The RoleBinding that grants the ServiceAccount `name` the Role `name`, both the owner's,
+    in its namespace."""
+    # A ServiceAccount subject must name its namespace; with none given, kubectl's default.
+    namespace = owner.namespace or "default"
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": object_meta(name, owner, labels),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
+    }
+
+
 KIND_ORDER: Final = (
     "ServiceAccount",
     "Role",

@@ -56,6 +56,7 @@ from inferfleet.render.common import (
     ROUTER_APP,
     SPEC_HASH_ANNOTATION,
     Owner,
+    account_role_binding,
     apply_order,
     container_security_context,
     dns_label,
@@ -456,19 +457,6 @@ def router_role(
     }
 
 
-def router_role_binding(owner: Owner) -> dict[str, Any]:
-    name = router_name(owner.name)
-    # A ServiceAccount subject must name its namespace; with none given, kubectl's default.
-    namespace = owner.namespace or "default"
-    return {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "RoleBinding",
-        "metadata": object_meta(name, owner, router_labels(owner.name)),
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
-    }
-
-
 def router_pod_disruption_budget(owner: Owner) -> dict[str, Any]:
     return pod_disruption_budget(
         router_name(owner.name),
@@ -498,7 +486,7 @@ def render_inference_service(
     objects = [
         router_service_account(owner),
         router_role(owner, router_discovery, wakes=wakes),
-        router_role_binding(owner),
+        account_role_binding(router_name(owner.name), owner, router_labels(owner.name)),
         *([wake_config_map(owner)] if wakes else []),
         router_service(owner),
         router_pod_disruption_budget(owner),

@@ -623,7 +623,8 @@ def render_model_deployment(
     placement = placement or Placement()
     options = with_startup_budget(options or EngineOptions(), spec, gpus)
     cache = render_weight_cache(
-        owner, spec, labels=deployment_labels(owner.name),
+        owner, spec, filled=md.status.weight_cache if md.status else None,
+        labels=deployment_labels(owner.name),
         placement_pod=replica_placement(spec, placement, gpus), options=options, gpus=gpus,
     )  # fmt: skip
     objects: list[dict[str, Any]] = list(cache.objects) if cache else []

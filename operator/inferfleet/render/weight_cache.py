@@ -33,7 +33,7 @@ from typing import Any, Final
 from inferfleet.api.catalog import GpuCatalog
 from inferfleet.api.model_deployment import ModelDeploymentSpec
 from inferfleet.api.model_spec import WeightSource
-from inferfleet.api.weight_cache import WeightCache
+from inferfleet.api.weight_cache import FillPhase, WeightCache, WeightCacheStatus
 from inferfleet.engines import EngineOptions
 from inferfleet.engines.common import hub_env
 from inferfleet.planning.coldstart import estimate_cold_start
@@ -42,6 +42,7 @@ from inferfleet.render.common import (
     LABEL_COMPONENT,
     LABEL_NAME,
     Owner,
+    account_role_binding,
     container_security_context,
     dns_label,
     object_meta,
@@ -119,7 +120,8 @@ class WeightCacheObjects:
     wait_container: dict[str, Any]
     volume: dict[str, Any]
     fill_seconds: int
-    """The fill's estimated length (the hub download of the whole checkpoint)."""
+    """The fill's estimated length (the hub download of the whole checkpoint); 0 once the
+    status reports this volume filled."""
 
 
 def cache_labels(base: Mapping[str, str]) -> dict[str, str]:
@@ -132,15 +134,18 @@ def render_weight_cache(
     owner: Owner,
     spec: ModelDeploymentSpec,
     *,
+    filled: WeightCacheStatus | None,
     labels: Mapping[str, str],
     placement_pod: Mapping[str, Any],
     options: EngineOptions,
     gpus: GpuCatalog,
 ) -> WeightCacheObjects | None:
-    """The cache's objects, or None where the spec asks for none. `placement_pod`: the
-    replicas' node selector, affinity and tolerations, which the fill runs under."""
+    """The cache's objects, or None where the spec asks for none. `filled`: the fill as the
+    status last reported it (a volume reported filled needs no fill time in any later
+    rollout's deadline); `placement_pod`: the replicas' node selector, affinity and
+    tolerations, which the fill runs under."""
     cache = spec.model.cache
-    if cache is None or spec.model.weight_source is not WeightSource.CACHE:
+    if cache is None:
         return None
     source = spec.model.source
     claim = cache_claim_name(owner.name, source, cache)
@@ -179,7 +184,7 @@ def render_weight_cache(
         {"apiVersion": "v1", "kind": "ServiceAccount",
          "metadata": object_meta(account, owner, labels)},
         _fill_role(owner, account, progress, labels),
-        _fill_role_binding(owner, account, labels),
+        account_role_binding(account, owner, labels),
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": object_meta(progress, owner, labels)},
         {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
          "metadata": object_meta(claim, owner, labels), "spec": claim_spec},
@@ -195,6 +200,8 @@ def render_weight_cache(
         "name": CACHE_VOLUME,
         "persistentVolumeClaim": {"claimName": claim, "readOnly": True},
     }
+    if filled is not None and filled.claim == claim and filled.phase is FillPhase.FILLED:
+        return WeightCacheObjects(claim, objects, wait, volume, 0)
     config = ReplicaConfig.from_spec(spec, gpus)
     download = estimate_cold_start(config, WeightSource.NETWORK, spec.engine.name).download_s
     return WeightCacheObjects(claim, objects, wait, volume, math.ceil(download))
@@ -244,18 +251,6 @@ def _fill_role(
                 "resourceNames": [progress],
                 "verbs": ["get", "patch"],
             }
-        ],
-    }
-
-
-def _fill_role_binding(owner: Owner, account: str, labels: Mapping[str, str]) -> dict[str, Any]:
-    return {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "RoleBinding",
-        "metadata": object_meta(account, owner, labels),
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": account},
-        "subjects": [
-            {"kind": "ServiceAccount", "name": account, "namespace": owner.namespace or "default"}
         ],
     }
 
