@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import urllib3
-from kubernetes import client, config
+from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ResourceNotFoundError
@@ -170,15 +170,19 @@ class Kube:
         for item in listed["items"]:
             yield "LISTED", item
         yield "SYNCED", {}
-        for event in resource.watch(
+        # The watch's own stream, not the dynamic client's `watch`: that wraps every event's
+        # object in a `ResourceInstance`, at seven times the CPU of decoding it (a pod event).
+        for event in watch.Watch().stream(  # type: ignore[no-untyped-call]
+            resource.get,
             namespace=namespace,
             label_selector=label_selector,
             resource_version=listed["metadata"]["resourceVersion"],
-            timeout=timeout_s,
+            timeout_seconds=timeout_s,
+            serialize=False,
         ):
             if event["type"] == "ERROR":
                 raise ApiException(reason=str(event["raw_object"]))
-            yield str(event["type"]), dict(event["raw_object"])
+            yield str(event["type"]), event["raw_object"]
 
     def get(
         self,
