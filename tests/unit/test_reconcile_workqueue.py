@@ -89,3 +89,24 @@ def test_each_key_taken_reports_how_long_it_waited_since_it_was_ready() -> None:
 
     asyncio.run(scenario())
     assert waits == [5.0, 1.5]
+
+
+def test_a_key_added_again_while_held_is_superseded_once_in_a_row() -> None:
+    async def scenario() -> list[bool]:
+        queue: WorkQueue[str] = WorkQueue()
+        seen = []
+        queue.add("a")
+        await queue.get()
+        seen.append(queue.superseded("a"))  # nothing changed since it was taken
+        queue.add("a")  # what its worker read changed
+        seen += [queue.superseded("a"), queue.superseded("a")]
+        queue.done("a")
+        await queue.get()
+        queue.add("a")  # in a later reconcile, after a write was let through: passed over again
+        seen.append(queue.superseded("a"))
+        queue.done("a")
+        await queue.get()
+        seen.append(queue.superseded("a"))
+        return seen
+
+    assert asyncio.run(scenario()) == [False, True, False, True, False]

@@ -50,6 +50,7 @@ from inferfleet.autoscale.ownership import Claim, claims_of
 from inferfleet.autoscale.quota import Priorities
 from inferfleet.autoscale.scalein import cost_patch
 from inferfleet.kube import AlreadyExistsError, Kube, RefusedError, StaleObjectError
+from inferfleet.reconcile.applied import AppliedChildren
 from inferfleet.reconcile.desired import (
     UNSERVED_RECHECK_S,
     Child,
@@ -260,6 +261,7 @@ class Controller:
         """What services read of each deployment (`_as_served`) when they were last queued."""
         self._unschedulable: set[tuple[str, str]] = set()
         self._held = HeldBack()
+        self._written = AppliedChildren()
         self._children: dict[tuple[str, str], Child] = {}
         """What the indices held of each created object when its owner was last queued."""
         self._after_reconcile: dict[Key, list[Callable[[], bool]]] = {}
@@ -375,7 +377,9 @@ class Controller:
             return
         if child.key.kind == "ConfigMap" and not gone:
             self._heard_wake(namespace, obj)
-        seen = (namespace, str((obj.get("metadata") or {}).get("uid", "")))
+        metadata = obj.get("metadata") or {}
+        self._written.seen(namespace, child, metadata.get("resourceVersion"), gone=gone)
+        seen = (namespace, str(metadata.get("uid", "")))
 
         def news() -> bool:
             if gone:
@@ -454,9 +458,10 @@ class Controller:
         tells its owner, whose reconcile made the write, nothing new: `child_changed` passes
         over it. (A write by anyone else since shows as a change, and is reconciled.)"""
         child = child_of(namespace, stored)
-        uid = (stored.get("metadata") or {}).get("uid")
-        if child is not None and uid:
-            self._children[(namespace, str(uid))] = child
+        metadata = stored.get("metadata") or {}
+        if child is not None and metadata.get("uid"):
+            self._children[(namespace, str(metadata["uid"]))] = child
+            self._written.record(namespace, child, str(metadata.get("resourceVersion")))
 
     def pod_changed(self, namespace: str, name: str, labels: Mapping[str, str]) -> None:
         """An engine pod that is, or was, unschedulable: its deployment says so, or not."""
@@ -557,9 +562,9 @@ class Controller:
             return Done(gone=True)
         uid = str(body["metadata"].get("uid", ""))
         foreign, refused = self._held.in_namespace(namespace)
-        space = dataclasses.replace(
-            self.indices.namespace(namespace, uid), foreign=foreign, refused=refused
-        )
+        indexed = self.indices.namespace(namespace, uid)
+        children = self._written.children(namespace, uid, indexed.children)
+        space = dataclasses.replace(indexed, children=children, foreign=foreign, refused=refused)
         then: tuple[Key, ...] = ()
         if kind == MODEL_DEPLOYMENT:
             read, changed = self._fetch_architecture(namespace, name, body)
@@ -661,7 +666,7 @@ class Controller:
         for gone in outcome.retire:
             self._generated.retire(gone, namespace, str(body["metadata"]["uid"]), kube().delete)
         self._post(body, outcome.events)
-        if outcome.status is not None:
+        if outcome.status is not None and not self.reconciles.superseded(key):
             self._write_status(key, body, outcome.status)
         return Done(outcome.requeue_after_s)
 

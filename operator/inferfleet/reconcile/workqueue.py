@@ -12,6 +12,9 @@ hold then. The queue guarantees what makes level-based reconciling cheap and saf
   key, up to a ceiling (an API server that refuses keeps being asked, slowly); a success
   resets it;
 * `add_after` reconciles a key later (a pin that expires, a status write that lost a race);
+* `superseded` tells a worker that its key was added again since it took it: what it read has
+  changed, and a status it is about to write would be overwritten by the next reconcile at
+  once (one write instead of two);
 * how long each key waited for a worker, from the moment it was ready to be taken, is told to
   `on_wait` (the operator's metrics: a queue that falls behind shows there first).
 """
@@ -51,6 +54,7 @@ class WorkQueue(Generic[Key]):
         self._processing: set[Key] = set()
         self._failures: dict[Key, int] = {}
         self._later: dict[Key, asyncio.TimerHandle] = {}
+        self._passed_over: set[Key] = set()
 
     def add(self, key: Key) -> None:
         if key in self._dirty:
@@ -102,9 +106,22 @@ class WorkQueue(Generic[Key]):
     def forget(self, key: Key) -> None:
         """The object is gone: drop its pending retry and its failure count."""
         self._failures.pop(key, None)
+        self._passed_over.discard(key)
         pending = self._later.pop(key, None)
         if pending is not None:
             pending.cancel()
+
+    def superseded(self, key: Key) -> bool:
+        """Whether `key` was added again since its worker took it, so that the worker may
+        leave a write to the reconcile that follows; at most once in a row per key, so that a
+        key that changes all the time still gets its writes out. Asked from the worker's
+        thread: membership reads of sets, each whole under the GIL; an answer a moment old
+        only lets one write through."""
+        if key in self._dirty and key in self._processing and key not in self._passed_over:
+            self._passed_over.add(key)  # only the worker holding `key` touches its entry
+            return True
+        self._passed_over.discard(key)
+        return False
 
     def processing(self, key: Key) -> bool:
         """Whether a worker holds `key` now."""
