@@ -8,11 +8,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import yaml
-
 from inferfleet.api.inference_service import InferenceService
 from inferfleet.api.model_deployment import ModelDeployment
 from inferfleet.render.inference_service import render_inference_service
+from inferfleet.render.manifest_yaml import dump_manifests
 from inferfleet.render.model_deployment import render_model_deployment
 from inferfleet.render.settings import InstallSettings
 
@@ -51,7 +50,7 @@ def manifests(names: Sequence[str], namespace: str) -> str:
     documents: list[dict[str, Any]] = []
     for name in names:
         documents += [model_deployment(name, namespace), inference_service(name, namespace)]
-    return yaml.safe_dump_all(documents)
+    return dump_manifests(documents)
 
 
 def rendered(name: str, namespace: str) -> list[dict[str, Any]]:
@@ -69,7 +68,7 @@ def engine_deployments(names: Sequence[str], namespace: str) -> str:
         for obj in rendered(name, namespace)
         if obj["apiVersion"] == "apps/v1" and obj["kind"] == "Deployment"
     ]
-    return yaml.safe_dump_all(documents)
+    return dump_manifests(documents)
 
 
 def rendered_service(name: str, namespace: str) -> list[dict[str, Any]]:
@@ -89,7 +88,7 @@ def rendered_service(name: str, namespace: str) -> list[dict[str, Any]]:
 
 def all_rendered(names: Sequence[str], namespace: str) -> str:
     """Every object the operator renders for those services, as one YAML stream."""
-    return yaml.safe_dump_all([obj for name in names for obj in rendered_service(name, namespace)])
+    return dump_manifests([obj for name in names for obj in rendered_service(name, namespace)])
 
 
 def audit_target(obj: dict[str, Any]) -> str:

@@ -7,8 +7,6 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-import yaml
-
 from inferfleet.api.model_deployment import ModelDeploymentSpec, Role, TopologyMode
 from inferfleet.planning.advisor import (
     Option,
@@ -17,6 +15,7 @@ from inferfleet.planning.advisor import (
     rejections_by_reason,
 )
 from inferfleet.planning.capacity import Workload
+from inferfleet.render.manifest_yaml import dump_manifests
 from inferfleet.slo import Slo
 
 
@@ -207,4 +206,4 @@ def model_deployment(name: str, option: Option, given: ModelDeploymentSpec) -> s
             f"# weights {precision.label.split(',')[0]}, not {given.precision.weights.value} as "
             f"given: point model.source at a checkpoint in that precision\n"
         )
-    return header + yaml.safe_dump(document, sort_keys=False)
+    return header + dump_manifests([document])

@@ -43,6 +43,7 @@ from inferfleet.render import (
     render_inference_service,
     render_model_deployment,
 )
+from inferfleet.render.manifest_yaml import dump_manifests
 from inferfleet.slo import Slo
 
 DEFAULT_CRD_DIR = Path("crds")
@@ -512,7 +513,7 @@ def render_command(
     except (InvalidInputError, UnsupportedSpecError, MissingReferenceError) as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(EXIT_INVALID) from None
-    typer.echo(yaml.safe_dump_all(objects, sort_keys=False), nl=False)
+    typer.echo(dump_manifests(objects), nl=False)
     for message in unfit:
         typer.echo(f"error: {file}: {message}", err=True)
     if unfit:

@@ -29,11 +29,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final
 
-import yaml
-
 from inferfleet.api.common import API_GROUP
 from inferfleet.api.inference_service import PLURAL as INFERENCE_SERVICES
 from inferfleet.api.model_deployment import PLURAL as MODEL_DEPLOYMENTS
+from inferfleet.render.manifest_yaml import dump_manifests
 
 OPERATOR_NAME: Final = "inferfleet-operator"
 CLUSTER_READER_NAME: Final = "inferfleet-operator-cluster-reader"
@@ -310,7 +309,7 @@ def _header(purpose: str, rules: tuple[Rule, ...]) -> str:
 
 
 def _documents(objects: list[dict[str, Any]]) -> str:
-    return yaml.safe_dump_all(objects, sort_keys=False, explicit_start=True)
+    return dump_manifests(objects, explicit_start=True)
 
 
 def rbac_files(namespace: str = DEFAULT_NAMESPACE) -> dict[str, str]:
