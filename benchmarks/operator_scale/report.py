@@ -93,6 +93,8 @@ def _figures_table(result: Mapping[str, Any]) -> list[str]:
         f"{head['operator_cpu_s_per_service_single']} s |",
         f"| operator CPU per reconcile (rollout until quiet / reconciled resources) | "
         f"{head['operator_cpu_ms_per_reconcile']} ms |",
+        f"| operator CPU per reconcile / the API server's CPU per bare Deployment (same run: "
+        f"the machine's speed cancels) | {_per_bare_deployment(result)} |",
         f"| operator reconciles per reconciled resource (its own metrics); CPU per reconcile run | "
         f"{_fmt(head.get('operator_reconciles_per_resource'))}; "
         f"{_fmt(head.get('operator_cpu_ms_per_reconcile_run'))} ms |",
@@ -110,6 +112,19 @@ def _figures_table(result: Mapping[str, Any]) -> list[str]:
         "A reconciled resource is one ModelDeployment or one InferenceService "
         f"({2 * services} in the rollout, 2 per single service).",
     ]
+
+
+def _per_bare_deployment(result: Mapping[str, Any]) -> str:
+    """The operator's CPU per reconciled resource over what the API server spent per Deployment
+    in the bare baseline: CPU seconds differ twofold between runs on machines that the same
+    model names, and a ratio of two figures of one run does not."""
+    bare = result["bare_deployments"]
+    api_s = bare["cpu"]["cpu_s_by_process"].get("kube-apiserver")
+    operator_ms = result["headline"]["operator_cpu_ms_per_reconcile"]
+    if not api_s or not bare["deployments"] or operator_ms is None:
+        return "-"
+    api_ms = 1000 * api_s / bare["deployments"]
+    return f"{operator_ms} ms / {api_ms:.2f} ms = {operator_ms / api_ms:.2f}"
 
 
 def _stages_section(result: Mapping[str, Any]) -> list[str]:
