@@ -9,8 +9,9 @@ import pytest
 
 from inferfleet.api.model_deployment import ModelDeployment, Role
 from inferfleet.autoscale.quota import GpuClaim, GpuQuota, Priorities
-from inferfleet.reconcile.controller import Indices
-from inferfleet.reconcile.entries import child_entries, gpu_quota_entry
+from inferfleet.reconcile.children import ChildrenIndex
+from inferfleet.reconcile.entries import gpu_quota_entry, indexed_child
+from inferfleet.reconcile.indices import Indices
 from inferfleet.reconcile.quotas import QuotaBook
 
 
@@ -48,18 +49,22 @@ def test_the_tightest_quota_of_a_namespace_and_the_pods_of_a_deployment() -> Non
         "metadata": {
             "name": "llama-aggregated",
             "labels": {"inferfleet.io/role": "aggregated"},
-            "ownerReferences": [{"kind": "ModelDeployment", "uid": "u1", "controller": True}],
+            "ownerReferences": [
+                {"kind": "ModelDeployment", "name": "m", "uid": "u1", "controller": True}
+            ],
         },
         "spec": {"replicas": 4},
         "status": {"replicas": 3, "readyReplicas": 2},
     }
-    entries: dict[str, dict[Any, list[Any]]] = {"gpu_quotas": {}, "deployments": {}}
+    entries: dict[str, dict[Any, list[Any]]] = {"gpu_quotas": {}}
     for obj in (quota("16", "12"), quota("8", "7")):
         for key, value in gpu_quota_entry("team-a", obj).items():
             entries["gpu_quotas"].setdefault(key, []).append(value)
-    for key, value in child_entries("team-a", deployment).items():
-        entries["deployments"].setdefault(key, []).append(value)
-    indices = Indices(entries)
+    children = ChildrenIndex()
+    indexed = indexed_child("team-a", deployment)
+    assert indexed is not None
+    children.put("team-a", indexed)
+    indices = Indices(entries, children)
     assert indices.gpu_quota_left("team-a") == 1
     assert indices.gpu_quota_left("team-b") is None
     assert indices.pods_created("team-a", "u1") == {Role.AGGREGATED: 3}

@@ -423,7 +423,12 @@ class FakeKube:
         return self.services.get(name)
 
     def list_and_watch(
-        self, api_version: str, kind: str, namespace: str | None, label_selector: str
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None,
+        label_selector: str,
+        for_s: float | None = None,
     ) -> Iterator[tuple[str, Wire]]:
         assert (api_version, kind, namespace) == ("v1", "Pod", "fleet")
         for pod in self.pods:

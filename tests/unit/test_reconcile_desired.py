@@ -27,7 +27,7 @@ from inferfleet.reconcile.desired import (
     may_span_nodes,
     model_deployment_outcome,
 )
-from inferfleet.reconcile.entries import child_entries
+from inferfleet.reconcile.entries import child_of
 from inferfleet.reconcile.events import event_name
 from inferfleet.reconcile.status import RoleProgress
 from inferfleet.render import GPU_PRODUCT_LABEL, InstallSettings
@@ -86,8 +86,8 @@ def _stored(obj: Mapping[str, Any], *, ready: bool) -> list[Child]:
             "observedGeneration": 1, "replicas": n, "updatedReplicas": n, "readyReplicas": n,
             "conditions": [{"type": "Available", "status": "True", "reason": "AllGroupsReady"}],
         }  # fmt: skip
-    entries = child_entries("llm", stored)
-    return [value for key, value in entries.items() if key[0] == "owner"]
+    child = child_of("llm", stored)
+    return [] if child is None else [child]
 
 
 def _stored_all(outcome: Outcome, *, ready: bool) -> list[Child]:

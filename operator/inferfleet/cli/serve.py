@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -356,6 +357,21 @@ LeaderElect = Annotated[
 ]
 
 
+NAMESPACE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+MAX_NAMESPACE_NAME = 63
+
+
+def _check_namespaces(names: list[str] | tuple[str, ...]) -> None:
+    for name in names:
+        if not NAMESPACE_NAME.fullmatch(name) or len(name) > MAX_NAMESPACE_NAME:
+            typer.echo(
+                f"error: --namespace {name!r} is not a namespace's name (a DNS label of at most"
+                f" {MAX_NAMESPACE_NAME} characters; patterns are not served)",
+                err=True,
+            )
+            raise typer.Exit(EXIT_INVALID)
+
+
 @app.command("run")
 def run_command(
     namespace: Annotated[
@@ -403,6 +419,7 @@ def run_command(
     from inferfleet.render import EngineOptions, InstallSettings, Placement
     from inferfleet.render.network import NetworkIsolation
 
+    _check_namespaces(namespace or ())
     try:
         gpus = load_gpu_catalog(gpu_catalog)
     except ValueError as error:

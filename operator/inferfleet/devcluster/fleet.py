@@ -640,7 +640,7 @@ class FleetAgent:
 
     def _sync_once(self) -> None:
         listed: dict[str, Mapping[str, Any]] = {}
-        for kind, item in self.context.kube.list_and_watch("v1", "Pod", None, ""):
+        for kind, item in self.context.kube.list_and_watch("v1", "Pod", None, "", for_s=60):
             if self.stopped.is_set():
                 return
             uid = str((item.get("metadata") or {}).get("uid", ""))

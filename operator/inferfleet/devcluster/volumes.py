@@ -136,7 +136,9 @@ class Provisioner:
         for volume in self.kube.list("v1", "PersistentVolume"):
             if released(volume):
                 self._delete(volume)
-        for kind, claim in self.kube.list_and_watch("v1", "PersistentVolumeClaim", None, "", 15):
+        for kind, claim in self.kube.list_and_watch(
+            "v1", "PersistentVolumeClaim", None, "", for_s=15
+        ):
             if self.stopped.is_set():
                 return
             if kind in ("LISTED", "ADDED", "MODIFIED") and wants_volume(claim):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -16,6 +17,10 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ResourceNotFoundError
 from kubernetes.utils import parse_quantity
+
+WATCH_REQUEST_S = 300
+"""How long one watch request lasts before the next resumes it (the API server's own default
+is 30 to 60 minutes; a shorter one finds a connection that died silently sooner)."""
 
 FIELD_MANAGER = "inferfleet-operator"
 """The one field manager of everything inferfleet applies (what the operator always applied
@@ -159,30 +164,44 @@ class Kube:
         kind: str,
         namespace: str | None,
         label_selector: str,
-        timeout_s: int = 60,
+        for_s: float | None = None,
     ) -> Iterator[tuple[str, dict[str, Any]]]:
         """What matches now (`("LISTED", object)` each, then `("SYNCED", {})`), then its
-        changes (`ADDED`, `MODIFIED`, `DELETED`) until the watch's timeout ends it."""
+        changes (`ADDED`, `MODIFIED`, `DELETED`) for `for_s` seconds (None: for as long as it
+        is iterated). Each watch request resumes from the last version seen, which bookmarks
+        keep current while nothing matching changes, so nothing is listed twice; a version the
+        API server no longer holds (410 Gone, after a long disconnection) raises `ApiException`:
+        list again."""
         resource = self.resource(api_version, kind)
         listed = _wire(
             resource.get(namespace=namespace, label_selector=label_selector, serialize=False)
         )
         for item in listed["items"]:
-            yield "LISTED", item
+            # A list's items carry no kind (its own does): as a watch's objects carry it.
+            yield "LISTED", {"apiVersion": api_version, "kind": kind, **item}
         yield "SYNCED", {}
-        # The watch's own stream, not the dynamic client's `watch`: that wraps every event's
-        # object in a `ResourceInstance`, at seven times the CPU of decoding it (a pod event).
-        for event in watch.Watch().stream(  # type: ignore[no-untyped-call]
-            resource.get,
-            namespace=namespace,
-            label_selector=label_selector,
-            resource_version=listed["metadata"]["resourceVersion"],
-            timeout_seconds=timeout_s,
-            serialize=False,
-        ):
-            if event["type"] == "ERROR":
-                raise ApiException(reason=str(event["raw_object"]))
-            yield str(event["type"]), event["raw_object"]
+        version = str(listed["metadata"]["resourceVersion"])
+        deadline = None if for_s is None else time.monotonic() + for_s
+        while True:
+            left = WATCH_REQUEST_S if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                return
+            # The watch's own stream, not the dynamic client's `watch`: that wraps every
+            # event's object in a `ResourceInstance`, at seven times the CPU of decoding it. An
+            # ERROR event (410 Gone among them) is raised by the stream as an `ApiException`.
+            for event in watch.Watch().stream(  # type: ignore[no-untyped-call]
+                resource.get,
+                namespace=namespace,
+                label_selector=label_selector,
+                resource_version=version,
+                allow_watch_bookmarks=True,
+                timeout_seconds=max(1, int(min(left, WATCH_REQUEST_S))),
+                serialize=False,
+            ):
+                obj: dict[str, Any] = event["raw_object"]
+                version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+                if event["type"] != "BOOKMARK":
+                    yield str(event["type"]), obj
 
     def get(
         self,

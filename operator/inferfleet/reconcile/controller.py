@@ -44,17 +44,17 @@ from inferfleet.api.conditions import find
 from inferfleet.api.inference_service import KIND as INFERENCE_SERVICE
 from inferfleet.api.inference_service import InferenceService
 from inferfleet.api.model_deployment import KIND as MODEL_DEPLOYMENT
-from inferfleet.api.model_deployment import ModelDeployment, Role
+from inferfleet.api.model_deployment import ModelDeployment
 from inferfleet.autoscale.controller import AutoscalerSettings, PrometheusSource, tick
 from inferfleet.autoscale.ownership import Claim, claims_of
 from inferfleet.autoscale.quota import Priorities
 from inferfleet.autoscale.scalein import cost_patch
 from inferfleet.kube import AlreadyExistsError, Kube, RefusedError, StaleObjectError
 from inferfleet.reconcile.applied import AppliedChildren
+from inferfleet.reconcile.children import OPTIONAL_KINDS, ChildrenIndex, ChildWatches
 from inferfleet.reconcile.desired import (
     UNSERVED_RECHECK_S,
     Child,
-    Namespace,
     ObjectKey,
     Outcome,
     inference_service_outcome,
@@ -62,38 +62,18 @@ from inferfleet.reconcile.desired import (
     model_deployment_outcome,
     without_status,
 )
-from inferfleet.reconcile.entries import child_entries, child_of
+from inferfleet.reconcile.entries import IndexedChild, child_of, indexed_child
 from inferfleet.reconcile.events import Event, event_object
 from inferfleet.reconcile.generated import GeneratedSecrets
 from inferfleet.reconcile.held import RECHECK_S, HeldBack
+from inferfleet.reconcile.indices import Indices
 from inferfleet.reconcile.quotas import QuotaBook
 from inferfleet.reconcile.workqueue import WorkQueue
 from inferfleet.render import InstallSettings
 from inferfleet.render.common import (
     LABEL_MODEL_DEPLOYMENT,
-    label_value,
 )
-from inferfleet.render.multinode import LWS_API_VERSION, LWS_KIND
 from inferfleet.render.wake import PushedWait, pushed_wait
-
-CHILD_KINDS = (
-    ("apps/v1", "Deployment"),
-    ("v1", "Service"),
-    ("v1", "ConfigMap"),
-    ("policy/v1", "PodDisruptionBudget"),
-    ("v1", "ServiceAccount"),
-    ("rbac.authorization.k8s.io/v1", "Role"),
-    ("rbac.authorization.k8s.io/v1", "RoleBinding"),
-    ("networking.k8s.io/v1", "NetworkPolicy"),
-    ("v1", "PersistentVolumeClaim"),
-    ("batch/v1", "Job"),
-    (LWS_API_VERSION, LWS_KIND),
-)
-"""What the operator renders for its resources: it watches them, to reconcile their owner when
-they change and to know what exists without asking the API server. (A kind the cluster does
-not serve, LeaderWorkerSet without LWS installed, is watched once its CRD appears.)"""
-OPTIONAL_KINDS = ((LWS_API_VERSION, LWS_KIND),)
-"""Of those, the ones a cluster serves only with an add-on installed."""
 
 # A reconcile makes its writes one after another and waits on each (0.1-0.3 s from an API
 # server busy with a large apply): 8 workers kept up with fewer objects a second than one
@@ -124,78 +104,6 @@ def kube() -> Kube:
     return Kube.from_environment(connections=RECONCILE_WORKERS + TICK_WORKERS)
 
 
-class Indices:
-    """Reads of kopf's indices (each key maps to the values of the objects that gave it)."""
-
-    def __init__(self, indices: Mapping[str, Any]) -> None:
-        self._indices = indices
-
-    def _values(self, index: str, key: Any) -> list[Any]:
-        found = self._indices.get(index)
-        return list(found.get(key, ())) if found is not None else []
-
-    def _children_values(self, key: Any) -> list[Any]:
-        return [value for _, kind in CHILD_KINDS for value in self._values(child_index(kind), key)]
-
-    def model_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return next(iter(self._values("model_deployments", (namespace, name))), None)
-
-    def model_deployment_named(self, namespace: str, label: str) -> str | None:
-        return next(iter(self._values("model_deployments", ("label", namespace, label))), None)
-
-    def inference_service(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return next(iter(self._values("inference_services", (namespace, name))), None)
-
-    def inference_services(self) -> Iterable[tuple[str, str]]:
-        found = self._indices.get("inference_services") or {}
-        return [key for key in list(found) if len(key) == 2]
-
-    def claims(self, namespace: str, deployment: str) -> list[Claim]:
-        return self._values("inference_services", ("backend", namespace, deployment))
-
-    def children(self, namespace: str, uid: str) -> list[Child]:
-        return self._children_values(("owner", namespace, uid))
-
-    def holder(self, namespace: str, key: ObjectKey) -> str | None:
-        """The uid of the resource whose child holds the name (only its kind's index can)."""
-        return next(iter(self._values(child_index(key.kind), ("name", namespace, key))), None)
-
-    def namespace(self, namespace: str, uid: str) -> Namespace:
-        return Namespace(
-            children=self.children(namespace, uid),
-            holder=functools.partial(self.holder, namespace),
-        )
-
-    def gpu_quota_left(self, namespace: str) -> int | None:
-        """The GPUs the namespace's quotas leave (the tightest); None: no quota on GPUs."""
-        return min(self._values("gpu_quotas", ("gpus", namespace)), default=None)
-
-    def pods_created(self, namespace: str, uid: str) -> dict[Role, int]:
-        """Per role, the replicas of a ModelDeployment that exist (pods, or groups of pods over
-        several nodes; both, while a role changes kind, as both hold GPUs)."""
-        created: dict[Role, int] = {}
-        for child in self.children(namespace, uid):
-            if child.role is not None and child.progress is not None:
-                created[child.role] = created.get(child.role, 0) + child.progress.created
-        return created
-
-    def unschedulable_pods(self, namespace: str, label: str) -> set[str]:
-        """Names of the unschedulable pods of the deployment whose label value is `label`."""
-        return {
-            pod for _, pod, _why in self._values("unschedulable_pods", ("pods", namespace, label))
-        }
-
-    def unschedulable(self, namespace: str, deployment: str) -> dict[Role, str]:
-        pods: dict[Role, list[tuple[str, str]]] = {}
-        key = ("pods", namespace, label_value(deployment))
-        for role, pod, why in self._values("unschedulable_pods", key):
-            pods.setdefault(role, []).append((pod, why))
-        return {
-            role: f"{len(found)} pod(s) unschedulable ({min(found)[0]}): {min(found)[1]}"
-            for role, found in pods.items()
-        }
-
-
 def _as_served(body: Mapping[str, Any]) -> tuple[str, Any, bool]:
     """What an InferenceService's reconcile reads of a ModelDeployment it routes to: which
     object, its spec (by generation), and whether it is Ready (a status that says it is not,
@@ -208,12 +116,6 @@ def _as_served(body: Mapping[str, Any]) -> tuple[str, Any, bool]:
         metadata.get("generation"),
         ready is not None and ready.get("status") == "True",
     )
-
-
-def child_index(kind: str) -> str:
-    """The plural of a kind the operator renders: its resource, and the name of its index."""
-    lower = kind.lower()
-    return lower[:-1] + "ies" if lower.endswith("y") else lower + "s"
 
 
 @dataclass(frozen=True)
@@ -234,8 +136,13 @@ class Controller:
         *,
         install: InstallSettings,
         autoscaler: AutoscalerSettings | None,
+        watches: ChildWatches | None = None,
     ) -> None:
-        self.indices = Indices(indices)
+        """`watches`: of the objects the operator creates, from `start` on (None: only what
+        `child_changed` is told, as in tests)."""
+        self.children = ChildrenIndex()
+        self.indices = Indices(indices, self.children)
+        self._watches = watches
         self.install = install
         self.autoscaler = autoscaler or AutoscalerSettings()
         self.instance = os.environ.get("POD_NAME") or socket.gethostname()
@@ -284,6 +191,10 @@ class Controller:
     # The event loop's side: keys in, workers out.
 
     def start(self) -> None:
+        """Workers and the ticker start once the watches have listed every kind the operator
+        creates: before that, a child missing from the index may only be one not listed yet."""
+        if self._watches is not None:
+            self._watches.start(self.children, self.child_changed, self._child_unlisted)
         for _ in range(RECONCILE_WORKERS):
             work = self._work(
                 RECONCILE_QUEUE,
@@ -302,12 +213,18 @@ class Controller:
         self._tasks.append(asyncio.create_task(self._ticker()))
 
     async def stop(self) -> None:
+        if self._watches is not None:
+            self._watches.stop()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _synced(self) -> None:
+        if self._watches is not None:
+            await self._watches.synced.wait()
 
     def add(self, kind: str, namespace: str, name: str) -> None:
         self.reconciles.add((kind, namespace, name))
@@ -369,17 +286,37 @@ class Controller:
         )
 
     def child_changed(self, namespace: str, obj: Mapping[str, Any], *, gone: bool) -> None:
-        """An object the operator created: its owner is reconciled when what it reads of it
-        changed (`Child.read_by_owner`: a status write that changes nothing the owner reads
-        costs nothing)."""
-        child = child_of(namespace, obj)
-        if child is None:
+        """An event of an object the operator created: the index holds it as it is now (or no
+        longer), and its owner is reconciled when what it reads of it changed
+        (`Child.read_by_owner`: a status write that changes nothing the owner reads costs
+        nothing)."""
+        indexed = indexed_child(namespace, obj)
+        if indexed is None:  # not, or no longer, controlled by a resource of the operator's
+            metadata = obj.get("metadata") or {}
+            key = ObjectKey(
+                str(obj.get("apiVersion")), str(obj.get("kind")), str(metadata.get("name"))
+            )
+            self.children.remove(namespace, key)
             return
-        if child.key.kind == "ConfigMap" and not gone:
+        if gone:
+            self.children.remove(namespace, indexed.child.key)
+        else:
+            self.children.put(namespace, indexed)
+        if indexed.child.key.kind == "ConfigMap" and not gone:
             self._heard_wake(namespace, obj)
-        metadata = obj.get("metadata") or {}
-        self._written.seen(namespace, child, metadata.get("resourceVersion"), gone=gone)
-        seen = (namespace, str(metadata.get("uid", "")))
+        version = (obj.get("metadata") or {}).get("resourceVersion")
+        self._child_news(namespace, indexed, version, gone=gone)
+
+    def _child_unlisted(self, namespace: str, indexed: IndexedChild) -> None:
+        """A child deleted while its watch did not run (a list of its kind lacks it)."""
+        self._child_news(namespace, indexed, None, gone=True)
+
+    def _child_news(
+        self, namespace: str, indexed: IndexedChild, version: str | None, *, gone: bool
+    ) -> None:
+        child = indexed.child
+        self._written.seen(namespace, child, version, gone=gone)
+        seen = (namespace, indexed.uid)
 
         def news() -> bool:
             if gone:
@@ -389,18 +326,8 @@ class Controller:
             self._children[seen] = child
             return before is None or before.read_by_owner != child.read_by_owner
 
-        owner = next(
-            (
-                (str(ref["kind"]), namespace, str(ref["name"]))
-                for ref in (obj.get("metadata") or {}).get("ownerReferences") or []
-                if ref.get("uid") == child.owner_uid
-            ),
-            None,
-        )
-        if owner is None:
-            news()
-        else:
-            self._add_unless_echo(owner, news)
+        owner_kind, owner_name = indexed.owner
+        self._add_unless_echo((owner_kind, namespace, owner_name), news)
 
     def _set_deletion_costs(self, namespace: str, costs: Mapping[str, int]) -> None:
         """Before a scale-in is written: the pods that hold the fewest requests go first
@@ -481,6 +408,7 @@ class Controller:
 
     async def _ticker(self) -> None:
         """Adds each `policy: goodput` service to the tick queue once per interval."""
+        await self._synced()
         while True:
             await asyncio.sleep(TICKER_PERIOD_S)
             now = time.monotonic()
@@ -505,6 +433,7 @@ class Controller:
         """`reconciled`: the object whose writes a run of `work` makes (`_judge_news`)."""
         loop = asyncio.get_running_loop()
         metrics = self.autoscaler.metrics
+        await self._synced()
         while True:
             key = await queue.get()
             context = contextvars.copy_context()
@@ -699,7 +628,7 @@ class Controller:
         found = kube().get(key.api_version, key.kind, key.name, namespace)
         if found is None:
             raise StaleObjectError(f"{key.describe()} went away while created")
-        return bool(child_entries(namespace, found))
+        return child_of(namespace, found) is not None
 
     def _refused(self, namespace: str, obj: Mapping[str, Any], error: RefusedError) -> None:
         """Remember what the API server said of `obj`, for the reconcile that says it in

@@ -1,10 +1,12 @@
 """What the operator's indices hold, per object: pure functions of the object as the API
-server stores it, called by kopf's index handlers (`reconcile.handlers`) and by the
-controller where it must know what an event or an apply changed."""
+server stores it, called by kopf's index handlers (`reconcile.handlers`), by the index of what
+the operator created (`reconcile.children`) and by the controller where it must know what an
+event or an apply changed."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from inferfleet.api.inference_service import KIND as INFERENCE_SERVICE
@@ -17,11 +19,9 @@ from inferfleet.reconcile.status import RoleProgress
 from inferfleet.render.common import LABEL_MODEL_DEPLOYMENT, LABEL_ROLE, WORKLOAD_KINDS
 
 
-def child_entries(namespace: str, obj: Mapping[str, Any]) -> dict[Any, Any]:
-    """Index entries of an object the operator created: under its owner's uid (the children
-    of a resource), and under its name (who holds that name)."""
-    metadata = obj.get("metadata") or {}
-    owner = next(
+def _controlling_owner(metadata: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The owner reference of the ModelDeployment or InferenceService that made the object."""
+    return next(
         (
             ref
             for ref in metadata.get("ownerReferences") or []
@@ -29,15 +29,21 @@ def child_entries(namespace: str, obj: Mapping[str, Any]) -> dict[Any, Any]:
         ),
         None,
     )
+
+
+def child_of(namespace: str, obj: Mapping[str, Any]) -> Child | None:
+    """What the operator's index holds of an object it created (None: not one)."""
+    metadata = obj.get("metadata") or {}
+    owner = _controlling_owner(metadata)
     if owner is None or not obj.get("apiVersion") or not obj.get("kind"):
-        return {}
+        return None
     key = ObjectKey(str(obj["apiVersion"]), str(obj["kind"]), str(metadata.get("name")))
     labels = metadata.get("labels") or {}
     role_label = labels.get(LABEL_ROLE)
     role = Role(str(role_label)) if role_label in Role._value2member_map_ else None
     workload = key.kind in WORKLOAD_KINDS
     replicas = (obj.get("spec") or {}).get("replicas") if workload else None
-    child = Child(
+    return Child(
         key=key,
         owner_uid=str(owner.get("uid")),
         applied_hash=(metadata.get("annotations") or {}).get(APPLIED_HASH_ANNOTATION),
@@ -51,14 +57,28 @@ def child_entries(namespace: str, obj: Mapping[str, Any]) -> dict[Any, Any]:
         else None,
         fill=fill_state(obj) if owner.get("kind") == MODEL_DEPLOYMENT else None,
     )
-    return {("owner", namespace, child.owner_uid): child, ("name", namespace, key): child.owner_uid}
 
 
-def child_of(namespace: str, obj: Mapping[str, Any]) -> Child | None:
-    """What the children index holds of an object the operator created (None: not one)."""
-    held = child_entries(namespace, obj)
-    child = next((value for key, value in held.items() if key[0] == "owner"), None)
-    return child if isinstance(child, Child) else None
+@dataclass(frozen=True)
+class IndexedChild:
+    """An object the operator created, as its index holds it: what its owner reads of it,
+    which object its owner is, and its own identity."""
+
+    child: Child
+    owner: tuple[str, str]
+    """The kind and name of the ModelDeployment or InferenceService that made it."""
+    uid: str
+
+
+def indexed_child(namespace: str, obj: Mapping[str, Any]) -> IndexedChild | None:
+    child = child_of(namespace, obj)
+    metadata = obj.get("metadata") or {}
+    owner = _controlling_owner(metadata)
+    if child is None or owner is None:
+        return None
+    return IndexedChild(
+        child, (str(owner.get("kind")), str(owner.get("name"))), str(metadata.get("uid", ""))
+    )
 
 
 def unschedulable_entry(namespace: str, pod: Mapping[str, Any]) -> dict[Any, Any]:

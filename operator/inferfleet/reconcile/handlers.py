@@ -3,14 +3,15 @@ object to reconcile. Thin on purpose: what each object should be is decided in
 `reconcile.desired` (pure); `reconcile.controller` carries it out.
 
 Level-triggered, as Kubernetes controllers are: kopf's watches keep indices (the informer
-caches) of ModelDeployments, InferenceServices, the objects the operator created and the pods it
-must explain; every event only adds keys to a work queue (`reconcile.workqueue`), the object's
-own and those of the objects it affects (a child's owner, a service's backends, a deployment's
-services). Workers reconcile each key from the indices, so a burst of events costs one
-reconcile, a change is never lost to a missed diff, and a restart simply reconciles everything
-once. No create/update handler: kopf stores no diff base or progress in the objects, and an
-object's deletion needs no finalizer (its children carry owner references; the deployments a
-deleted service autoscaled are reconciled back to their specs).
+caches) of ModelDeployments, InferenceServices, GPU quotas and the pods the operator must
+explain, and `reconcile.children` keeps the objects the operator created; every event only adds
+keys to a work queue (`reconcile.workqueue`), the object's own and those of the objects it
+affects (a child's owner, a service's backends, a deployment's services). Workers reconcile each
+key from the indices, so a burst of events costs one reconcile, a change is never lost to a
+missed diff, and a restart simply reconciles everything once. No create/update handler: kopf
+stores no diff base or progress in the objects, and an object's deletion needs no finalizer (its
+children carry owner references; the deployments a deleted service autoscaled are reconciled
+back to their specs).
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ import kopf
 from inferfleet.api.common import API_GROUP, API_VERSION
 from inferfleet.autoscale.controller import AutoscalerSettings
 from inferfleet.autoscale.ownership import claims_of
-from inferfleet.reconcile.controller import CHILD_KINDS, Controller, child_index
-from inferfleet.reconcile.entries import child_entries, gpu_quota_entry, unschedulable_entry
+from inferfleet.reconcile.children import CHILD_KINDS, OPTIONAL_KINDS, ChildWatches
+from inferfleet.reconcile.controller import Controller
+from inferfleet.reconcile.desired import UNSERVED_RECHECK_S
+from inferfleet.reconcile.entries import gpu_quota_entry, unschedulable_entry
 from inferfleet.render import InstallSettings
 from inferfleet.render.common import (
     LABEL_MANAGED_BY,
@@ -36,6 +39,7 @@ from inferfleet.render.common import (
 )
 
 MANAGED_BY_SELECTOR = {LABEL_MANAGED_BY: MANAGED_BY}
+MANAGED = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
 
 logger = logging.getLogger(__name__)
 
@@ -78,17 +82,12 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.watching.server_timeout = 270
     settings.persistence.diffbase_storage = _NoDiffBase()
     # Only what the operator made is streamed to it (filtered by the API server), however many
-    # pods, Deployments and Services the cluster runs besides.
-    managed = ",".join(f"{key}={value}" for key, value in MANAGED_BY_SELECTOR.items())
-    for api_version, kind in CHILD_KINDS:
-        settings.watching.label_selectors[(*_group_version(api_version), child_index(kind))] = (
-            managed
-        )
+    # pods the cluster runs besides (its other kinds are watched by `reconcile.children`).
     # Of the pods, only engine pods (their ModelDeployment explains them; a router's pods have
     # no such label) and only while no node is theirs: a pod the scheduler binds leaves the
     # stream (as a deletion) and the index with it; its start and its status changes from then
     # on are never sent.
-    settings.watching.label_selectors["", "v1", "pods"] = f"{managed},{LABEL_MODEL_DEPLOYMENT}"
+    settings.watching.label_selectors["", "v1", "pods"] = f"{MANAGED},{LABEL_MODEL_DEPLOYMENT}"
     settings.watching.field_selectors["", "v1", "pods"] = "status.phase=Pending,spec.nodeName="
     # Every event's handler succeeds by design: a line per event would be the whole log.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
@@ -120,18 +119,6 @@ async def inference_services(
     }
 
 
-async def _index_children(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any]:
-    return child_entries(namespace, dict(body)) if namespace else {}
-
-
-# One index per kind the operator renders, named as `Indices` reads it (deployments, ...).
-for _api_version, _kind in CHILD_KINDS:
-    kopf.index(
-        *_group_version(_api_version), child_index(_kind), labels=MANAGED_BY_SELECTOR,
-        id=child_index(_kind),
-    )(_index_children)  # fmt: skip
-
-
 @kopf.index("", "v1", "pods", labels=MANAGED_BY_SELECTOR)
 async def unschedulable_pods(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any]:
     return unschedulable_entry(namespace, dict(body)) if namespace else {}
@@ -152,10 +139,20 @@ def _controller(memo: kopf.Memo, indices: dict[str, Any]) -> Controller:
         return slot.controller
     install = memo.get("install")
     autoscaler = memo.get("autoscaler")
+    namespaces = memo.get("namespaces")
     controller = Controller(
         indices,
         install=install if isinstance(install, InstallSettings) else InstallSettings(),
         autoscaler=autoscaler if isinstance(autoscaler, AutoscalerSettings) else None,
+        watches=ChildWatches(
+            CHILD_KINDS,
+            namespaces,
+            MANAGED,
+            optional=OPTIONAL_KINDS,
+            recheck_unserved_s=UNSERVED_RECHECK_S,
+        )
+        if isinstance(namespaces, tuple)
+        else None,
     )
     slot.controller = controller
     controller.start()
@@ -193,20 +190,6 @@ async def inference_service_event(
     if namespace is not None:
         current = None if type == "DELETED" else body
         _controller(memo, indices).inference_service_changed(namespace, name, current)
-
-
-async def _child_event(
-    *, type: str | None, namespace: str | None, body: kopf.Body, memo: kopf.Memo, **indices: Any
-) -> None:
-    if namespace is not None:
-        _controller(memo, indices).child_changed(namespace, dict(body), gone=type == "DELETED")
-
-
-for _api_version, _kind in CHILD_KINDS:
-    kopf.on.event(
-        *_group_version(_api_version), child_index(_kind), labels=MANAGED_BY_SELECTOR,
-        id=f"{_kind}-event",
-    )(_child_event)  # fmt: skip
 
 
 @kopf.on.event("", "v1", "pods", labels=MANAGED_BY_SELECTOR)

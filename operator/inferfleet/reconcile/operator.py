@@ -54,7 +54,8 @@ def run(
     """Block until SIGTERM/SIGINT. No namespaces: the whole cluster (needs the ClusterRole);
     some: only those (a namespaced Role in each suffices). `install`: the images and router
     discovery everything is rendered with; `autoscaler`: where the metrics are and how often
-    each `policy: goodput` service ticks (handlers read both from kopf's memo). `election`:
+    each `policy: goodput` service ticks (handlers read both, and the namespaces, from kopf's
+    memo). `election`:
     reconcile only while holding that Lease (a follower waits, answering its liveness probe);
     None: at once, alone."""
     kopf.configure(log_format=kopf.LogFormat.FULL)
@@ -104,7 +105,9 @@ def _run_kopf(
         standalone=True,
         liveness_endpoint=liveness_endpoint,
         memo=kopf.Memo(
-            install=install or InstallSettings(), autoscaler=autoscaler or AutoscalerSettings()
+            install=install or InstallSettings(),
+            autoscaler=autoscaler or AutoscalerSettings(),
+            namespaces=tuple(namespaces),
         ),
     )
 

@@ -124,7 +124,7 @@ class _Watcher(ABC):
 
     @abstractmethod
     def _sync_once(self) -> None:
-        """One list, then its watch until the watch times out (or `stopped` is set)."""
+        """One list, then its watch until it ends (where it asks for an end) or `stopped` is set."""
 
     def run(self) -> None:
         """List and watch until stopped; the API server unreachable: back off and retry."""
@@ -230,8 +230,8 @@ class PodWatcher(_Watcher):
         }
         listed: dict[str, Mapping[str, Any]] = {}
         # Every pod of the namespace: selectors differ per Service and cannot be joined into
-        # one label selector.
-        for kind, item in self.kube.list_and_watch("v1", "Pod", self.namespace, ""):
+        # one label selector. Listed again each minute, with each Service's selector read again.
+        for kind, item in self.kube.list_and_watch("v1", "Pod", self.namespace, "", for_s=60):
             if self.stopped.is_set():
                 return
             name = str((item.get("metadata") or {}).get("name", ""))
