@@ -116,8 +116,8 @@ def _figures_table(result: Mapping[str, Any]) -> list[str]:
 
 def _per_bare_deployment(result: Mapping[str, Any]) -> str:
     """The operator's CPU per reconciled resource over what the API server spent per Deployment
-    in the bare baseline: CPU seconds differ twofold between runs on machines that the same
-    model names, and a ratio of two figures of one run does not."""
+    in the bare baseline: CPU seconds differ twofold between runs on hosts that report the same
+    CPU model, and a ratio of two figures of one run does not."""
     bare = result["bare_deployments"]
     api_s = bare["cpu"]["cpu_s_by_process"].get("kube-apiserver")
     operator_ms = result["headline"]["operator_cpu_ms_per_reconcile"]
