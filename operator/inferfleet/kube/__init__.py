@@ -21,6 +21,9 @@ from kubernetes.utils import parse_quantity
 WATCH_REQUEST_S = 300
 """How long one watch request lasts before the next resumes it (the API server's own default
 is 30 to 60 minutes; a shorter one finds a connection that died silently sooner)."""
+WATCH_CONNECT_S = 10
+WATCH_SILENCE_S = 30
+"""How long past a watch request's own end its connection may stay silent."""
 
 FIELD_MANAGER = "inferfleet-operator"
 """The one field manager of everything inferfleet applies (what the operator always applied
@@ -196,6 +199,9 @@ class Kube:
                 resource_version=version,
                 allow_watch_bookmarks=True,
                 timeout_seconds=max(1, int(min(left, WATCH_REQUEST_S))),
+                # A connection that died without a word ends the read instead of blocking it
+                # for good: bookmarks come about once a minute on a live one.
+                _request_timeout=(WATCH_CONNECT_S, WATCH_REQUEST_S + WATCH_SILENCE_S),
                 serialize=False,
             ):
                 obj: dict[str, Any] = event["raw_object"]
