@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from inferfleet.reconcile import children as children_module
+from inferfleet.kube import Kube
 from inferfleet.reconcile.children import ChildrenIndex, ChildWatches
 from inferfleet.reconcile.desired import ObjectKey
 from inferfleet.reconcile.entries import IndexedChild, indexed_child
@@ -130,7 +130,7 @@ def test_watches_list_watch_list_again_after_410_and_report_when_all_kinds_are_l
         },
         unserved={"LeaderWorkerSet"},
     )
-    monkeypatch.setattr(children_module.Kube, "from_environment", lambda **_: kube)
+    monkeypatch.setattr(Kube, "from_environment", lambda **_: kube)
     index = ChildrenIndex()
     seen: list[tuple[str, int, bool]] = []
     unlisted: list[str] = []
