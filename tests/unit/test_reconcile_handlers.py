@@ -77,6 +77,29 @@ def test_a_child_queues_its_owner_only_when_what_the_owner_reads_of_it_changes()
     asyncio.run(scenario())
 
 
+def test_the_index_follows_child_events_and_a_child_released_by_hand_is_news_to_its_owner() -> None:
+    async def scenario() -> None:
+        controller = Controller({}, install=InstallSettings(), autoscaler=None)
+        owner = ("ModelDeployment", "llm", "llama")
+        controller.child_changed("llm", _engine_deployment(ready=1), gone=False)
+        assert await _drained(controller) == {owner}
+        held = controller.indices.children("llm", "uid-md")
+        assert [(c.key.name, c.progress.ready if c.progress else None) for c in held] == [
+            ("llama-aggregated", 1)
+        ]
+        # Someone removed its owner reference: no longer the deployment's, which learns so.
+        released = _engine_deployment(ready=1)
+        released["metadata"]["ownerReferences"] = []
+        controller.child_changed("llm", released, gone=False)
+        assert await _drained(controller) == {owner}
+        assert controller.indices.children("llm", "uid-md") == []
+        controller.child_changed("llm", released, gone=True)
+        assert await _drained(controller) == set()
+        await controller.stop()
+
+    asyncio.run(scenario())
+
+
 def test_the_watch_event_of_its_own_apply_does_not_queue_the_owner_again() -> None:
     async def scenario() -> None:
         controller = Controller({}, install=InstallSettings(), autoscaler=None)

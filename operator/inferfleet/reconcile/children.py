@@ -4,8 +4,9 @@ served), whose events reach the event loop, which alone writes the index.
 
 Not kopf's indices, on purpose: of the watch events the operator receives, most are of its
 children (the Deployment and disruption controllers' status writes), and kopf's processing of
-each (causes, memories, its index's bookkeeping, the handler's invocation) cost about ten
-times the decode and the dictionary update these watches make (`make bench-operator`). The
+each (causes, memories, its index's bookkeeping, the handler's invocation) cost far more than
+the decode and the dictionary update these watches make: the operator's CPU per reconciled
+resource fell by a third when they replaced kopf's (`make bench-operator`, 150 services). The
 operator's own resources, pods and quotas stay in kopf's indices.
 
 Reconciles wait for `synced`: until each kind has been listed once, a child missing from the

@@ -296,7 +296,9 @@ class Controller:
             key = ObjectKey(
                 str(obj.get("apiVersion")), str(obj.get("kind")), str(metadata.get("name"))
             )
-            self.children.remove(namespace, key)
+            released = self.children.remove(namespace, key)
+            if released is not None:  # its owner reference removed: no longer its owner's
+                self._child_news(namespace, released, None, gone=True)
             return
         if gone:
             self.children.remove(namespace, indexed.child.key)
