@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -13,6 +14,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from inferfleet.kube import Kube
+from inferfleet.kube.reflector import until_stopped
 from inferfleet.reconcile.children import ChildrenIndex, ChildWatches
 from inferfleet.reconcile.desired import ObjectKey
 from inferfleet.reconcile.entries import IndexedChild, indexed_child
@@ -165,3 +167,32 @@ def test_watches_list_watch_list_again_after_410_and_report_when_all_kinds_are_l
     assert unlisted == ["b"]
     assert [child.key.name for child in index.children("llm", "uid-md")] == ["a"]
     assert kube.calls == {"Deployment": 2}
+
+
+def test_a_watch_that_fails_is_backed_off_and_run_again_until_stopped() -> None:
+    stopped = threading.Event()
+    calls: list[float] = []
+
+    def work() -> None:
+        calls.append(time.monotonic())
+        if len(calls) == 1:
+            raise ConnectionError("the API server is unreachable")
+        stopped.set()
+
+    until_stopped(work, stopped, "a watch")
+    assert len(calls) == 2
+    assert calls[1] - calls[0] >= 0.4  # backed off, not spun
+
+    # Stopped while backing off: ends at once, without a last run.
+    stopped.clear()
+    failing: list[int] = []
+
+    def fails() -> None:
+        failing.append(1)
+        threading.Timer(0.1, stopped.set).start()
+        raise ConnectionError("refused")
+
+    started = time.monotonic()
+    until_stopped(fails, stopped, "a watch")
+    assert failing == [1]
+    assert time.monotonic() - started < 0.45

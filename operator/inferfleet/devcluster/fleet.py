@@ -99,6 +99,7 @@ from inferfleet.devcluster.pod_process import (
 )
 from inferfleet.devcluster.processes import ProcessSpec
 from inferfleet.kube import Kube
+from inferfleet.kube.reflector import until_stopped
 
 log = logging.getLogger(__name__)
 
@@ -657,15 +658,7 @@ class FleetAgent:
 
     def run(self) -> None:
         """List and watch pods until stopped; the API server unreachable: back off, retry."""
-        retrying = Retrying(
-            retry=retry_if_exception_type(Exception),
-            wait=wait_exponential(multiplier=0.5, max=30),
-            before_sleep=lambda state: log.warning(
-                "pod watch failed (%s); retrying", state.outcome and state.outcome.exception()
-            ),
-        )
-        while not self.stopped.is_set():
-            retrying(self._sync_once)
+        until_stopped(self._sync_once, self.stopped, "pod watch")
 
     def shutdown(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:
         """Stop every process (each within its grace, at most `grace_s`) and wait for them."""

@@ -23,9 +23,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from tenacity import Retrying, retry_if_exception_type, stop_when_event_set, wait_exponential
-
 from inferfleet.kube import Kube
+from inferfleet.kube.reflector import until_stopped
 
 log = logging.getLogger(__name__)
 
@@ -113,21 +112,7 @@ class Provisioner:
         self._class_applied = False
 
     def run(self) -> None:
-        retrying = Retrying(
-            retry=retry_if_exception_type(Exception),
-            wait=wait_exponential(multiplier=0.5, max=30),
-            stop=stop_when_event_set(self.stopped),
-            sleep=self._sleep,
-            before_sleep=lambda state: log.warning(
-                "volume provisioning failed (%s); retrying",
-                state.outcome and state.outcome.exception(),
-            ),
-        )
-        while not self.stopped.is_set():
-            retrying(self._sync_once)
-
-    def _sleep(self, seconds: float) -> None:
-        self.stopped.wait(seconds)
+        until_stopped(self._sync_once, self.stopped, "volume provisioning")
 
     def _sync_once(self) -> None:
         if not self._class_applied:

@@ -5,19 +5,56 @@ server no longer holds the version to resume from (410 Gone)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
-from tenacity import Retrying, retry_if_exception_type, wait_exponential
+from tenacity import (
+    RetryError,
+    Retrying,
+    retry_if_exception_type,
+    stop_when_event_set,
+    wait_exponential,
+)
 
 from inferfleet.kube import Kube
 
 logger = logging.getLogger(__name__)
 
 GONE = 410
+
+
+def until_stopped(work: Callable[[], None], stopped: threading.Event, what: str) -> None:
+    """Run `work` (a list and its watch, for as long as it lasts) again and again until
+    `stopped` is set. An error is logged and backed off, 0.5 s doubling up to 30 s (an API
+    server unreachable is asked again, slowly); a backoff ends early when `stopped` is set."""
+    retrying = Retrying(
+        retry=retry_if_exception_type(Exception),
+        wait=wait_exponential(multiplier=0.5, max=30),
+        stop=stop_when_event_set(stopped),
+        sleep=functools.partial(_wait, stopped),
+        before_sleep=lambda state: logger.warning(
+            "%s failed (%s); retrying", what, state.outcome and state.outcome.exception()
+        ),
+    )
+
+    def unless_stopped() -> None:
+        if not stopped.is_set():  # a backoff ended early: no last run
+            work()
+
+    while not stopped.is_set():
+        try:
+            retrying(unless_stopped)
+        except RetryError:  # stopped before backing off
+            return
+
+
+def _wait(stopped: threading.Event, seconds: float) -> None:
+    stopped.wait(seconds)
+
 
 Deliver = Callable[[str, dict[str, Any]], bool]
 """Takes each event (`Kube.list_and_watch`'s); False: stop."""
@@ -62,26 +99,10 @@ class Reflector:
         self.stopped.set()
 
     def _run(self) -> None:
-        retrying = Retrying(
-            retry=retry_if_exception_type(Exception),
-            wait=wait_exponential(multiplier=0.5, max=30),
-            sleep=self._sleep,
-            before_sleep=lambda state: logger.warning(
-                "watch of %s in %s failed (%s); listing again",
-                self.kind,
-                self.namespace or "all namespaces",
-                state.outcome and state.outcome.exception(),
-            ),
-        )
-        while not self.stopped.is_set():
-            retrying(self._list_and_watch)
-
-    def _sleep(self, seconds: float) -> None:
-        self.stopped.wait(seconds)
+        where = self.namespace or "all namespaces"
+        until_stopped(self._list_and_watch, self.stopped, f"watch of {self.kind} in {where}")
 
     def _list_and_watch(self) -> None:
-        if self.stopped.is_set():
-            return
         recheck_s = self.recheck_unserved_s
         if recheck_s is not None and self.kube.serves(self.api_version, self.kind) is False:
             if self.deliver("SYNCED", {}):

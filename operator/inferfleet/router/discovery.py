@@ -19,22 +19,18 @@ the router's event loop. Backends given with `urls=` are fixed and need no disco
 from __future__ import annotations
 
 import asyncio
-import logging
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from tenacity import Retrying, retry_if_exception_type, wait_exponential
-
 from inferfleet.api.model_deployment import Role
 from inferfleet.engines import PORT_NAME
 from inferfleet.kube import Kube
+from inferfleet.kube.reflector import until_stopped
 from inferfleet.router.config import Backend, DiscoveryMode, RouterConfig
 from inferfleet.router.proxy import Discovery, Router
-
-log = logging.getLogger(__name__)
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 _SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
@@ -128,17 +124,7 @@ class _Watcher(ABC):
 
     def run(self) -> None:
         """List and watch until stopped; the API server unreachable: back off and retry."""
-        retrying = Retrying(
-            retry=retry_if_exception_type(Exception),
-            wait=wait_exponential(multiplier=0.5, max=30),
-            before_sleep=lambda state: log.warning(
-                "%s failed (%s); retrying",
-                self.what,
-                state.outcome and state.outcome.exception(),
-            ),
-        )
-        while not self.stopped.is_set():
-            retrying(self._sync_once)
+        until_stopped(self._sync_once, self.stopped, self.what)
 
 
 class EndpointSliceWatcher(_Watcher):
