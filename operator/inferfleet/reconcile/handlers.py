@@ -69,11 +69,6 @@ class _NoDiffBase(kopf.DiffBaseStorage):
         return None
 
 
-def _group_version(api_version: str) -> tuple[str, str]:
-    group, _, version = api_version.rpartition("/")
-    return group, version
-
-
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     memo["slot"] = _Slot()
