@@ -196,3 +196,50 @@ def test_a_watch_that_fails_is_backed_off_and_run_again_until_stopped() -> None:
     until_stopped(fails, stopped, "a watch")
     assert failing == [1]
     assert time.monotonic() - started < 0.45
+
+
+def test_events_queued_while_the_loop_is_busy_reach_it_in_order_in_one_wake_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    events = [("MODIFIED", _deployment("a", ready=ready)) for ready in range(1, 201)]
+    kube = _ScriptedKube({"Deployment": [[("SYNCED", {}), *events]]}, unserved=set())
+    monkeypatch.setattr(Kube, "from_environment", lambda **_: kube)
+    seen: list[int] = []
+    first_seen = threading.Event()
+
+    def on_child(namespace: str, obj: Mapping[str, Any], *, gone: bool) -> None:
+        ready = int(obj["status"]["readyReplicas"])
+        seen.append(ready)
+        if ready == 1:
+            first_seen.set()
+            time.sleep(0.3)  # the loop is busy: the watch's other events queue meanwhile
+        if ready == 2:
+            raise ValueError("a handler's error")  # logged; the events after it still count
+
+    async def scenario() -> int:
+        watches = ChildWatches(
+            [DEPLOYMENT], (), "app.kubernetes.io/managed-by=inferfleet", recheck_unserved_s=60
+        )
+        drains = 0
+        drain = watches._drain
+
+        def counted() -> None:
+            nonlocal drains
+            drains += 1
+            drain()
+
+        monkeypatch.setattr(watches, "_drain", counted)
+        watches.start(ChildrenIndex(), on_child, lambda ns, held: None)
+        for _ in range(250):
+            if len(seen) == len(events):
+                break
+            await asyncio.sleep(0.02)
+        watches.stop()
+        kube.done.set()
+        return drains
+
+    drains = asyncio.run(scenario())
+    assert seen == list(range(1, 201))
+    # The SYNCED and the first event may each wake the loop; what came during the busy 0.3 s
+    # came in one wake-up, not 199.
+    assert drains <= 4

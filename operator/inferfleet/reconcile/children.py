@@ -17,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import threading
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -141,10 +143,17 @@ class _Receiver:
     on_unlisted: OnUnlisted
 
 
+_Pending = tuple[_Receiver, _Watch, str, dict[str, Any]]
+
+
 class ChildWatches:
     """The watches of `kinds` in `namespaces` (none: in all), from threads; their events
     handed to `on_child` on the event loop that `start` runs on. `synced` is set once every
-    watch has listed what exists."""
+    watch has listed what exists.
+
+    The threads queue events and wake the loop only when no drain of the queue is scheduled:
+    while the loop is busy (a rollout's burst of status writes), one wake-up hands it every
+    event queued meanwhile, where a wake-up per event cost the loop more than its handling."""
 
     def __init__(
         self,
@@ -163,6 +172,9 @@ class ChildWatches:
         self.synced = asyncio.Event()
         self._watches: list[_Watch] = []
         self._reflectors: list[Reflector] = []
+        self._pending: deque[_Pending] = deque()
+        self._drain_lock = threading.Lock()
+        self._drain_scheduled = False
 
     def start(self, index: ChildrenIndex, on_child: OnChild, on_unlisted: OnUnlisted) -> None:
         loop = asyncio.get_running_loop()
@@ -205,12 +217,30 @@ class ChildWatches:
         event: str,
         obj: dict[str, Any],
     ) -> bool:
-        """From a watch's thread: the event, to be handled on the loop."""
+        """From a watch's thread: the event, queued to be handled on the loop, in order."""
+        self._pending.append((receiver, watch, event, obj))
+        with self._drain_lock:
+            if self._drain_scheduled:
+                return True
+            self._drain_scheduled = True
         try:
-            loop.call_soon_threadsafe(self._handle, receiver, watch, event, obj)
+            loop.call_soon_threadsafe(self._drain)
         except RuntimeError:  # the loop has closed: the operator is stopping
             return False
         return True
+
+    def _drain(self) -> None:
+        """On the loop: the events queued so far. One queued after the flag is cleared
+        schedules the next drain. An event whose handling fails is logged and passed over,
+        as the loop does with a callback's error, and those after it are still handled."""
+        with self._drain_lock:
+            self._drain_scheduled = False
+        for _ in range(len(self._pending)):
+            receiver, watch, event, obj = self._pending.popleft()
+            try:
+                self._handle(receiver, watch, event, obj)
+            except Exception:
+                logger.exception("cannot handle a %s event of a %s", event, watch.kind)
 
     def _handle(
         self, receiver: _Receiver, watch: _Watch, event: str, obj: Mapping[str, Any]

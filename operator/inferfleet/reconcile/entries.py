@@ -43,19 +43,17 @@ def child_of(namespace: str, obj: Mapping[str, Any]) -> Child | None:
     role = Role(str(role_label)) if role_label in Role._value2member_map_ else None
     workload = key.kind in WORKLOAD_KINDS
     replicas = (obj.get("spec") or {}).get("replicas") if workload else None
+    of_deployment = owner.get("kind") == MODEL_DEPLOYMENT
+    progress = RoleProgress.from_workload(obj) if workload else None
     return Child(
         key=key,
         owner_uid=str(owner.get("uid")),
         applied_hash=(metadata.get("annotations") or {}).get(APPLIED_HASH_ANNOTATION),
         replicas=replicas if isinstance(replicas, int) else None,
-        role=role if owner.get("kind") == MODEL_DEPLOYMENT else None,
-        progress=RoleProgress.from_workload(obj)
-        if workload and owner.get("kind") == MODEL_DEPLOYMENT
-        else None,
-        serving=RoleProgress.from_workload(obj).available > 0
-        if workload and owner.get("kind") == INFERENCE_SERVICE
-        else None,
-        fill=fill_state(obj) if owner.get("kind") == MODEL_DEPLOYMENT else None,
+        role=role if of_deployment else None,
+        progress=progress if of_deployment else None,
+        serving=progress.available > 0 if progress is not None and not of_deployment else None,
+        fill=fill_state(obj) if of_deployment else None,
     )
 
 
