@@ -1,6 +1,7 @@
 """The index of what the operator created, and the watches that keep it: listed once, watched,
 listed again after the API server lost the version to resume from (what that list lacks is
-gone), and reconciles held back until every kind is listed."""
+gone), reconciles held back until every kind is listed, and events handed to the loop in
+bursts."""
 
 from __future__ import annotations
 
@@ -15,12 +16,13 @@ from kubernetes.client.exceptions import ApiException
 
 from inferfleet.kube import Kube
 from inferfleet.kube.reflector import until_stopped
-from inferfleet.reconcile.children import ChildrenIndex, ChildWatches
+from inferfleet.reconcile.children import MANAGED, ChildrenIndex
 from inferfleet.reconcile.desired import ObjectKey
 from inferfleet.reconcile.entries import IndexedChild, indexed_child
+from inferfleet.reconcile.watches import Watched, Watches
 
-DEPLOYMENT = ("apps/v1", "Deployment")
-LWS = ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet")
+DEPLOYMENT = Watched("apps/v1", "Deployment", MANAGED)
+LWS = Watched("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", MANAGED, optional=True)
 
 
 def _deployment(name: str, owner_uid: str = "uid-md", *, ready: int = 0) -> dict[str, Any]:
@@ -101,9 +103,16 @@ class _ScriptedKube:
         return kind not in self.unserved
 
     def list_and_watch(
-        self, api_version: str, kind: str, namespace: str | None, label_selector: str
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None,
+        label_selector: str,
+        *,
+        field_selector: str | None,
     ) -> Iterator[tuple[str, dict[str, Any]]]:
         assert label_selector == "app.kubernetes.io/managed-by=inferfleet"
+        assert field_selector is None
         scripts = self.scripts.get(kind, [])
         call = self.calls.get(kind, 0)
         self.calls[kind] = call + 1
@@ -137,7 +146,8 @@ def test_watches_list_watch_list_again_after_410_and_report_when_all_kinds_are_l
     seen: list[tuple[str, int, bool]] = []
     unlisted: list[str] = []
 
-    def on_child(namespace: str, obj: Mapping[str, Any], *, gone: bool) -> None:
+    def on_event(watched: Watched, namespace: str, obj: Mapping[str, Any], *, gone: bool) -> None:
+        assert watched == DEPLOYMENT
         held = _indexed(obj)
         if gone:
             index.remove(namespace, held.child.key)
@@ -146,12 +156,14 @@ def test_watches_list_watch_list_again_after_410_and_report_when_all_kinds_are_l
         ready = held.child.progress.ready if held.child.progress else -1
         seen.append((held.child.key.name, ready, gone))
 
+    def on_relisted(watched: Watched, scope: str | None, listed: list[tuple[str, str]]) -> None:
+        keys = [(ns, ObjectKey(watched.api_version, watched.kind, name)) for ns, name in listed]
+        for _, gone in index.unlisted(watched.api_version, watched.kind, scope, keys):
+            unlisted.append(gone.child.key.name)
+
     async def scenario() -> None:
-        watches = ChildWatches(
-            [DEPLOYMENT, LWS], (), "app.kubernetes.io/managed-by=inferfleet",
-            optional=[LWS], recheck_unserved_s=60,
-        )  # fmt: skip
-        watches.start(index, on_child, lambda ns, held: unlisted.append(held.child.key.name))
+        watches = Watches([DEPLOYMENT, LWS], (), recheck_unserved_s=60)
+        watches.start(on_event, on_relisted)
         await asyncio.wait_for(watches.synced.wait(), 5)
         assert {name for name, _, _ in seen} == {"a", "b"}
         for _ in range(100):
@@ -207,7 +219,7 @@ def test_events_queued_while_the_loop_is_busy_reach_it_in_order_in_one_wake_up(
     seen: list[int] = []
     first_seen = threading.Event()
 
-    def on_child(namespace: str, obj: Mapping[str, Any], *, gone: bool) -> None:
+    def on_event(watched: Watched, namespace: str, obj: Mapping[str, Any], *, gone: bool) -> None:
         ready = int(obj["status"]["readyReplicas"])
         seen.append(ready)
         if ready == 1:
@@ -217,9 +229,7 @@ def test_events_queued_while_the_loop_is_busy_reach_it_in_order_in_one_wake_up(
             raise ValueError("a handler's error")  # logged; the events after it still count
 
     async def scenario() -> int:
-        watches = ChildWatches(
-            [DEPLOYMENT], (), "app.kubernetes.io/managed-by=inferfleet", recheck_unserved_s=60
-        )
+        watches = Watches([DEPLOYMENT], (), recheck_unserved_s=60)
         drains = 0
         drain = watches._drain
 
@@ -229,7 +239,7 @@ def test_events_queued_while_the_loop_is_busy_reach_it_in_order_in_one_wake_up(
             drain()
 
         monkeypatch.setattr(watches, "_drain", counted)
-        watches.start(ChildrenIndex(), on_child, lambda ns, held: None)
+        watches.start(on_event, lambda watched, scope, listed: None)
         for _ in range(250):
             if len(seen) == len(events):
                 break

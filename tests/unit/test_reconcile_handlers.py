@@ -11,12 +11,16 @@ from typing import Any, TypeVar
 
 import kopf
 
+from inferfleet.api.model_deployment import Role
 from inferfleet.autoscale.ownership import Claim, claims_of
 from inferfleet.reconcile import handlers
 from inferfleet.reconcile.controller import Controller, Done
+from inferfleet.reconcile.pods import ENGINE_PODS
 from inferfleet.reconcile.workqueue import WorkQueue
 from inferfleet.render import InstallSettings
+from inferfleet.render.common import LABEL_MANAGED_BY, MANAGED_BY
 from inferfleet.render.wake import push_body
+from tests.unit.test_reconcile_pods import WHY, pending_pod
 
 
 def test_every_object_reaches_the_one_controller_and_cleanup_stops_it() -> None:
@@ -325,7 +329,7 @@ def _router_deployment(ready: int, *, observed: int = 1) -> dict[str, Any]:
             "namespace": "llm",
             "uid": "router-uid",
             "generation": 1,
-            "labels": dict(handlers.MANAGED_BY_SELECTOR),
+            "labels": {LABEL_MANAGED_BY: MANAGED_BY},
             "ownerReferences": [
                 {"kind": "InferenceService", "name": "chat", "uid": "chat-uid", "controller": True}
             ],
@@ -379,7 +383,7 @@ def _wake_config_map(waiting: int | None, pushed_at: datetime) -> dict[str, Any]
             "name": "chat-router-wake",
             "namespace": "llm",
             "uid": "wake-uid",
-            "labels": dict(handlers.MANAGED_BY_SELECTOR),
+            "labels": {LABEL_MANAGED_BY: MANAGED_BY},
             "ownerReferences": [
                 {"kind": "InferenceService", "name": "chat", "uid": "chat-uid", "controller": True}
             ],
@@ -404,6 +408,36 @@ def test_a_router_that_holds_requests_queues_its_services_tick_at_once() -> None
         stale = now - timedelta(minutes=5)
         controller.child_changed("llm", _wake_config_map(3, stale), gone=False)
         assert await ticked() == set(), "a router that stopped pushing is not believed"
+        await controller.stop()
+
+    asyncio.run(scenario())
+
+
+def test_an_unschedulable_engine_pod_queues_its_deployment_which_reads_the_schedulers_reason() -> (
+    None
+):
+    async def scenario() -> None:
+        indices = {"model_deployments": {("label", "llm", "llama"): ["llama"]}}
+        controller = Controller(indices, install=InstallSettings(), autoscaler=None)
+        owner = ("ModelDeployment", "llm", "llama")
+        controller._watched(ENGINE_PODS, "llm", pending_pod("a", why=None), gone=False)
+        assert await _drained(controller) == set()  # pending, not yet tried
+        controller._watched(ENGINE_PODS, "llm", pending_pod("a"), gone=False)
+        assert await _drained(controller) == {owner}
+        assert controller.indices.unschedulable("llm", "llama") == {
+            Role.PREFILL: f"1 pod(s) unschedulable (a): {WHY}"
+        }
+        controller._watched(ENGINE_PODS, "llm", pending_pod("a"), gone=False)
+        assert await _drained(controller) == set()
+        controller._watched(ENGINE_PODS, "llm", pending_pod("a", why="taints"), gone=False)
+        assert await _drained(controller) == {owner}
+        # Bound while no watch ran: the new list lacks it.
+        controller._relisted(ENGINE_PODS, None, [])
+        assert await _drained(controller) == {owner}
+        assert controller.indices.unschedulable("llm", "llama") == {}
+        # A pod of a deployment the operator does not hold queues nothing.
+        controller._watched(ENGINE_PODS, "llm", pending_pod("x", deployment="unknown"), gone=False)
+        assert await _drained(controller) == set()
         await controller.stop()
 
     asyncio.run(scenario())

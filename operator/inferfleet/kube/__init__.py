@@ -168,17 +168,20 @@ class Kube:
         namespace: str | None,
         label_selector: str,
         for_s: float | None = None,
+        *,
+        field_selector: str | None = None,
     ) -> Iterator[tuple[str, dict[str, Any]]]:
         """What matches now (`("LISTED", object)` each, then `("SYNCED", {})`), then its
         changes (`ADDED`, `MODIFIED`, `DELETED`) for `for_s` seconds (None: for as long as it
         is iterated). Each watch request resumes from the last version seen, which bookmarks
         keep current while nothing matching changes, so nothing is listed twice; a version the
         API server no longer holds (410 Gone, after a long disconnection) raises `ApiException`:
-        list again."""
+        list again. With `field_selector`, an object that stops matching it is `DELETED`."""
         resource = self.resource(api_version, kind)
-        listed = _wire(
-            resource.get(namespace=namespace, label_selector=label_selector, serialize=False)
-        )
+        selectors = {"label_selector": label_selector}
+        if field_selector:
+            selectors["field_selector"] = field_selector
+        listed = _wire(resource.get(namespace=namespace, serialize=False, **selectors))
         for item in listed["items"]:
             # A list's items carry no kind (its own does): as a watch's objects carry it.
             yield "LISTED", {"apiVersion": api_version, "kind": kind, **item}
@@ -195,7 +198,6 @@ class Kube:
             for event in watch.Watch().stream(  # type: ignore[no-untyped-call]
                 resource.get,
                 namespace=namespace,
-                label_selector=label_selector,
                 resource_version=version,
                 allow_watch_bookmarks=True,
                 timeout_seconds=max(1, int(min(left, WATCH_REQUEST_S))),
@@ -203,6 +205,7 @@ class Kube:
                 # for good: bookmarks come about once a minute on a live one.
                 _request_timeout=(WATCH_CONNECT_S, WATCH_REQUEST_S + WATCH_SILENCE_S),
                 serialize=False,
+                **selectors,
             ):
                 obj: dict[str, Any] = event["raw_object"]
                 version = str((obj.get("metadata") or {}).get("resourceVersion") or version)

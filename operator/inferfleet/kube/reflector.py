@@ -76,6 +76,7 @@ class Reflector:
         *,
         namespace: str | None,
         label_selector: str,
+        field_selector: str | None = None,
         deliver: Deliver,
         recheck_unserved_s: float | None = None,
     ) -> None:
@@ -84,6 +85,7 @@ class Reflector:
         self.kind = kind
         self.namespace = namespace
         self.label_selector = label_selector
+        self.field_selector = field_selector
         self.deliver = deliver
         self.recheck_unserved_s = recheck_unserved_s
         self.stopped = threading.Event()
@@ -111,7 +113,11 @@ class Reflector:
                 self.stopped.set()
             return
         events = self.kube.list_and_watch(
-            self.api_version, self.kind, self.namespace, self.label_selector
+            self.api_version,
+            self.kind,
+            self.namespace,
+            self.label_selector,
+            field_selector=self.field_selector,
         )
         try:
             for kind, obj in events:

@@ -51,7 +51,7 @@ from inferfleet.autoscale.quota import Priorities
 from inferfleet.autoscale.scalein import cost_patch
 from inferfleet.kube import AlreadyExistsError, Kube, RefusedError, StaleObjectError
 from inferfleet.reconcile.applied import AppliedChildren
-from inferfleet.reconcile.children import OPTIONAL_KINDS, ChildrenIndex, ChildWatches
+from inferfleet.reconcile.children import OPTIONAL_KINDS, ChildrenIndex
 from inferfleet.reconcile.desired import (
     UNSERVED_RECHECK_S,
     Child,
@@ -67,12 +67,11 @@ from inferfleet.reconcile.events import Event, event_object
 from inferfleet.reconcile.generated import GeneratedSecrets
 from inferfleet.reconcile.held import RECHECK_S, HeldBack
 from inferfleet.reconcile.indices import Indices
+from inferfleet.reconcile.pods import ENGINE_PODS, UnschedulablePods
 from inferfleet.reconcile.quotas import QuotaBook
+from inferfleet.reconcile.watches import Watched, Watches
 from inferfleet.reconcile.workqueue import WorkQueue
 from inferfleet.render import InstallSettings
-from inferfleet.render.common import (
-    LABEL_MODEL_DEPLOYMENT,
-)
 from inferfleet.render.wake import PushedWait, pushed_wait
 
 # A reconcile makes its writes one after another and waits on each (0.1-0.3 s from an API
@@ -136,12 +135,14 @@ class Controller:
         *,
         install: InstallSettings,
         autoscaler: AutoscalerSettings | None,
-        watches: ChildWatches | None = None,
+        watches: Watches | None = None,
     ) -> None:
-        """`watches`: of the objects the operator creates, from `start` on (None: only what
-        `child_changed` is told, as in tests)."""
+        """`watches`: of the objects the operator creates and of the engine pods it explains,
+        from `start` on (None: only what `child_changed` and `pod_changed` are told, as in
+        tests)."""
         self.children = ChildrenIndex()
-        self.indices = Indices(indices, self.children)
+        self.pods = UnschedulablePods()
+        self.indices = Indices(indices, self.children, self.pods)
         self._watches = watches
         self.install = install
         self.autoscaler = autoscaler or AutoscalerSettings()
@@ -166,7 +167,6 @@ class Controller:
         """Each service's claims to autoscale its deployments, as its last event showed them."""
         self._served: dict[tuple[str, str], tuple[str, Any, bool]] = {}
         """What services read of each deployment (`_as_served`) when they were last queued."""
-        self._unschedulable: set[tuple[str, str]] = set()
         self._held = HeldBack()
         self._written = AppliedChildren()
         self._children: dict[tuple[str, str], Child] = {}
@@ -191,10 +191,10 @@ class Controller:
     # The event loop's side: keys in, workers out.
 
     def start(self) -> None:
-        """Workers and the ticker start once the watches have listed every kind the operator
-        creates: before that, a child missing from the index may only be one not listed yet."""
+        """Workers and the ticker start once the watches have listed every kind: before that,
+        an object missing from an index may only be one not listed yet."""
         if self._watches is not None:
-            self._watches.start(self.children, self.child_changed, self._child_unlisted)
+            self._watches.start(self._watched, self._relisted)
         for _ in range(RECONCILE_WORKERS):
             work = self._work(
                 RECONCILE_QUEUE,
@@ -309,9 +309,29 @@ class Controller:
         version = (obj.get("metadata") or {}).get("resourceVersion")
         self._child_news(namespace, indexed, version, gone=gone)
 
-    def _child_unlisted(self, namespace: str, indexed: IndexedChild) -> None:
-        """A child deleted while its watch did not run (a list of its kind lacks it)."""
-        self._child_news(namespace, indexed, None, gone=True)
+    def _watched(
+        self, watched: Watched, namespace: str, obj: Mapping[str, Any], *, gone: bool
+    ) -> None:
+        if watched == ENGINE_PODS:
+            self.pod_changed(namespace, obj, gone=gone)
+        else:
+            self.child_changed(namespace, obj, gone=gone)
+
+    def _relisted(self, watched: Watched, scope: str | None, listed: list[tuple[str, str]]) -> None:
+        """What a new list of a kind lacks was deleted (or, of pods, bound) while no watch
+        ran: news to its owner."""
+        if watched == ENGINE_PODS:
+            for namespace, label in self.pods.unlisted(scope, listed):
+                self._pods_changed(namespace, label)
+            return
+        keys = [
+            (namespace, ObjectKey(watched.api_version, watched.kind, name))
+            for namespace, name in listed
+        ]
+        for namespace, gone in self.children.unlisted(
+            watched.api_version, watched.kind, scope, keys
+        ):
+            self._child_news(namespace, gone, None, gone=True)
 
     def _child_news(
         self, namespace: str, indexed: IndexedChild, version: str | None, *, gone: bool
@@ -392,21 +412,16 @@ class Controller:
             self._children[(namespace, str(metadata["uid"]))] = child
             self._written.record(namespace, child, str(metadata.get("resourceVersion")))
 
-    def pod_changed(self, namespace: str, name: str, labels: Mapping[str, str]) -> None:
-        """An engine pod that is, or was, unschedulable: its deployment says so, or not."""
-        label = labels.get(LABEL_MODEL_DEPLOYMENT, "")
-        now_unschedulable = name in self.indices.unschedulable_pods(namespace, label)
-        was = (namespace, name) in self._unschedulable
-        if now_unschedulable:
-            self._unschedulable.add((namespace, name))
-        else:
-            self._unschedulable.discard((namespace, name))
-        if now_unschedulable != was:
-            owner = self.indices.model_deployment_named(
-                namespace, labels.get(LABEL_MODEL_DEPLOYMENT, "")
-            )
-            if owner is not None:
-                self.add(MODEL_DEPLOYMENT, namespace, owner)
+    def pod_changed(self, namespace: str, pod: Mapping[str, Any], *, gone: bool) -> None:
+        """An engine pod pending on no node (`gone`: bound, or deleted): its deployment is
+        reconciled where the pods it cannot place, or the scheduler's reasons, changed."""
+        for label in self.pods.update(namespace, pod, gone=gone):
+            self._pods_changed(namespace, label)
+
+    def _pods_changed(self, namespace: str, label: str) -> None:
+        owner = self.indices.model_deployment_named(namespace, label)
+        if owner is not None:
+            self.add(MODEL_DEPLOYMENT, namespace, owner)
 
     async def _ticker(self) -> None:
         """Adds each `policy: goodput` service to the tick queue once per interval."""

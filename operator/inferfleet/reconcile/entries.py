@@ -16,7 +16,7 @@ from inferfleet.kube import quantity
 from inferfleet.reconcile.desired import APPLIED_HASH_ANNOTATION, Child, ObjectKey
 from inferfleet.reconcile.fill import fill_state
 from inferfleet.reconcile.status import RoleProgress
-from inferfleet.render.common import LABEL_MODEL_DEPLOYMENT, LABEL_ROLE, WORKLOAD_KINDS
+from inferfleet.render.common import LABEL_ROLE, WORKLOAD_KINDS
 
 
 def _controlling_owner(metadata: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -77,26 +77,6 @@ def indexed_child(namespace: str, obj: Mapping[str, Any]) -> IndexedChild | None
     return IndexedChild(
         child, (str(owner.get("kind")), str(owner.get("name"))), str(metadata.get("uid", ""))
     )
-
-
-def unschedulable_entry(namespace: str, pod: Mapping[str, Any]) -> dict[Any, Any]:
-    """An index entry for an engine pod the scheduler cannot place: (role, pod, its reason)."""
-    metadata = pod.get("metadata") or {}
-    labels = metadata.get("labels") or {}
-    deployment, role = labels.get(LABEL_MODEL_DEPLOYMENT), labels.get(LABEL_ROLE)
-    if not deployment or role not in Role._value2member_map_:
-        return {}
-    for cond in (pod.get("status") or {}).get("conditions") or []:
-        if (
-            cond.get("type") == "PodScheduled"
-            and cond.get("status") == "False"
-            and cond.get("reason") == "Unschedulable"
-        ):
-            why = str(cond.get("message") or "the scheduler gave no reason")
-            return {
-                ("pods", namespace, deployment): (Role(str(role)), str(metadata.get("name")), why)
-            }
-    return {}
 
 
 GPU_QUOTA = "requests.nvidia.com/gpu"

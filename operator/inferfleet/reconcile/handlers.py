@@ -3,15 +3,15 @@ object to reconcile. Thin on purpose: what each object should be is decided in
 `reconcile.desired` (pure); `reconcile.controller` carries it out.
 
 Level-triggered, as Kubernetes controllers are: kopf's watches keep indices (the informer
-caches) of ModelDeployments, InferenceServices, GPU quotas and the pods the operator must
-explain, and `reconcile.children` keeps the objects the operator created; every event only adds
-keys to a work queue (`reconcile.workqueue`), the object's own and those of the objects it
-affects (a child's owner, a service's backends, a deployment's services). Workers reconcile each
-key from the indices, so a burst of events costs one reconcile, a change is never lost to a
-missed diff, and a restart simply reconciles everything once. No create/update handler: kopf
-stores no diff base or progress in the objects, and an object's deletion needs no finalizer (its
-children carry owner references; the deployments a deleted service autoscaled are reconciled
-back to their specs).
+caches) of ModelDeployments, InferenceServices and GPU quotas, and the operator's own
+(`reconcile.watches`) keep the objects it created and the engine pods it must explain; every
+event only adds keys to a work queue (`reconcile.workqueue`), the object's own and those of the
+objects it affects (a child's owner, a service's backends, a deployment's services). Workers
+reconcile each key from the indices, so a burst of events costs one reconcile, a change is
+never lost to a missed diff, and a restart simply reconciles everything once. No create/update
+handler: kopf stores no diff base or progress in the objects, and an object's deletion needs no
+finalizer (its children carry owner references; the deployments a deleted service autoscaled
+are reconciled back to their specs).
 """
 
 from __future__ import annotations
@@ -26,20 +26,14 @@ import kopf
 from inferfleet.api.common import API_GROUP, API_VERSION
 from inferfleet.autoscale.controller import AutoscalerSettings
 from inferfleet.autoscale.ownership import claims_of
-from inferfleet.reconcile.children import CHILD_KINDS, OPTIONAL_KINDS, ChildWatches
+from inferfleet.reconcile.children import WATCHED_CHILDREN
 from inferfleet.reconcile.controller import Controller
 from inferfleet.reconcile.desired import UNSERVED_RECHECK_S
-from inferfleet.reconcile.entries import gpu_quota_entry, unschedulable_entry
+from inferfleet.reconcile.entries import gpu_quota_entry
+from inferfleet.reconcile.pods import ENGINE_PODS
+from inferfleet.reconcile.watches import Watches
 from inferfleet.render import InstallSettings
-from inferfleet.render.common import (
-    LABEL_MANAGED_BY,
-    LABEL_MODEL_DEPLOYMENT,
-    MANAGED_BY,
-    label_value,
-)
-
-MANAGED_BY_SELECTOR = {LABEL_MANAGED_BY: MANAGED_BY}
-MANAGED = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
+from inferfleet.render.common import label_value
 
 logger = logging.getLogger(__name__)
 
@@ -76,14 +70,6 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.peering.standalone = True
     settings.watching.server_timeout = 270
     settings.persistence.diffbase_storage = _NoDiffBase()
-    # Only what the operator made is streamed to it (filtered by the API server), however many
-    # pods the cluster runs besides (its other kinds are watched by `reconcile.children`).
-    # Of the pods, only engine pods (their ModelDeployment explains them; a router's pods have
-    # no such label) and only while no node is theirs: a pod the scheduler binds leaves the
-    # stream (as a deletion) and the index with it; its start and its status changes from then
-    # on are never sent.
-    settings.watching.label_selectors["", "v1", "pods"] = f"{MANAGED},{LABEL_MODEL_DEPLOYMENT}"
-    settings.watching.field_selectors["", "v1", "pods"] = "status.phase=Pending,spec.nodeName="
     # Every event's handler succeeds by design: a line per event would be the whole log.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
 
@@ -114,11 +100,6 @@ async def inference_services(
     }
 
 
-@kopf.index("", "v1", "pods", labels=MANAGED_BY_SELECTOR)
-async def unschedulable_pods(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any]:
-    return unschedulable_entry(namespace, dict(body)) if namespace else {}
-
-
 @kopf.index("", "v1", "resourcequotas")
 async def gpu_quotas(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any]:
     return gpu_quota_entry(namespace, dict(body)) if namespace else {}
@@ -139,12 +120,8 @@ def _controller(memo: kopf.Memo, indices: dict[str, Any]) -> Controller:
         indices,
         install=install if isinstance(install, InstallSettings) else InstallSettings(),
         autoscaler=autoscaler if isinstance(autoscaler, AutoscalerSettings) else None,
-        watches=ChildWatches(
-            CHILD_KINDS,
-            namespaces,
-            MANAGED,
-            optional=OPTIONAL_KINDS,
-            recheck_unserved_s=UNSERVED_RECHECK_S,
+        watches=Watches(
+            (*WATCHED_CHILDREN, ENGINE_PODS), namespaces, recheck_unserved_s=UNSERVED_RECHECK_S
         )
         if isinstance(namespaces, tuple)
         else None,
@@ -185,14 +162,6 @@ async def inference_service_event(
     if namespace is not None:
         current = None if type == "DELETED" else body
         _controller(memo, indices).inference_service_changed(namespace, name, current)
-
-
-@kopf.on.event("", "v1", "pods", labels=MANAGED_BY_SELECTOR)
-async def pod_event(
-    *, namespace: str | None, name: str, labels: kopf.Labels, memo: kopf.Memo, **indices: Any
-) -> None:
-    if namespace is not None:
-        _controller(memo, indices).pod_changed(namespace, name, dict(labels))
 
 
 @kopf.on.cleanup()

@@ -1,5 +1,6 @@
-"""What reconciles read of the cluster: kopf's indices of the operator's resources, pods and
-quotas, and the index of what the operator created (`reconcile.children`)."""
+"""What reconciles read of the cluster: kopf's indices of the operator's resources and quotas,
+the index of what the operator created (`reconcile.children`) and that of the engine pods the
+scheduler cannot place (`reconcile.pods`)."""
 
 from __future__ import annotations
 
@@ -11,16 +12,23 @@ from inferfleet.api.model_deployment import Role
 from inferfleet.autoscale.ownership import Claim
 from inferfleet.reconcile.children import ChildrenIndex
 from inferfleet.reconcile.desired import Child, Namespace, ObjectKey
+from inferfleet.reconcile.pods import UnschedulablePods
 from inferfleet.render.common import label_value
 
 
 class Indices:
     """Reads of kopf's indices (each key maps to the values of the objects that gave it) and of
-    the index of what the operator created."""
+    the operator's own (what it created, the engine pods it explains)."""
 
-    def __init__(self, indices: Mapping[str, Any], children: ChildrenIndex | None = None) -> None:
+    def __init__(
+        self,
+        indices: Mapping[str, Any],
+        children: ChildrenIndex | None = None,
+        pods: UnschedulablePods | None = None,
+    ) -> None:
         self._indices = indices
         self._children = children if children is not None else ChildrenIndex()
+        self._pods = pods if pods is not None else UnschedulablePods()
 
     def _values(self, index: str, key: Any) -> list[Any]:
         found = self._indices.get(index)
@@ -68,17 +76,10 @@ class Indices:
                 created[child.role] = created.get(child.role, 0) + child.progress.created
         return created
 
-    def unschedulable_pods(self, namespace: str, label: str) -> set[str]:
-        """Names of the unschedulable pods of the deployment whose label value is `label`."""
-        return {
-            pod for _, pod, _why in self._values("unschedulable_pods", ("pods", namespace, label))
-        }
-
     def unschedulable(self, namespace: str, deployment: str) -> dict[Role, str]:
         pods: dict[Role, list[tuple[str, str]]] = {}
-        key = ("pods", namespace, label_value(deployment))
-        for role, pod, why in self._values("unschedulable_pods", key):
-            pods.setdefault(role, []).append((pod, why))
+        for pod, held in self._pods.of(namespace, label_value(deployment)).items():
+            pods.setdefault(held.role, []).append((pod, held.why))
         return {
             role: f"{len(found)} pod(s) unschedulable ({min(found)[0]}): {min(found)[1]}"
             for role, found in pods.items()
