@@ -35,7 +35,13 @@ def child_of(namespace: str, obj: Mapping[str, Any]) -> Child | None:
     """What the operator's index holds of an object it created (None: not one)."""
     metadata = obj.get("metadata") or {}
     owner = _controlling_owner(metadata)
-    if owner is None or not obj.get("apiVersion") or not obj.get("kind"):
+    return None if owner is None else _child(obj, metadata, owner)
+
+
+def _child(
+    obj: Mapping[str, Any], metadata: Mapping[str, Any], owner: Mapping[str, Any]
+) -> Child | None:
+    if not obj.get("apiVersion") or not obj.get("kind"):
         return None
     key = ObjectKey(str(obj["apiVersion"]), str(obj["kind"]), str(metadata.get("name")))
     labels = metadata.get("labels") or {}
@@ -69,9 +75,9 @@ class IndexedChild:
 
 
 def indexed_child(namespace: str, obj: Mapping[str, Any]) -> IndexedChild | None:
-    child = child_of(namespace, obj)
     metadata = obj.get("metadata") or {}
     owner = _controlling_owner(metadata)
+    child = None if owner is None else _child(obj, metadata, owner)
     if child is None or owner is None:
         return None
     return IndexedChild(
