@@ -54,7 +54,7 @@ class OnEvent(Protocol):
     ) -> None: ...
 
 
-OnRelisted = Callable[[Watched, "str | None", list[tuple[str, str]]], None]
+OnRelisted = Callable[[Watched, str | None, list[tuple[str, str]]], None]
 """A new list of a kind ended in a scope (a namespace; None: all): the (namespace, name) of each
 object it showed. What the receiver holds of that kind and scope beyond those was deleted
 while no watch ran."""
@@ -64,18 +64,14 @@ while no watch ran."""
 class _Watch:
     watched: Watched
     namespace: str | None
+    on_event: OnEvent
+    on_relisted: OnRelisted
     listed: list[tuple[str, str]] = field(default_factory=list)
     """What the list under way has shown so far."""
     synced: bool = False
 
 
-@dataclass(frozen=True)
-class _Receiver:
-    on_event: OnEvent
-    on_relisted: OnRelisted
-
-
-_Pending = tuple[_Receiver, _Watch, str, dict[str, Any]]
+_Pending = tuple[_Watch, str, dict[str, Any]]
 
 
 class Watches:
@@ -103,13 +99,12 @@ class Watches:
 
     def start(self, on_event: OnEvent, on_relisted: OnRelisted) -> None:
         loop = asyncio.get_running_loop()
-        receiver = _Receiver(on_event, on_relisted)
         scopes: Sequence[str | None] = self.namespaces or (None,)
         # One connection per watch, on a client of their own: the workers' pool stays theirs.
         kube = Kube.from_environment(connections=len(self.watched) * len(scopes))
         for watched in self.watched:
             for namespace in scopes:
-                watch = _Watch(watched, namespace)
+                watch = _Watch(watched, namespace, on_event, on_relisted)
                 self._watches.append(watch)
                 self._reflectors.append(
                     Reflector(
@@ -119,7 +114,7 @@ class Watches:
                         namespace=namespace,
                         label_selector=watched.label_selector,
                         field_selector=watched.field_selector,
-                        deliver=functools.partial(self._deliver, loop, receiver, watch),
+                        deliver=functools.partial(self._deliver, loop, watch),
                         recheck_unserved_s=self.recheck_unserved_s if watched.optional else None,
                     )
                 )
@@ -133,15 +128,10 @@ class Watches:
             reflector.stop()
 
     def _deliver(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        receiver: _Receiver,
-        watch: _Watch,
-        event: str,
-        obj: dict[str, Any],
+        self, loop: asyncio.AbstractEventLoop, watch: _Watch, event: str, obj: dict[str, Any]
     ) -> bool:
         """From a watch's thread: the event, queued to be handled on the loop, in order."""
-        self._pending.append((receiver, watch, event, obj))
+        self._pending.append((watch, event, obj))
         with self._drain_lock:
             if self._drain_scheduled:
                 return True
@@ -159,29 +149,27 @@ class Watches:
         with self._drain_lock:
             self._drain_scheduled = False
         for _ in range(len(self._pending)):
-            receiver, watch, event, obj = self._pending.popleft()
+            watch, event, obj = self._pending.popleft()
             try:
-                self._handle(receiver, watch, event, obj)
+                self._handle(watch, event, obj)
             except Exception:
                 logger.exception("cannot handle a %s event of a %s", event, watch.watched.kind)
 
-    def _handle(
-        self, receiver: _Receiver, watch: _Watch, event: str, obj: Mapping[str, Any]
-    ) -> None:
+    def _handle(self, watch: _Watch, event: str, obj: Mapping[str, Any]) -> None:
         metadata = obj.get("metadata") or {}
         namespace = metadata.get("namespace")
         if event == "LISTED":
             # Indexed as listed, keeping only its name for the end of the list.
             if namespace:
-                receiver.on_event(watch.watched, str(namespace), obj, gone=False)
+                watch.on_event(watch.watched, str(namespace), obj, gone=False)
                 watch.listed.append((str(namespace), str(metadata.get("name"))))
             return
         if event != "SYNCED":
             if namespace:
-                receiver.on_event(watch.watched, str(namespace), obj, gone=event == "DELETED")
+                watch.on_event(watch.watched, str(namespace), obj, gone=event == "DELETED")
             return
         listed, watch.listed = watch.listed, []
-        receiver.on_relisted(watch.watched, watch.namespace, listed)
+        watch.on_relisted(watch.watched, watch.namespace, listed)
         if not watch.synced:
             watch.synced = True
             self._first_listed += len(listed)
